@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/image"
+	"github.com/moat-sandbox/moat/kernel"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/tier/native"
+)
+
+func newFlags(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse returns -1 when parsing succeeded, else the exit status.
+func parse(fs *flag.FlagSet, args []string) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
+	}
+	return -1
+}
+
+func cmdManifest(args []string) int {
+	fs := newFlags("manifest", "Usage: moat manifest check [--print] FILE\n\nValidates a capability manifest. Exit status 0 when valid, 2 with every problem\nnamed (field, value, accepted range) when not.\n\nFlags:\n")
+	print := fs.Bool("print", false, "print the effective manifest (defaults applied) as JSON")
+	if len(args) == 0 || args[0] != "check" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fs.Usage()
+			return 0
+		}
+		fs.Usage()
+		return exitUsage
+	}
+	if c := parse(fs, args[1:]); c >= 0 {
+		return c
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "moat manifest check: want exactly one FILE")
+		return exitUsage
+	}
+	m, err := manifest.Load(fs.Arg(0))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "moat: %v\n", err)
+		return exitUsage
+	}
+	if *print {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(m)
+		return 0
+	}
+	fmt.Printf("%s: valid (digest %s)\n", fs.Arg(0), m.Digest())
+	return 0
+}
+
+func cmdImage(args []string) int {
+	const usage = "Usage:\n  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n  moat image list                      list built images\n\nFlags:\n"
+	fs := newFlags("image", usage)
+	locked := fs.Bool("locked", false, "fail if the resolved package versions differ from the lockfile")
+	lockDir := fs.String("lockfile-dir", "", "`DIR` holding NAME.lock to record versions in (e.g. images/ in a checkout)")
+	if len(args) == 0 {
+		fs.Usage()
+		return exitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" {
+		fs.Usage()
+		return 0
+	}
+	sub := args[0]
+	if c := parse(fs, args[1:]); c >= 0 {
+		return c
+	}
+	e, err := engine.New(engine.Options{Progress: os.Stderr})
+	if err != nil {
+		return fail(err)
+	}
+	switch sub {
+	case "build":
+		name := "python"
+		if fs.NArg() > 0 {
+			name = fs.Arg(0)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
+		defer stop()
+		img, err := e.Images().Build(ctx, name, image.BuildOptions{Progress: os.Stderr, Locked: *locked, LockfileDir: *lockDir})
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Printf("%s %s (%d packages) at %s\n", img.Name, img.Digest, len(img.Packages), img.Root)
+		return 0
+	case "list":
+		imgs, err := e.Images().List()
+		if err != nil {
+			return fail(err)
+		}
+		if len(imgs) == 0 {
+			fmt.Println("no images built yet; run: moat image build python")
+		}
+		for _, img := range imgs {
+			cur := ""
+			if img.Current {
+				cur = " (current)"
+			}
+			fmt.Printf("%-10s %s %s%s\n", img.Name, img.Digest, img.Built.Format("2006-01-02 15:04"), cur)
+		}
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "moat image: unknown subcommand %q\n", sub)
+	fs.Usage()
+	return exitUsage
+}
+
+func cmdGC(args []string) int {
+	fs := newFlags("gc", "Usage: moat gc\n\nRemoves what runs killed mid-way left behind: cgroups, run directories,\nabandoned image builds. Live runs are never touched.\n")
+	if c := parse(fs, args); c >= 0 {
+		return c
+	}
+	e, err := engine.New(engine.Options{})
+	if err != nil {
+		return fail(err)
+	}
+	rep, err := e.GC()
+	fmt.Printf("removed %d run directories, %d cgroups, %d abandoned image builds\n", len(rep.Runs), len(rep.Cgroups), len(rep.Images))
+	if err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+func cmdVersion(args []string) int {
+	fs := newFlags("version", "Usage: moat version\n\nPrints Moat's version and the kernel features its tiers use.\n")
+	if c := parse(fs, args); c >= 0 {
+		return c
+	}
+	fmt.Printf("moat %s\n", versionString())
+	r := kernel.Probe()
+	fmt.Printf("kernel %s\n", r.Release)
+	for _, f := range r.Features {
+		mark := "yes"
+		if !f.OK {
+			mark = "no "
+		}
+		fmt.Printf("  %-16s %s  %s\n", f.Name, mark, f.Detail)
+	}
+	return 0
+}
+
+func cmdDoctor(args []string) int {
+	fs := newFlags("doctor", "Usage: moat doctor\n\nExplains what this host supports, which tiers can run here and why not,\nand which images are built. Exit status 0 when the native tier is usable.\n")
+	if c := parse(fs, args); c >= 0 {
+		return c
+	}
+	cmdVersion(nil)
+	fmt.Println("tiers:")
+	code := 0
+	if _, err := native.New(native.Options{}); err != nil {
+		fmt.Printf("  native  unavailable: %v\n", err)
+		code = 1
+	} else {
+		fmt.Println("  native  ready")
+	}
+	for _, t := range []string{"gvisor", "microvm", "wasm"} {
+		fmt.Printf("  %-7s not implemented yet\n", t)
+	}
+	e, err := engine.New(engine.Options{})
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Printf("state: %s\n", e.Home())
+	imgs, _ := e.Images().List()
+	var names []string
+	for _, img := range imgs {
+		if img.Current {
+			names = append(names, img.Name+" "+img.Digest)
+		}
+	}
+	sort.Strings(names)
+	if len(names) == 0 {
+		fmt.Println("images: none built (moat run builds python on first use, or: moat image build python)")
+	} else {
+		fmt.Printf("images: %s\n", strings.Join(names, ", "))
+	}
+	return code
+}

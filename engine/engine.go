@@ -1,0 +1,338 @@
+// Package engine orchestrates one run: it picks the tier, prepares a
+// sandbox, copies the inputs in, starts the program, captures bounded
+// output, collects the outcome and the workspace diff, copies results out
+// and destroys the sandbox. It is the only place that knows the order of
+// these steps; tiers know only their own mechanism.
+//
+// The engine must never hand a sandbox to a second run, and never return
+// before the sandbox it prepared is destroyed.
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/image"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/output"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/tier/native"
+	"github.com/moat-sandbox/moat/workspace"
+)
+
+// Options configure an Engine. The zero value uses DefaultHome and the
+// running binary as init.
+type Options struct {
+	// Home is Moat's state directory ($MOAT_HOME).
+	Home string
+	// Exe is the moat binary the native tier re-executes as init.
+	// Default: /proc/self/exe.
+	Exe string
+	// Progress receives human-readable progress (image builds). Nil
+	// discards it.
+	Progress io.Writer
+	// NoAutoBuild makes a missing image an error instead of building it.
+	NoAutoBuild bool
+}
+
+// Engine runs sandboxed programs.
+type Engine struct {
+	opts   Options
+	images *image.Store
+
+	mu    sync.Mutex
+	tiers map[string]tier.Tier
+}
+
+// DefaultHome is $MOAT_HOME, else /var/lib/moat for root, else
+// ~/.cache/moat.
+func DefaultHome() string {
+	if h := os.Getenv("MOAT_HOME"); h != "" {
+		return h
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/moat"
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "moat")
+	}
+	return filepath.Join(os.TempDir(), "moat-"+fmt.Sprint(os.Geteuid()))
+}
+
+// New returns an engine. It creates the state directory and removes what
+// runs killed earlier left behind (see GC).
+func New(opts Options) (*Engine, error) {
+	if opts.Home == "" {
+		opts.Home = DefaultHome()
+	}
+	if opts.Progress == nil {
+		opts.Progress = io.Discard
+	}
+	if err := os.MkdirAll(filepath.Join(opts.Home, "runs"), 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w (set MOAT_HOME to a writable directory)", opts.Home, err)
+	}
+	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
+	return e, nil
+}
+
+// Images is the engine's image store.
+func (e *Engine) Images() *image.Store { return e.images }
+
+// Home is the engine's state directory.
+func (e *Engine) Home() string { return e.opts.Home }
+
+// Tier returns the named tier, initialising it on first use.
+func (e *Engine) Tier(name string) (tier.Tier, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t, ok := e.tiers[name]; ok {
+		return t, nil
+	}
+	var t tier.Tier
+	switch name {
+	case native.Name:
+		n, err := native.New(native.Options{Exe: e.opts.Exe})
+		if err != nil {
+			return nil, err
+		}
+		t = n
+	default:
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native"}
+	}
+	e.tiers[name] = t
+	return t, nil
+}
+
+// Request is one run.
+type Request struct {
+	Manifest *manifest.Manifest
+	Argv     []string
+	// Stdin is the program's standard input; nil means empty.
+	Stdin io.Reader
+	// LiveStdout and LiveStderr, when set, receive the captured output as
+	// it arrives (never more than the caps).
+	LiveStdout, LiveStderr io.Writer
+	// OutputDir, when set, receives the added and modified files.
+	OutputDir string
+}
+
+// ErrUsage marks errors in what the caller asked for (bad manifest, bad
+// command), as opposed to Moat failing.
+var ErrUsage = errors.New("invalid request")
+
+// Run executes one request in a fresh sandbox and destroys it. The error
+// is for Moat's own failures and invalid requests; the program's fate is in
+// the Result.
+func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) {
+	m := req.Manifest
+	if m == nil {
+		return nil, fmt.Errorf("%w: no manifest", ErrUsage)
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, fmt.Errorf("%w: no command given (usage: moat run [flags] -- COMMAND [ARG...])", ErrUsage)
+	}
+	t, err := e.Tier(m.Tier)
+	if err != nil {
+		return nil, err
+	}
+	img, err := e.image(ctx, m.Image)
+	if err != nil {
+		return nil, err
+	}
+
+	id := newID()
+	release, err := e.claim(id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	res := &result.Result{
+		Schema:   result.SchemaVersion,
+		ID:       id,
+		Tier:     t.Name(),
+		Image:    result.Image{Name: img.Name, Digest: img.Digest},
+		Manifest: m.Digest(),
+		Command:  req.Argv,
+	}
+	lim := limits(m)
+	sb, err := t.Prepare(ctx, &tier.Spec{
+		ID:           id,
+		ImageRoot:    img.Root,
+		ImageEnv:     img.Env,
+		Limits:       lim,
+		AllowMissing: m.Security.AllowMissing,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("prepare sandbox: %w", err)
+	}
+	defer sb.Destroy()
+
+	ws := sb.Workspace()
+	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, workspace.Owner{UID: ws.UID, GID: ws.GID},
+		workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles})
+	if err != nil {
+		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
+	}
+
+	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
+	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
+	res.StartedAt = time.Now().UTC()
+	out, err := sb.Exec(ctx, &tier.Command{
+		Argv:   req.Argv,
+		Env:    environment(img.Env, m.Env),
+		Dir:    "/workspace",
+		Stdin:  req.Stdin,
+		Stdout: stdout,
+		Stderr: stderr,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("run: %w", err)
+	}
+
+	res.Termination = out.Termination
+	res.ExitCode = out.ExitCode
+	res.Signal = out.Signal
+	if out.Signal != 0 {
+		res.SignalName = unix.SignalName(unix.Signal(out.Signal))
+	}
+	res.TimedOut = out.Termination == result.Timeout
+	res.OOMKilled = out.Termination == result.OOM
+	res.DurationMS = float64(out.Duration.Microseconds()) / 1000
+	res.CPUMS = float64(out.CPU.Microseconds()) / 1000
+	res.PeakMemoryBytes = out.PeakMemory
+	res.Stdout = stdout.Stream()
+	res.Stderr = stderr.Stream()
+	res.Violations = append([]result.Violation{}, out.Violations...)
+	res.Degradations = append([]string{}, out.Degradations...)
+	for _, s := range []struct {
+		name string
+		c    *output.Capture
+		lim  manifest.Size
+	}{{"stdout", stdout, m.Resources.StdoutBytes}, {"stderr", stderr, m.Resources.StderrBytes}} {
+		if s.c.Truncated() {
+			res.Violations = append(res.Violations, result.Violation{Kind: "output", Detail: fmt.Sprintf("%s truncated: %d bytes written, %d kept", s.name, s.c.Total(), len(s.c.Bytes())), Limit: fmt.Sprint(int64(s.lim))})
+		}
+	}
+
+	files, err := workspace.Diff(ws.Dir, snap, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
+	res.Files = files
+	if res.Files == nil {
+		res.Files = []result.FileChange{}
+	}
+	if err != nil {
+		v := workspace.Violations(err)
+		if len(v) == 0 {
+			return nil, fmt.Errorf("workspace diff: %w", err)
+		}
+		res.Violations = append(res.Violations, v...)
+	}
+	if req.OutputDir != "" {
+		if _, err := workspace.CopyOut(ws.Dir, files, req.OutputDir, workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles, FileBytes: lim.FileSizeBytes}); err != nil {
+			return nil, fmt.Errorf("copy results to %s: %w", req.OutputDir, err)
+		}
+	}
+	if err := sb.Destroy(); err != nil {
+		return nil, fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	return res, nil
+}
+
+func (e *Engine) image(ctx context.Context, name string) (*image.Image, error) {
+	img, err := e.images.Lookup(name)
+	if err == nil || !errors.Is(err, image.ErrNotBuilt) || e.opts.NoAutoBuild {
+		return img, err
+	}
+	fmt.Fprintf(e.opts.Progress, "moat: image %q is not built yet; building it now (once per machine)\n", name)
+	img, err = e.images.Build(ctx, name, image.BuildOptions{Progress: e.opts.Progress})
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	return img, nil
+}
+
+// limits turns the manifest's resources into the tier's enforced limits.
+func limits(m *manifest.Manifest) tier.Limits {
+	r := m.Resources
+	l := tier.Limits{
+		CPUs:           r.CPUs,
+		MemoryBytes:    int64(r.Memory),
+		Pids:           r.Pids,
+		Timeout:        r.Timeout.D(),
+		CPUTime:        r.CPUTime.D(),
+		OpenFiles:      r.OpenFiles,
+		FileSizeBytes:  int64(r.FileSize),
+		WorkspaceBytes: int64(m.Workspace.Size),
+		WorkspaceFiles: m.Workspace.Files,
+		// /tmp is memory-backed like the workspace: a quarter of the
+		// memory limit, at most 64 MiB.
+		TmpBytes: min(64<<20, int64(r.Memory)/4),
+	}
+	if l.CPUTime == 0 {
+		l.CPUTime = l.Timeout
+	}
+	return l
+}
+
+// environment is the program's whole environment: the image's defaults,
+// HOME, and what the manifest names. Nothing comes from the host.
+func environment(imageEnv []string, env map[string]string) []string {
+	vars := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+	for _, kv := range imageEnv {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[k] = v
+		}
+	}
+	vars["HOME"] = "/workspace"
+	vars["USER"] = "sandbox"
+	for k, v := range env {
+		vars[k] = v
+	}
+	out := make([]string, 0, len(vars))
+	for k, v := range vars {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func newID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// claim marks run id as alive for GC: a lock held for the run's lifetime.
+// A moat killed mid-run loses its lock with its file descriptors, which is
+// how GC tells an orphan from a live run.
+func (e *Engine) claim(id string) (release func(), err error) {
+	dir := filepath.Join(e.opts.Home, "runs", id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run directory: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("lock run %s: %w", id, err)
+	}
+	return func() {
+		os.RemoveAll(dir)
+		f.Close()
+	}, nil
+}

@@ -1,0 +1,108 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/tier/native"
+)
+
+// GCReport lists what GC removed.
+type GCReport struct {
+	Runs    []string `json:"runs"`    // run directories of dead runs
+	Cgroups []string `json:"cgroups"` // cgroups of dead runs
+	Images  []string `json:"images"`  // abandoned image build directories
+}
+
+// GC removes what runs that died without cleaning up (moat killed with
+// SIGKILL, a host crash) left behind. A run is dead when nobody holds its
+// lock; live runs of other moat processes are never touched. Processes,
+// mounts and network namespaces of a dead run die with its init (parent
+// death signal, PID namespace teardown); what can outlive it is its cgroup
+// and its run directory.
+func (e *Engine) GC() (GCReport, error) {
+	var rep GCReport
+	var errs []error
+	runsDir := filepath.Join(e.opts.Home, "runs")
+	entries, err := os.ReadDir(runsDir)
+	if err != nil && !os.IsNotExist(err) {
+		return rep, fmt.Errorf("gc: %w", err)
+	}
+	alive := map[string]bool{}
+	for _, ent := range entries {
+		id := ent.Name()
+		if !validRunID(id) {
+			continue
+		}
+		if isAlive(filepath.Join(runsDir, id, "lock")) {
+			alive[id] = true
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(runsDir, id)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Runs = append(rep.Runs, id)
+	}
+
+	if t, err := e.Tier(native.Name); err == nil {
+		cg := t.(*native.Native).Cgroups()
+		ids, err := cg.Orphans()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, id := range ids {
+			// A cgroup is created after its run's lock, so a cgroup
+			// without a live lock belongs to a dead run.
+			if alive[id] || isAlive(filepath.Join(runsDir, id, "lock")) {
+				continue
+			}
+			if err := cg.Remove(id); err != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup of run %s: %w", id, err))
+				continue
+			}
+			rep.Cgroups = append(rep.Cgroups, id)
+		}
+	}
+	if removed, err := e.images.GC(); err != nil {
+		errs = append(errs, err)
+	} else {
+		rep.Images = removed
+	}
+	return rep, errors.Join(errs...)
+}
+
+// isAlive reports whether some process holds the run's lock.
+func isAlive(lock string) bool {
+	f, err := os.OpenFile(lock, os.O_RDWR, 0)
+	if err != nil {
+		// No lock file: either being created right now (the directory
+		// exists first) or long gone. Treat a missing file as alive only
+		// if its directory is fresh.
+		fi, serr := os.Stat(filepath.Dir(lock))
+		return serr == nil && time.Since(fi.ModTime()) < 5*time.Second
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
+func validRunID(id string) bool {
+	if len(id) == 0 || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

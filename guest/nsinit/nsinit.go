@@ -1,0 +1,374 @@
+package nsinit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"github.com/landlock-lsm/go-landlock/landlock"
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/seccomp"
+)
+
+func init() {
+	// unshare(CLONE_NEWCGROUP) affects only the calling thread; keeping
+	// main on one OS thread makes the program (started from main) inherit
+	// the namespace.
+	if len(os.Args) > 1 && os.Args[1] == Arg {
+		runtime.LockOSThread()
+	}
+}
+
+// Main runs init. It never returns.
+func Main() {
+	status := os.NewFile(StatusFD, "status")
+	st := &reporter{w: status}
+	code, err := run(st)
+	if err != nil {
+		st.send(Status{Error: err.Error()})
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+type reporter struct{ w *os.File }
+
+func (r *reporter) send(s Status) {
+	b, _ := json.Marshal(s)
+	r.w.Write(append(b, '\n'))
+}
+
+func run(st *reporter) (int, error) {
+	cfg, err := readConfig()
+	if err != nil {
+		return 1, err
+	}
+
+	// A cgroup namespace rooted at the run's cgroup: /proc/self/cgroup
+	// shows "/" and nothing of the host's hierarchy. The host has already
+	// moved us into the run's cgroup before sending the config.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return 1, fmt.Errorf("unshare cgroup namespace: %w", err)
+	}
+	if err := buildRoot(cfg); err != nil {
+		return 1, err
+	}
+	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+		return 1, fmt.Errorf("sethostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return 1, err
+	}
+
+	// Find the program before privileges are dropped, so the error for a
+	// missing command is precise.
+	path, lookErr := lookPath(cfg.Argv[0], cfg.Dir, cfg.Env)
+
+	if err := setRlimits(cfg.Rlimits); err != nil {
+		return 1, err
+	}
+	degraded, err := dropPrivileges(cfg)
+	if err != nil {
+		return 1, err
+	}
+
+	// Start the helpers that need threads now, while thread creation
+	// cannot fail: once the program runs it may exhaust the pids limit.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	hostGone := watchHost()
+
+	// Seccomp goes last, as close to the program's execve as possible, so
+	// that as few of our own syscalls as possible run under it.
+	filter, err := seccomp.Default().Compile()
+	if err != nil {
+		return 1, fmt.Errorf("compile seccomp policy: %w", err)
+	}
+	if err := seccomp.Install(filter); err != nil {
+		return 1, fmt.Errorf("install seccomp filter: %w", err)
+	}
+
+	if lookErr != nil {
+		st.send(Status{Started: true, Degraded: degraded})
+		fmt.Fprintf(os.Stderr, "moat: %v\n", lookErr)
+		var nf *notFoundError
+		if errors.As(lookErr, &nf) && nf.exists {
+			st.send(Status{Exited: true, Exit: 126, NotExecutable: true})
+			return 0, nil
+		}
+		st.send(Status{Exited: true, Exit: 127, NotFound: true})
+		return 0, nil
+	}
+
+	// The program gets fds 0-2 only: ours beyond that are close-on-exec.
+	for _, fd := range []int{StatusFD} {
+		unix.CloseOnExec(fd)
+	}
+	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
+		Dir:   cfg.Dir,
+		Env:   cfg.Env,
+		Files: []uintptr{0, 1, 2},
+		// Its own process group, so signals we forward reach every
+		// process it starts in the foreground.
+		Sys: &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err != nil {
+		st.send(Status{Started: true, Degraded: degraded})
+		fmt.Fprintf(os.Stderr, "moat: cannot execute %s: %v\n", cfg.Argv[0], err)
+		st.send(Status{Exited: true, Exit: 126, NotExecutable: true})
+		return 0, nil
+	}
+	st.send(Status{Started: true, Degraded: degraded})
+
+	exited := make(chan unix.WaitStatus, 1)
+	go reap(pid, exited)
+	for {
+		select {
+		case ws := <-exited:
+			s := Status{Exited: true}
+			switch {
+			case ws.Exited():
+				s.Exit = ws.ExitStatus()
+			case ws.Signaled():
+				s.Signal = int(ws.Signal())
+				s.Exit = 128 + s.Signal
+			}
+			st.send(s)
+			// Returning ends PID 1: the kernel kills every process left
+			// in the namespace, including daemons that escaped the
+			// process group.
+			return 0, nil
+		case sig := <-sigs:
+			unix.Kill(-pid, sig.(syscall.Signal))
+		case <-hostGone:
+			unix.Kill(-1, unix.SIGKILL)
+			return 1, errors.New("host side went away")
+		}
+	}
+}
+
+func readConfig() (*Config, error) {
+	f := os.NewFile(ConfigFD, "config")
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	if len(b) > MaxConfigBytes {
+		return nil, errors.New("config too large")
+	}
+	var cfg Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, fmt.Errorf("decode config: %w", err)
+	}
+	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+		return nil, errors.New("config: empty command")
+	}
+	if !filepath.IsAbs(cfg.Root) {
+		return nil, fmt.Errorf("config: root %q is not absolute", cfg.Root)
+	}
+	return &cfg, nil
+}
+
+// reap waits for every child (PID 1 inherits orphans) and reports the
+// program's own status.
+func reap(pid int, exited chan<- unix.WaitStatus) {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			// ECHILD: nothing left to wait for; the program is gone.
+			exited <- ws
+			return
+		}
+		if got == pid {
+			exited <- ws
+			return
+		}
+	}
+}
+
+// watchHost reports when the host end of the status pipe is closed: the
+// moat process died. The parent-death signal covers the same case; this
+// closes the window in which it was reset by setuid.
+func watchHost() <-chan struct{} {
+	gone := make(chan struct{})
+	go func() {
+		fds := []unix.PollFd{{Fd: StatusFD, Events: 0}}
+		for {
+			_, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
+				close(gone)
+				return
+			}
+		}
+	}()
+	return gone
+}
+
+func setRlimits(r Rlimits) error {
+	set := []struct {
+		name     string
+		resource int
+		value    uint64
+	}{
+		{"core", unix.RLIMIT_CORE, 0}, // no core dumps: they would land in the workspace and leak memory
+		{"nofile", unix.RLIMIT_NOFILE, r.NoFile},
+		{"fsize", unix.RLIMIT_FSIZE, r.FSize},
+		// A per-uid backstop behind the pids cgroup.
+		{"nproc", unix.RLIMIT_NPROC, r.NProc},
+		{"cpu", unix.RLIMIT_CPU, r.CPUSeconds},
+	}
+	for _, s := range set {
+		lim := unix.Rlimit{Cur: s.value, Max: s.value}
+		if s.resource == unix.RLIMIT_CPU {
+			// SIGXCPU at the soft limit, SIGKILL one second later.
+			lim.Max = s.value + 1
+		}
+		if err := unix.Setrlimit(s.resource, &lim); err != nil {
+			return fmt.Errorf("setrlimit %s=%d: %w", s.name, s.value, err)
+		}
+	}
+	return nil
+}
+
+// dropPrivileges turns init from root of the user namespace into the
+// unprivileged sandbox user, on every thread of this Go process.
+func dropPrivileges(cfg *Config) (degraded []string, err error) {
+	lastCap, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return nil, fmt.Errorf("read cap_last_cap: %w", err)
+	}
+	var last int
+	fmt.Sscanf(strings.TrimSpace(string(lastCap)), "%d", &last)
+	// Empty the bounding set so no execve can ever regain a capability.
+	// Capabilities are per thread, hence AllThreadsSyscall (which needs a
+	// binary built with CGO_ENABLED=0).
+	for c := 0; c <= last; c++ {
+		if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
+			return nil, fmt.Errorf("drop capability %d from the bounding set: %w", c, e)
+		}
+	}
+	// Supplementary groups were emptied when the host started us
+	// (Credential with no groups), and setgroups is denied in this user
+	// namespace (so no process can drop a group to get around a
+	// group-deny permission). Verify rather than trust.
+	if groups, err := syscall.Getgroups(); err != nil || len(groups) > 0 {
+		return nil, fmt.Errorf("supplementary groups not empty: %v %v", groups, err)
+	}
+	if err := syscall.Setresgid(cfg.GID, cfg.GID, cfg.GID); err != nil {
+		return nil, fmt.Errorf("setresgid %d: %w", cfg.GID, err)
+	}
+	// Changing uid from 0 clears the permitted, effective and ambient sets.
+	if err := syscall.Setresuid(cfg.UID, cfg.UID, cfg.UID); err != nil {
+		return nil, fmt.Errorf("setresuid %d: %w", cfg.UID, err)
+	}
+	// The credential change reset the parent-death signal; set it again so
+	// init dies with the host's moat process.
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0); e != 0 {
+		return nil, fmt.Errorf("set parent-death signal: %w", e)
+	}
+	// Not dumpable: /proc/1/* becomes inaccessible to the program (same uid
+	// otherwise), so it cannot read our memory or reach /proc/1/exe, the
+	// host's moat binary (CVE-2019-5736).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("set non-dumpable: %w", err)
+	}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
+		return nil, fmt.Errorf("set no_new_privs: %w", e)
+	}
+
+	abi, err := ll.LandlockGetABIVersion()
+	if err != nil || abi < 1 {
+		if cfg.RequireLandlock {
+			return nil, fmt.Errorf("landlock is not available on this kernel (abi %d: %v); the manifest can accept running without it with security.allow_missing: [landlock]", abi, err)
+		}
+		degraded = append(degraded, "landlock")
+	} else {
+		// Read-only everywhere, read-write only in the workspace and /tmp,
+		// plus the writable devices.
+		err := landlock.V5.BestEffort().RestrictPaths(
+			landlock.RODirs("/"),
+			landlock.RWDirs("/workspace", "/tmp"),
+			landlock.RWFiles("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("landlock: %w", err)
+		}
+	}
+	return degraded, nil
+}
+
+type notFoundError struct {
+	name   string
+	exists bool
+	reason string
+}
+
+func (e *notFoundError) Error() string {
+	return fmt.Sprintf("%s: %s", e.name, e.reason)
+}
+
+// lookPath resolves name with the program's PATH, inside the image.
+func lookPath(name, dir string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		p := name
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		return name, checkExec(name, p)
+	}
+	path := "/usr/local/bin:/usr/bin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	var found *notFoundError
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		err := checkExec(name, p)
+		if err == nil {
+			return p, nil
+		}
+		if nf := (*notFoundError)(nil); errors.As(err, &nf) && nf.exists && found == nil {
+			found = nf
+		}
+	}
+	if found != nil {
+		return "", found
+	}
+	return "", &notFoundError{name: name, reason: "command not found in the image (PATH=" + path + ")"}
+}
+
+func checkExec(name, p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return &notFoundError{name: name, reason: "no such file in the image"}
+	}
+	if fi.IsDir() {
+		return &notFoundError{name: name, exists: true, reason: "is a directory"}
+	}
+	if fi.Mode()&0o111 == 0 {
+		return &notFoundError{name: name, exists: true, reason: "permission denied (not executable)"}
+	}
+	return nil
+}

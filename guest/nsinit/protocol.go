@@ -1,0 +1,95 @@
+// Package nsinit is the half of the native tier that runs inside the
+// sandbox: Moat's own PID 1. The host starts it (a re-exec of the moat
+// binary) already inside new user, mount, PID, network, IPC and UTS
+// namespaces; it builds the root filesystem, drops every privilege, starts
+// the untrusted program, reaps zombies, forwards signals and reports how the
+// program ended.
+//
+// The setup protocol between the host (tier/native) and this init:
+//
+//	host                                   init (pid 1 in the new namespaces)
+//	----                                   ----------------------------------
+//	create cgroup, detached workspace
+//	clone(CLONE_NEW*) + uid/gid maps  --->  starts, blocks reading fd 3
+//	(v1) move init into the cgroup
+//	write Config as JSON, close fd 3  --->  unshare cgroupns, mounts, pivot_root,
+//	                                        rlimits, drop caps, setuid, Landlock,
+//	                                        seccomp, start the program
+//	read status (fd 4)                <---  {"started":true}
+//	                                  <---  {"exit":N} or {"signal":N} or {"error":"..."}
+//	wait for init to exit
+//
+// Everything this package sends back is read by the host as hostile input:
+// the host bounds the size of each message and trusts nothing in it beyond
+// the program's exit status.
+//
+// This package must never be imported for anything but running as init: its
+// entry point changes process-wide state irreversibly.
+package nsinit
+
+// Arg is the hidden argv[1] under which the moat binary runs as init.
+const Arg = "__nsinit"
+
+// File descriptors the host passes to init (beyond stdin, stdout, stderr,
+// which are the program's).
+const (
+	ConfigFD    = 3 // read end: one JSON Config, then EOF
+	StatusFD    = 4 // write end: newline-separated JSON Status messages
+	WorkspaceFD = 5 // a detached tmpfs mount (fsmount) to attach at /workspace
+)
+
+// MaxConfigBytes bounds the Config message.
+const MaxConfigBytes = 4 << 20
+
+// MaxStatusBytes bounds everything init may send back.
+const MaxStatusBytes = 64 << 10
+
+// Config is everything init needs, sent by the host over ConfigFD.
+type Config struct {
+	// Root is the host path of the image root filesystem, valid in the
+	// mount namespace init starts in (a copy of the host's).
+	Root     string `json:"root"`
+	Hostname string `json:"hostname"`
+
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+
+	// UID and GID of the program inside the user namespace.
+	UID int `json:"uid"`
+	GID int `json:"gid"`
+
+	TmpBytes int64 `json:"tmp_bytes"`
+	TmpFiles int   `json:"tmp_files"`
+
+	Rlimits Rlimits `json:"rlimits"`
+
+	// Landlock requires the Landlock ruleset; when false and the kernel
+	// lacks Landlock, init goes on and reports the degradation.
+	RequireLandlock bool `json:"require_landlock"`
+}
+
+// Rlimits are the backstop limits set on the program.
+type Rlimits struct {
+	NoFile     uint64 `json:"nofile"`
+	FSize      uint64 `json:"fsize"`
+	NProc      uint64 `json:"nproc"`
+	CPUSeconds uint64 `json:"cpu_seconds"`
+}
+
+// Status is one message from init to the host.
+type Status struct {
+	Started bool `json:"started,omitempty"`
+	// Exited is true when the program ended; Exit or Signal says how.
+	Exited bool `json:"exited,omitempty"`
+	Exit   int  `json:"exit"`
+	Signal int  `json:"signal,omitempty"`
+	// NotFound means the command does not exist in the image (exit 127);
+	// NotExecutable means it exists but cannot be executed (exit 126).
+	NotFound      bool `json:"not_found,omitempty"`
+	NotExecutable bool `json:"not_executable,omitempty"`
+	// Degraded lists protections not applied (only those the host allowed).
+	Degraded []string `json:"degraded,omitempty"`
+	// Error is a setup failure; init exits right after sending it.
+	Error string `json:"error,omitempty"`
+}

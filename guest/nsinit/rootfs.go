@@ -1,0 +1,231 @@
+package nsinit
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// maskedPaths are hidden behind /dev/null (files) or an empty read-only
+// tmpfs (directories). They leak host kernel state or offer attack surface
+// (runc's default list, plus the kernel memory and symbol views).
+var maskedPaths = []string{
+	"/proc/acpi",
+	"/proc/asound",
+	"/proc/interrupts",
+	"/proc/kcore", // physical memory image
+	"/proc/keys",  // the kernel keyring list
+	"/proc/latency_stats",
+	"/proc/timer_list",  // host timers, leaks other processes' names
+	"/proc/timer_stats", // same
+	"/proc/sched_debug", // every host task
+	"/proc/scsi",
+	"/proc/kallsyms", // kernel symbol addresses (KASLR)
+	"/proc/kmsg",
+	"/proc/kpagecount",
+	"/proc/kpageflags",
+	"/proc/kpagecgroup",
+	"/proc/modules",
+	"/proc/mtrr",
+	"/proc/slabinfo",
+	"/proc/vmallocinfo",
+	"/proc/config.gz",
+}
+
+// readonlyPaths stay visible but can never be written, even by a process
+// that somehow regained privilege in the user namespace.
+var readonlyPaths = []string{
+	"/proc/bus",
+	"/proc/fs",
+	"/proc/irq",
+	"/proc/sys",           // sysctls (core_pattern, modprobe path, ...)
+	"/proc/sysrq-trigger", // host reboot/crash keys
+}
+
+// devices are the only device nodes in the sandbox, bind-mounted from the
+// host (mknod is impossible in a user namespace, and should be).
+var devices = []string{"null", "zero", "full", "random", "urandom"}
+
+// buildRoot assembles the sandbox's root filesystem under cfg.Root and
+// pivots into it. It runs as root of the new user namespace, in a mount
+// namespace that is still a copy of the host's. Order matters: everything
+// that needs a host path (/dev/null to mask with, the image directory) is
+// done before pivot_root, after which the host tree is detached.
+func buildRoot(cfg *Config) error {
+	root := cfg.Root
+
+	// Stop every mount event from propagating back to the host (and from
+	// the host into the sandbox) before touching anything.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+
+	// The image becomes its own mount so it can be made read-only and
+	// pivoted into. Read-only, nosuid and nodev are set with mount_setattr,
+	// which changes only the named attributes: a classic MS_REMOUNT would
+	// have to repeat the host's locked atime flags or fail with EPERM.
+	if err := unix.Mount(root, root, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind image %s: %w", root, err)
+	}
+	if err := setAttr(root, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
+		return fmt.Errorf("make image read-only: %w", err)
+	}
+
+	// A fresh procfs for our PID namespace: only the sandbox's processes
+	// are visible. noexec so nothing runs from /proc/self/fd tricks.
+	proc := filepath.Join(root, "proc")
+	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	for _, p := range maskedPaths {
+		if err := mask(root, p); err != nil {
+			return err
+		}
+	}
+	for _, p := range readonlyPaths {
+		if err := readonly(filepath.Join(root, p)); err != nil {
+			return err
+		}
+	}
+
+	if err := buildDev(filepath.Join(root, "dev")); err != nil {
+		return err
+	}
+
+	// /tmp: small, memory-backed, world-writable with the sticky bit,
+	// bounded in bytes and inodes so it cannot be used to exhaust memory.
+	tmpOpts := fmt.Sprintf("mode=1777,size=%d,nr_inodes=%d", cfg.TmpBytes, cfg.TmpFiles)
+	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
+		return fmt.Errorf("mount /tmp: %w", err)
+	}
+
+	// /workspace is a tmpfs the host created with fsmount and holds by fd,
+	// so the host can read the diff after everything here is dead, and a
+	// killed run leaves no mount on the host. Its size and inode limits
+	// were set by the host; this namespace cannot remount it (its
+	// superblock belongs to the host's user namespace).
+	if err := unix.MoveMount(WorkspaceFD, "", unix.AT_FDCWD, filepath.Join(root, "workspace"), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach /workspace: %w", err)
+	}
+	unix.Close(WorkspaceFD)
+
+	// pivot_root(".", ".") stacks the old root on top of the new one;
+	// detaching it leaves only the image (runc's technique: no put_old
+	// directory needed in a read-only image).
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("chdir %s: %w", root, err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("chdir /: %w", err)
+	}
+	return nil
+}
+
+// buildDev makes a minimal /dev: a tiny tmpfs holding bind mounts of the
+// harmless host devices and the usual symlinks, then made read-only.
+func buildDev(dev string) error {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64"); err != nil {
+		return fmt.Errorf("mount /dev: %w", err)
+	}
+	for _, d := range devices {
+		target := filepath.Join(dev, d)
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0666)
+		if err != nil {
+			return fmt.Errorf("create /dev/%s: %w", d, err)
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+d, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s: %w", d, err)
+		}
+		if err := setAttr(target, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC); err != nil {
+			return fmt.Errorf("restrict /dev/%s: %w", d, err)
+		}
+	}
+	links := [][2]string{
+		{"/proc/self/fd", "fd"},
+		{"/proc/self/fd/0", "stdin"},
+		{"/proc/self/fd/1", "stdout"},
+		{"/proc/self/fd/2", "stderr"},
+		// POSIX shared memory and semaphores (Python multiprocessing) live
+		// in /dev/shm; point it at the bounded /tmp rather than adding
+		// another writable filesystem.
+		{"../tmp", "shm"},
+	}
+	for _, l := range links {
+		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
+			return fmt.Errorf("create /dev/%s: %w", l[1], err)
+		}
+	}
+	return setAttr(dev, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NODEV)
+}
+
+// mask hides p (relative to the image root): files behind /dev/null,
+// directories behind an empty read-only tmpfs. Paths the kernel does not
+// have are skipped.
+func mask(root, p string) error {
+	target := filepath.Join(root, p)
+	fi, err := os.Lstat(target)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("mask %s: %w", p, err)
+	}
+	if fi.IsDir() {
+		err = unix.Mount("tmpfs", target, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=1")
+	} else {
+		err = unix.Mount("/dev/null", target, "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		return fmt.Errorf("mask %s: %w", p, err)
+	}
+	return nil
+}
+
+// readonly bind-mounts target over itself read-only.
+func readonly(target string) error {
+	if _, err := os.Lstat(target); os.IsNotExist(err) {
+		return nil
+	}
+	if err := unix.Mount(target, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", target, err)
+	}
+	if err := setAttr(target, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC); err != nil {
+		return fmt.Errorf("make %s read-only: %w", target, err)
+	}
+	return nil
+}
+
+func setAttr(path string, attr uint64) error {
+	return unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, &unix.MountAttr{Attr_set: attr})
+}
+
+// loopbackUp brings lo up in the new network namespace, the only interface
+// it has: local servers inside the sandbox work, nothing leaves it.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback: get flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback: up: %w", err)
+	}
+	return nil
+}

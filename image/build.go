@@ -1,0 +1,529 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// BuildOptions configure Build. The zero value builds without reading or
+// writing a repository lockfile and discards progress output.
+type BuildOptions struct {
+	// Progress receives human-readable phases and mmdebstrap's condensed
+	// output. nil discards it.
+	Progress io.Writer
+	// Locked makes the build fail, and publish nothing, if the resolved
+	// package versions differ from LockfileDir/<name>.lock.
+	Locked bool
+	// LockfileDir is where <name>.lock lives (the repo's images/). "" means
+	// no lockfile is read or written; Locked then is an error.
+	LockfileDir string
+}
+
+// ErrMirror means a package mirror could not be reached or served bad data.
+var ErrMirror = errors.New("package mirror failed")
+
+// toolchain is the set of external programs a build runs. Store.tools is
+// replaced in tests to exercise the store logic without root or network.
+type toolchain struct {
+	// check reports a missing precondition (tool not installed, not root).
+	check func() error
+	// version names the bootstrap tool, e.g. "mmdebstrap 1.3.5".
+	version func(ctx context.Context) (string, error)
+	// bootstrap creates the root tree at target (which does not exist yet).
+	// extraFiles are inherited by the bootstrap process (the store lock).
+	bootstrap func(ctx context.Context, def Definition, target string, progress io.Writer, extraFiles []*os.File) error
+	// packages returns package -> version installed in the tree at root.
+	packages func(ctx context.Context, root string) (map[string]string, error)
+}
+
+// Build builds the named image, stores it by digest, makes it current and
+// returns it. Builds of the same name are serialised by a flock on the
+// store; a failed or cancelled build leaves nothing behind.
+func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Image, error) {
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	def, err := definition(name)
+	if err != nil {
+		return nil, fmt.Errorf("build image: %w", err)
+	}
+	// Read the lockfile before spending half a minute on a build that
+	// could not pass.
+	var locked *Lockfile
+	if opts.Locked {
+		if opts.LockfileDir == "" {
+			return nil, fmt.Errorf("build image %s: --locked needs a lockfile directory (BuildOptions.LockfileDir)", name)
+		}
+		if locked, err = ReadLockfile(opts.LockfileDir, name); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+		if locked.Suite != def.Suite {
+			return nil, fmt.Errorf("build image %s: lockfile %s is for suite %q but the definition uses %q; rebuild without --locked",
+				name, lockfilePath(opts.LockfileDir, name), locked.Suite, def.Suite)
+		}
+	}
+	if err := s.tools.check(); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	nameDir, err := s.prepareDirs(name)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	lock, err := lockWait(ctx, filepath.Join(nameDir, lockName), progress)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	defer lock.Close()
+
+	builtWith, err := s.tools.version(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	// The temp dir lives next to its final place so that publishing is a
+	// rename within one filesystem, which is atomic.
+	tmp, err := os.MkdirTemp(nameDir, buildPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	// Readable by others from the start: apt drops privileges to _apt for
+	// downloads and needs to traverse into the tree; nothing in a build is
+	// secret, only writes must be root's.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	published := false
+	defer func() {
+		if published {
+			return
+		}
+		if err := removeTree(tmp); err != nil {
+			fmt.Fprintf(progress, "warning: could not clean up %s: %v (run `moat image gc`)\n", tmp, err)
+		}
+	}()
+
+	start := time.Now()
+	phase := func(format string, args ...any) {
+		fmt.Fprintf(progress, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	rootfs := filepath.Join(tmp, rootfsDir)
+	phase("bootstrapping %s (%s + %s) with %s", name, def.Suite, strings.Join(def.Packages, ", "), builtWith)
+	if err := s.tools.bootstrap(ctx, def, rootfs, progress, []*os.File{lock}); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	pkgs, err := s.tools.packages(ctx, rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	if locked != nil {
+		if err := compareLock(lockfilePath(opts.LockfileDir, name), locked, pkgs); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+	}
+	phase("finalizing: own /etc/passwd, empty mount points, no setuid bits")
+	if err := finalize(rootfs); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	phase("hashing tree")
+	digest, size, err := TreeDigest(rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	img := &Image{
+		Name:      name,
+		Digest:    digest,
+		Env:       def.Env,
+		Packages:  pkgs,
+		Built:     time.Now().UTC().Truncate(time.Second),
+		Suite:     def.Suite,
+		Size:      size,
+		BuiltWith: builtWith,
+	}
+	hexDigest := strings.TrimPrefix(digest, digestPrefix)
+	final := filepath.Join(nameDir, hexDigest)
+	if _, err := os.Lstat(final); err == nil {
+		// Same content already stored (a reproducible rebuild): keep the
+		// published copy, which may be mounted right now, untouched.
+		phase("identical image %s already stored", digest)
+		existing, err := s.load(name, hexDigest)
+		if err != nil {
+			return nil, fmt.Errorf("build image %s: existing %s: %w", name, final, err)
+		}
+		img = existing
+	} else {
+		if err := writeMetadata(tmp, img); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+		if err := os.Rename(tmp, final); err != nil {
+			return nil, fmt.Errorf("build image %s: publish: %w", name, err)
+		}
+		published = true
+	}
+	if err := setCurrent(nameDir, hexDigest); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	root, err := filepath.Abs(filepath.Join(final, rootfsDir))
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	img.Root = root
+	img.Current = true
+	phase("stored %s (%.0f MB) at %s", digest, float64(size)/1e6, final)
+
+	if opts.LockfileDir != "" && !opts.Locked {
+		lf := &Lockfile{Name: name, Suite: def.Suite, Digest: img.Digest, Packages: img.Packages, BuiltWith: img.BuiltWith}
+		if err := WriteLockfile(opts.LockfileDir, lf); err != nil {
+			return nil, fmt.Errorf("build image %s: image stored, but %w", name, err)
+		}
+		phase("wrote %s", lockfilePath(opts.LockfileDir, name))
+	} else if locked != nil && locked.Digest != img.Digest {
+		// Same package versions, different bytes: the build is not fully
+		// reproducible. Worth knowing, not worth failing over.
+		phase("note: digest %s differs from lockfile's %s although package versions match", img.Digest, locked.Digest)
+	}
+	return img, nil
+}
+
+// prepareDirs creates the store and name directories (0755, ours) and
+// refuses a store that others could write to.
+func (s *Store) prepareDirs(name string) (string, error) {
+	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
+		return "", fmt.Errorf("create image store: %w", err)
+	}
+	if err := s.checkPrivate(); err != nil {
+		return "", err
+	}
+	nameDir := filepath.Join(s.Dir, name)
+	if err := os.Mkdir(nameDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("create image store: %w", err)
+	}
+	fi, err := os.Lstat(nameDir)
+	if err != nil {
+		return "", fmt.Errorf("create image store: %w", err)
+	}
+	if !fi.IsDir() || fi.Mode().Perm()&0o022 != 0 {
+		return "", fmt.Errorf("image store %s must be a directory not writable by group or others (mode %s)", nameDir, fi.Mode())
+	}
+	return nameDir, nil
+}
+
+// writeMetadata writes dir/image.json.
+func writeMetadata(dir string, img *Image) error {
+	data, err := jsonIndent(img)
+	if err != nil {
+		return fmt.Errorf("encode metadata: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, metadataFile), data, 0o644); err != nil {
+		return fmt.Errorf("write metadata: %w", err)
+	}
+	return nil
+}
+
+// setCurrent points nameDir/current at hexDigest by renaming a fresh
+// symlink over it: readers see the old or the new target, never none.
+func setCurrent(nameDir, hexDigest string) error {
+	tmp := filepath.Join(nameDir, ".current-"+strconv.Itoa(os.Getpid()))
+	_ = os.Remove(tmp) // left by a killed build with our pid; we hold the lock
+	if err := os.Symlink(hexDigest, tmp); err != nil {
+		return fmt.Errorf("set current image: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(nameDir, currentLink)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("set current image: %w", err)
+	}
+	if d, err := os.Open(nameDir); err == nil {
+		_ = d.Sync() // make the rename durable; best effort
+		d.Close()
+	}
+	return nil
+}
+
+// mmdebstrapTools is the real toolchain.
+func mmdebstrapTools() toolchain {
+	return toolchain{
+		check:     checkMmdebstrap,
+		version:   mmdebstrapVersion,
+		bootstrap: runMmdebstrap,
+		packages:  dpkgPackages,
+	}
+}
+
+func checkMmdebstrap() error {
+	return checkMmdebstrapWith(exec.LookPath, os.Geteuid())()
+}
+
+// checkMmdebstrapWith checks build preconditions with injectable lookups,
+// so tests can see the messages without uninstalling anything.
+func checkMmdebstrapWith(lookPath func(string) (string, error), euid int) func() error {
+	return func() error {
+		if _, err := lookPath("mmdebstrap"); err != nil {
+			return fmt.Errorf("mmdebstrap not found in PATH; install it with `apt-get install mmdebstrap`")
+		}
+		if euid != 0 {
+			// --mode=unshare would work unprivileged, but it maps file
+			// ownership through a user namespace and the store must be
+			// root-owned for the mount tiers; keep one well-tested mode.
+			return fmt.Errorf("building images runs mmdebstrap --mode=root, which needs root (euid is %d); run as root, e.g. `sudo moat image build`", euid)
+		}
+		if _, err := lookPath("dpkg-query"); err != nil {
+			return fmt.Errorf("dpkg-query not found in PATH; install it with `apt-get install dpkg`")
+		}
+		return nil
+	}
+}
+
+func mmdebstrapVersion(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "mmdebstrap", "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("mmdebstrap --version: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// dpkgExcludes drop documentation, manuals and translations from the image
+// (about 40 MB for python). Copyright files stay: they are the licences of
+// what we ship.
+var dpkgExcludes = []string{
+	"path-exclude=/usr/share/doc/*",
+	"path-include=/usr/share/doc/*/copyright",
+	"path-exclude=/usr/share/man/*",
+	"path-exclude=/usr/share/info/*",
+	"path-exclude=/usr/share/locale/*",
+	"path-exclude=/usr/share/lintian/*",
+}
+
+// mmdebstrapArgs returns mmdebstrap's command line for def.
+func mmdebstrapArgs(def Definition, target string) []string {
+	args := []string{
+		"--mode=root",
+		"--variant=essential",
+		"--format=directory",
+		"--include=" + strings.Join(def.Packages, ","),
+		// Recommends would pull in whatever the archive suggests this
+		// week; the package list is the definition, nothing more.
+		"--aptopt=APT::Install-Recommends \"false\"",
+		"--aptopt=Acquire::Languages \"none\"",
+	}
+	for _, o := range dpkgExcludes {
+		args = append(args, "--dpkgopt="+o)
+	}
+	args = append(args, def.Suite, target)
+	return append(args, def.Sources...)
+}
+
+// runMmdebstrap bootstraps def into target.
+func runMmdebstrap(ctx context.Context, def Definition, target string, progress io.Writer, extraFiles []*os.File) error {
+	cmd := exec.CommandContext(ctx, "mmdebstrap", mmdebstrapArgs(def, target)...)
+	// A clean environment: maintainer scripts run as root inside the
+	// tree, and variables like LD_PRELOAD or PYTHONPATH from the caller's
+	// shell must not reach them or change the result. Proxy settings are
+	// the one thing the host legitimately needs to pass on.
+	cmd.Env = []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LC_ALL=C.UTF-8",
+		"SOURCE_DATE_EPOCH=" + strconv.FormatInt(def.SourceDateEpoch, 10),
+	}
+	for _, k := range []string{"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	// mmdebstrap runs in its own process group so cancellation reaches
+	// apt, dpkg and maintainer scripts too: signalled alone, mmdebstrap
+	// defers SIGTERM until its current phase (the whole package install)
+	// is done. With its children gone it fails fast and unmounts the /dev,
+	// /proc and /sys it bind-mounted into the tree.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 15 * time.Second
+	// The store lock is inherited: flock stays held while any process of
+	// the build lives, so GC cannot delete a tree an orphaned mmdebstrap
+	// (its parent SIGKILLed) is still writing.
+	cmd.ExtraFiles = extraFiles
+	out := &condenser{w: progress}
+	cmd.Stdout = out
+	cmd.Stderr = out
+	err := cmd.Run()
+	out.flush()
+	if ctx.Err() != nil {
+		// Whatever survived SIGTERM and WaitDelay dies now, before the
+		// caller removes the tree under it. The group still exists only
+		// if a member lives, so this cannot hit an unrelated process.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		return fmt.Errorf("mmdebstrap: %w", ctx.Err())
+	}
+	if err != nil {
+		return classifyFailure(def, err, out.tail())
+	}
+	return nil
+}
+
+// networkMarkers are apt/mmdebstrap phrases that mean the mirror, not the
+// package set, is the problem.
+var networkMarkers = []string{
+	"Temporary failure resolving", "Could not resolve", "Failed to fetch",
+	"Unable to connect", "Connection failed", "Connection timed out",
+	"No route to host", "Network is unreachable", "Could not connect",
+	"Hash Sum mismatch", "not signed", "NO_PUBKEY", "Release file",
+	"apt-get update failed",
+}
+
+// classifyFailure turns an mmdebstrap failure into an error that says what
+// to fix: which mirror failed, or the last lines of output.
+func classifyFailure(def Definition, runErr error, tail []string) error {
+	for _, line := range tail {
+		for _, m := range networkMarkers {
+			if !strings.Contains(line, m) {
+				continue
+			}
+			mirror := failedMirror(def, tail)
+			return fmt.Errorf("mmdebstrap: %w: mirror %s: %s (check the network, a proxy in http_proxy, or the sources in the definition)",
+				ErrMirror, mirror, strings.TrimSpace(line))
+		}
+	}
+	last := tail
+	if len(last) > 8 {
+		last = last[len(last)-8:]
+	}
+	return fmt.Errorf("mmdebstrap: %w; last output:\n  %s", runErr, strings.Join(last, "\n  "))
+}
+
+// failedMirror names the source URL that appears in the failure output, or
+// all of them if none does.
+func failedMirror(def Definition, tail []string) string {
+	var urls []string
+	for _, src := range def.Sources {
+		f := strings.Fields(src)
+		if len(f) < 3 {
+			continue
+		}
+		url := f[1]
+		urls = append(urls, url)
+		host := strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://")
+		for _, line := range tail {
+			if strings.Contains(line, host) {
+				return url
+			}
+		}
+	}
+	return strings.Join(urls, ", ")
+}
+
+// condenser forwards mmdebstrap's status lines ("I: ...", "W: ...",
+// "E: ...") to the progress writer, indented, and keeps the last lines of
+// all output for error messages. apt's own chatter is long and only useful
+// when something fails.
+type condenser struct {
+	mu      sync.Mutex
+	w       io.Writer
+	partial []byte
+	last    []string
+}
+
+const condenserKeep = 40
+
+func (c *condenser) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.partial = append(c.partial, p...)
+	for {
+		i := bytes.IndexByte(c.partial, '\n')
+		if i < 0 {
+			break
+		}
+		c.line(string(c.partial[:i]))
+		c.partial = c.partial[i+1:]
+	}
+	// A progress bar without newlines must not grow without bound.
+	if len(c.partial) > 64*1024 {
+		c.line(string(c.partial))
+		c.partial = nil
+	}
+	return len(p), nil
+}
+
+func (c *condenser) line(l string) {
+	l = strings.TrimRight(l, "\r")
+	if l == "" {
+		return
+	}
+	c.last = append(c.last, l)
+	if len(c.last) > condenserKeep {
+		c.last = c.last[len(c.last)-condenserKeep:]
+	}
+	if strings.HasPrefix(l, "I: ") || strings.HasPrefix(l, "W: ") || strings.HasPrefix(l, "E: ") {
+		fmt.Fprintf(c.w, "    mmdebstrap %s\n", l)
+	}
+}
+
+func (c *condenser) flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.partial) > 0 {
+		c.line(string(c.partial))
+		c.partial = nil
+	}
+}
+
+func (c *condenser) tail() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.last...)
+}
+
+// dpkgPackages reads the installed package set from the tree's dpkg
+// database (not the host's: --admindir).
+func dpkgPackages(ctx context.Context, root string) (map[string]string, error) {
+	cmd := exec.CommandContext(ctx, "dpkg-query",
+		"--admindir="+filepath.Join(root, "var/lib/dpkg"),
+		"-W", "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("dpkg-query in %s: %w: %s", root, err, strings.TrimSpace(stderr.String()))
+	}
+	return parsePackages(out)
+}
+
+// parsePackages parses "status\tpackage\tversion" lines, keeping only
+// installed packages ("ii"): removed-but-configured ones are not in the tree.
+func parsePackages(out []byte) (map[string]string, error) {
+	pkgs := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "\t")
+		if len(f) != 3 {
+			return nil, fmt.Errorf("dpkg-query: unexpected line %q", sc.Text())
+		}
+		if strings.TrimSpace(f[0]) != "ii" {
+			continue
+		}
+		pkgs[f[1]] = f[2]
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("dpkg-query: %w", err)
+	}
+	if len(pkgs) == 0 {
+		return nil, fmt.Errorf("dpkg-query: no installed packages found")
+	}
+	return pkgs, nil
+}

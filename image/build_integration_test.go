@@ -1,0 +1,184 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// updateLock rewrites ../images/<name>.lock from a real build:
+//
+//	go test ./image -run TestBuildPython -update
+var updateLock = flag.Bool("update", false, "write the repo lockfile (images/python.lock) from the real build")
+
+// requireBuildHost skips unless a real build can run here.
+func requireBuildHost(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping real image build (~20 s, needs network) in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mmdebstrap --mode=root")
+	}
+	if _, err := exec.LookPath("mmdebstrap"); err != nil {
+		t.Skip("needs mmdebstrap: apt-get install mmdebstrap")
+	}
+}
+
+func TestBuildPython(t *testing.T) {
+	requireBuildHost(t)
+	s := NewStore(filepath.Join(t.TempDir(), "images"))
+	lockDir := t.TempDir()
+	if *updateLock {
+		lockDir = filepath.Join("..", "images")
+		if err := os.MkdirAll(lockDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var progress bytes.Buffer
+	start := time.Now()
+	img, err := s.Build(context.Background(), "python", BuildOptions{Progress: &progress, LockfileDir: lockDir})
+	t.Logf("build took %s; progress:\n%s", time.Since(start).Round(100*time.Millisecond), progress.String())
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	t.Logf("image %s, %.0f MB, %d packages", img.Digest, float64(img.Size)/1e6, len(img.Packages))
+
+	for _, pkg := range []string{"python3", "python3-numpy", "python3-yaml", "bash", "coreutils"} {
+		if img.Packages[pkg] == "" {
+			t.Errorf("package %s not recorded in %v", pkg, img.Packages)
+		}
+	}
+
+	// chroot is enough to prove the tree runs; the real sandbox pivots.
+	out, err := exec.Command("chroot", img.Root, "/usr/bin/python3", "-c",
+		"import numpy, yaml; print(numpy.__version__, numpy.arange(4).sum())").CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3 in the image: %v\n%s", err, out)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(string(out)), " 6") {
+		t.Errorf("python3 printed %q, want '<version> 6'", out)
+	}
+
+	passwd, err := os.ReadFile(filepath.Join(img.Root, "etc/passwd"))
+	if err != nil || string(passwd) != imagePasswd {
+		t.Errorf("/etc/passwd = %q (err %v), want the image's own", passwd, err)
+	}
+	if resolv, err := os.ReadFile(filepath.Join(img.Root, "etc/resolv.conf")); err != nil || len(resolv) != 0 {
+		t.Errorf("/etc/resolv.conf = %q (err %v), want empty", resolv, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(img.Root, "tmp")); err != nil || fi.Mode()&(fs.ModePerm|fs.ModeSticky) != 0o777|fs.ModeSticky {
+		t.Errorf("/tmp mode = %v (err %v), want 1777", fi.Mode(), err)
+	}
+	err = filepath.WalkDir(img.Root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeDevice|fs.ModeNamedPipe|fs.ModeSocket) != 0 {
+			t.Errorf("%s has mode %v: no setuid/setgid or special files may ship", p, fi.Mode())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _, err := TreeDigest(img.Root); err != nil || d != img.Digest {
+		t.Errorf("stored tree digests to %s (err %v), metadata says %s", d, err, img.Digest)
+	}
+	if got, err := s.Lookup("python"); err != nil || got.Digest != img.Digest {
+		t.Errorf("Lookup = %+v, %v", got, err)
+	}
+	if lf, err := ReadLockfile(lockDir, "python"); err != nil || lf.Digest != img.Digest {
+		t.Errorf("lockfile = %+v, %v", lf, err)
+	}
+
+	t.Run("cancel mid-build leaves nothing", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// Cancel while mmdebstrap has /dev, /proc and /sys mounted in the
+		// tree: that is when a careless cleanup would delete host files.
+		go func() {
+			deadline := time.After(40 * time.Second)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-deadline:
+					cancel()
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				if m, _ := mountsUnder(filepath.Join(s.Dir, "python")); len(m) > 0 {
+					cancel()
+					return
+				}
+			}
+		}()
+		_, err := s.Build(ctx, "python", BuildOptions{})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Build = %v, want context.Canceled", err)
+		}
+		if m, _ := mountsUnder(s.Dir); len(m) > 0 {
+			t.Errorf("mounts left under the store: %v", m)
+		}
+		assertStoreClean(t, s, "python", 1)
+		if got, err := s.Lookup("python"); err != nil || got.Digest != img.Digest {
+			t.Errorf("cancelled build changed the current image: %+v, %v", got, err)
+		}
+	})
+}
+
+// TestBuildReproducible builds twice and compares digests. It doubles the
+// build time, so it runs only when asked: MOAT_IMAGE_REPRO=1.
+func TestBuildReproducible(t *testing.T) {
+	requireBuildHost(t)
+	if os.Getenv("MOAT_IMAGE_REPRO") == "" {
+		t.Skip("set MOAT_IMAGE_REPRO=1 to build the python image twice and compare digests")
+	}
+	var roots [2]string
+	var digests [2]string
+	for i := range roots {
+		s := NewStore(filepath.Join(t.TempDir(), "images"))
+		img, err := s.Build(context.Background(), "python", BuildOptions{})
+		if err != nil {
+			t.Fatalf("build %d: %v", i, err)
+		}
+		roots[i], digests[i] = img.Root, img.Digest
+	}
+	if digests[0] == digests[1] {
+		t.Logf("reproducible: both builds are %s", digests[0])
+		return
+	}
+	var a, b bytes.Buffer
+	if _, err := WriteListing(&a, roots[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteListing(&b, roots[1]); err != nil {
+		t.Fatal(err)
+	}
+	la, lb := strings.Split(a.String(), "\n"), strings.Split(b.String(), "\n")
+	inB := map[string]bool{}
+	for _, l := range lb {
+		inB[l] = true
+	}
+	var differ []string
+	for _, l := range la {
+		if !inB[l] {
+			differ = append(differ, l)
+		}
+	}
+	t.Errorf("builds differ: %s vs %s; entries of the first not in the second:\n%s",
+		digests[0], digests[1], strings.Join(differ, "\n"))
+}

@@ -1,0 +1,117 @@
+package image
+
+import (
+	"fmt"
+	"regexp"
+)
+
+// Definition says how to build one image: which Debian suite, which packages
+// on top of the Essential set, and which apt sources to fetch them from.
+type Definition struct {
+	// Name is the image name used on the command line and in manifests.
+	Name string
+	// Suite is the Debian suite (codename) to bootstrap, e.g. "bookworm".
+	Suite string
+	// Packages are installed on top of mmdebstrap's "essential" variant.
+	Packages []string
+	// Description is one line for `moat image list`.
+	Description string
+	// Env is the default environment of processes started in the image.
+	// HOME is deliberately absent: the caller sets it.
+	Env []string
+	// Sources are apt sources lines passed to mmdebstrap, in order.
+	Sources []string
+	// SourceDateEpoch is exported as SOURCE_DATE_EPOCH so dpkg, mmdebstrap
+	// and py_compile write the same timestamps on every build. It is fixed
+	// per definition (not "now") because a moving epoch would change
+	// file contents such as .pyc headers and break reproducibility.
+	SourceDateEpoch int64
+}
+
+// bookwormSources mirror what this machine's apt already uses
+// (/etc/apt/sources.list.d/debian.sources): the main archive, its updates
+// and the security archive. Security updates must be included, or images
+// would ship known-vulnerable packages.
+var bookwormSources = []string{
+	"deb http://deb.debian.org/debian bookworm main",
+	"deb http://deb.debian.org/debian bookworm-updates main",
+	"deb http://deb.debian.org/debian-security bookworm-security main",
+}
+
+// bookwormRelease is Debian 12's release date (2023-06-10T00:00:00Z).
+const bookwormRelease = 1686355200
+
+// definitions is the built-in catalogue. Keep images small: they are built on
+// first use and every red-team run starts from one.
+var definitions = []Definition{
+	{
+		Name:        "python",
+		Suite:       "bookworm",
+		Description: "Debian 12 with Python 3.11, NumPy and PyYAML",
+		Packages: []string{
+			"bash",
+			"coreutils",
+			"python3",
+			"python3-numpy",
+			"python3-yaml",
+		},
+		Env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"LANG=C.UTF-8",
+			// The root is read-only and /workspace is diffed after the run:
+			// without this, every script that imports a local module would
+			// leave a __pycache__ directory in the workspace diff.
+			"PYTHONDONTWRITEBYTECODE=1",
+		},
+		Sources:         bookwormSources,
+		SourceDateEpoch: bookwormRelease,
+	},
+}
+
+// Definitions returns the known image definitions. The result is a copy:
+// callers may modify it without changing what Build uses.
+func Definitions() []Definition {
+	out := make([]Definition, len(definitions))
+	for i, d := range definitions {
+		d.Packages = append([]string(nil), d.Packages...)
+		d.Env = append([]string(nil), d.Env...)
+		d.Sources = append([]string(nil), d.Sources...)
+		out[i] = d
+	}
+	return out
+}
+
+// definition returns the named definition or an error listing known names.
+func definition(name string) (Definition, error) {
+	if err := validName(name); err != nil {
+		return Definition{}, err
+	}
+	for _, d := range Definitions() {
+		if d.Name == name {
+			return d, nil
+		}
+	}
+	return Definition{}, fmt.Errorf("image %q: %w (known images: %s)", name, ErrUnknown, knownNames())
+}
+
+func knownNames() string {
+	s := ""
+	for i, d := range definitions {
+		if i > 0 {
+			s += ", "
+		}
+		s += d.Name
+	}
+	return s
+}
+
+// nameRE keeps image names usable as a single path component: the name is
+// joined onto the store directory, so "../x" or "a/b" must never get there.
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+
+func validName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("image name %q: must match %s", name, nameRE)
+	}
+	return nil
+}

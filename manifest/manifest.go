@@ -1,0 +1,89 @@
+// Package manifest parses, validates and defaults Moat's capability manifest:
+// the declaration of everything a run is granted. Everything not granted is
+// denied.
+//
+// The package turns untrusted bytes (a YAML or JSON file, command-line flags,
+// later API bodies) into one validated Manifest with a digest. It must never
+// touch the host beyond stat-ing input paths, and never return a value that
+// failed validation.
+//
+// Parse and Load are the entry points; Default, Validate and the Parse*Flag
+// helpers serve the CLI's flag overrides. The accepted range of every limit
+// is tabled on the rules variable in validate.go and returned by Ranges.
+package manifest
+
+import "time"
+
+// Manifest is a validated capability manifest. Obtain one from Parse or
+// Default followed by Validate; treat it as immutable once validated.
+type Manifest struct {
+	// Image names the immutable root image (default "python").
+	Image string `json:"image" yaml:"image"`
+	// Tier names the isolation tier (default "native").
+	Tier string `json:"tier,omitempty" yaml:"tier,omitempty"`
+	// Inputs are host paths copied (never mounted) into /workspace.
+	Inputs    []Input   `json:"inputs" yaml:"inputs"`
+	Workspace Workspace `json:"workspace" yaml:"workspace"`
+	Resources Resources `json:"resources" yaml:"resources"`
+	Network   Network   `json:"network" yaml:"network"`
+	// Env are the only variables the program sees beyond the image's
+	// defaults (PATH, HOME=/workspace, LANG). The host environment is never
+	// inherited.
+	Env map[string]string `json:"env" yaml:"env"`
+	// Security lists explicit acceptances of a weaker sandbox.
+	Security Security `json:"security" yaml:"security"`
+}
+
+// Input is one host file or directory copied into the workspace.
+type Input struct {
+	// Src is the host path. A relative Src is relative to the manifest
+	// file's directory (or the working directory for flags).
+	Src string `json:"src" yaml:"src"`
+	// Dst is the path under /workspace (relative, no ".."). Default: the
+	// base name of Src.
+	Dst string `json:"dst" yaml:"dst"`
+}
+
+// Workspace bounds the writable /workspace.
+type Workspace struct {
+	Size  Size `json:"size" yaml:"size"`   // default 256MiB
+	Files int  `json:"files" yaml:"files"` // default 10000 inodes
+}
+
+// Resources bounds what the run may consume.
+type Resources struct {
+	CPUs        float64  `json:"cpus" yaml:"cpus"`                 // default 1
+	Memory      Size     `json:"memory" yaml:"memory"`             // default 512MiB, no swap
+	Pids        int      `json:"pids" yaml:"pids"`                 // default 128
+	Timeout     Duration `json:"timeout" yaml:"timeout"`           // wall clock, default 30s
+	CPUTime     Duration `json:"cpu_time" yaml:"cpu_time"`         // default = timeout (Parse fills it; see SetTimeout)
+	OpenFiles   int      `json:"open_files" yaml:"open_files"`     // default 256
+	FileSize    Size     `json:"file_size" yaml:"file_size"`       // default 64MiB
+	StdoutBytes Size     `json:"stdout_bytes" yaml:"stdout_bytes"` // default 1MiB
+	StderrBytes Size     `json:"stderr_bytes" yaml:"stderr_bytes"` // default 1MiB
+}
+
+// Network is the run's network grant.
+type Network struct {
+	// Mode is "none" (the default): a network namespace with loopback only.
+	Mode string `json:"mode" yaml:"mode"`
+}
+
+// Security holds explicit, audited acceptances of a weaker sandbox. The
+// default is empty: a protection that cannot be applied refuses the run.
+type Security struct {
+	// AllowMissing names protections the run may go without when the host
+	// lacks them. Accepted values: "landlock".
+	AllowMissing []string `json:"allow_missing,omitempty" yaml:"allow_missing,omitempty"`
+}
+
+// Size is a byte count. In YAML and JSON it is written as an integer number
+// of bytes or a string with a unit: "512MiB", "64KiB", "1GiB", "10MB".
+type Size int64
+
+// Duration is a time span. In YAML and JSON it is written as a Go duration
+// string ("30s", "1m30s", "500ms").
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }

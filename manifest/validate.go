@@ -1,0 +1,326 @@
+package manifest
+
+import (
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Accepted ranges of the numeric fields, inclusive. A value outside its
+// range is refused, never clamped. Ranges returns the same table as data;
+// a test checks that this comment and Ranges agree.
+//
+//	field                   min    max       default
+//	workspace.size          1MiB   64GiB     256MiB
+//	workspace.files         16     10000000  10000
+//	resources.cpus          0.01   256       1
+//	resources.memory        4MiB   64GiB     512MiB
+//	resources.pids          1      32768     128
+//	resources.timeout       10ms   24h       30s
+//	resources.cpu_time      10ms   24h       resources.timeout
+//	resources.open_files    16     65536     256
+//	resources.file_size     1KiB   16GiB     64MiB
+//	resources.stdout_bytes  0      1GiB      1MiB
+//	resources.stderr_bytes  0      1GiB      1MiB
+//
+// The bounds are about what a sandbox can sensibly be asked for, not about
+// this host: a manifest asking for more CPUs or memory than the host has is
+// valid here and refused (or reported) by the engine, which knows the host.
+// Other bounds: at most MaxInputs inputs, MaxEnvVars environment variables
+// totalling MaxEnvBytes, paths of at most maxPathLen bytes.
+var rules = []rule{
+	sizeRule("workspace.size", 1*MiB, 64*GiB, func(m *Manifest) Size { return m.Workspace.Size }),
+	intRule("workspace.files", 16, 10_000_000, func(m *Manifest) int { return m.Workspace.Files }),
+	floatRule("resources.cpus", 0.01, 256, func(m *Manifest) float64 { return m.Resources.CPUs }),
+	sizeRule("resources.memory", 4*MiB, 64*GiB, func(m *Manifest) Size { return m.Resources.Memory }),
+	intRule("resources.pids", 1, 32768, func(m *Manifest) int { return m.Resources.Pids }),
+	durationRule("resources.timeout", 10*time.Millisecond, 24*time.Hour, func(m *Manifest) Duration { return m.Resources.Timeout }),
+	durationRule("resources.cpu_time", 10*time.Millisecond, 24*time.Hour, func(m *Manifest) Duration { return m.Resources.CPUTime }),
+	intRule("resources.open_files", 16, 65536, func(m *Manifest) int { return m.Resources.OpenFiles }),
+	sizeRule("resources.file_size", 1*KiB, 16*GiB, func(m *Manifest) Size { return m.Resources.FileSize }),
+	sizeRule("resources.stdout_bytes", 0, 1*GiB, func(m *Manifest) Size { return m.Resources.StdoutBytes }),
+	sizeRule("resources.stderr_bytes", 0, 1*GiB, func(m *Manifest) Size { return m.Resources.StderrBytes }),
+}
+
+// Limits on the non-numeric parts of a manifest.
+const (
+	// MaxInputs bounds len(inputs).
+	MaxInputs = 256
+	// MaxEnvVars bounds len(env).
+	MaxEnvVars = 256
+	// MaxEnvBytes bounds the environment block: the sum over env of
+	// len(key)+len(value)+2 (the '=' and the NUL), as execve counts it.
+	MaxEnvBytes = 128 << 10
+	// maxPathLen is PATH_MAX; maxNameLen is NAME_MAX.
+	maxPathLen = 4096
+	maxNameLen = 255
+	maxImage   = 255
+)
+
+// Range is the accepted range of one numeric manifest field, written as it
+// would be in a manifest.
+type Range struct {
+	Field    string // dotted path, e.g. "resources.memory"
+	Min, Max string // inclusive bounds, e.g. "4MiB", "64GiB"
+	Default  string // e.g. "512MiB"; for cpu_time, "resources.timeout"
+}
+
+// Ranges returns the accepted range and default of every numeric field, in
+// manifest order, for generated documentation and `moat manifest ranges`.
+func Ranges() []Range {
+	def := Default()
+	out := make([]Range, len(rules))
+	for i, r := range rules {
+		_, shown := r.check(def)
+		if r.field == "resources.cpu_time" {
+			shown = "resources.timeout"
+		}
+		out[i] = Range{Field: r.field, Min: r.min, Max: r.max, Default: shown}
+	}
+	return out
+}
+
+// rule checks one numeric field against its range.
+type rule struct {
+	field, min, max string
+	// check reports whether m's value is in range, and the value as text.
+	check func(m *Manifest) (ok bool, shown string)
+}
+
+func sizeRule(field string, lo, hi Size, get func(*Manifest) Size) rule {
+	return rule{field, lo.String(), hi.String(), func(m *Manifest) (bool, string) {
+		v := get(m)
+		return v >= lo && v <= hi, v.String()
+	}}
+}
+
+func durationRule(field string, lo, hi time.Duration, get func(*Manifest) Duration) rule {
+	return rule{field, Duration(lo).String(), Duration(hi).String(), func(m *Manifest) (bool, string) {
+		v := get(m)
+		return v >= Duration(lo) && v <= Duration(hi), v.String()
+	}}
+}
+
+func intRule(field string, lo, hi int, get func(*Manifest) int) rule {
+	return rule{field, strconv.Itoa(lo), strconv.Itoa(hi), func(m *Manifest) (bool, string) {
+		v := get(m)
+		return v >= lo && v <= hi, strconv.Itoa(v)
+	}}
+}
+
+func floatRule(field string, lo, hi float64, get func(*Manifest) float64) rule {
+	format := func(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+	return rule{field, format(lo), format(hi), func(m *Manifest) (bool, string) {
+		v := get(m)
+		return v >= lo && v <= hi, format(v) // false for NaN
+	}}
+}
+
+// tiers are the accepted tier names. Validate only checks the name; the
+// engine refuses a tier this build does not implement.
+var tiers = []string{"native", "gvisor", "microvm", "wasm"}
+
+// networkModes are the accepted network.mode values. "allowlist" comes
+// with the egress proxy.
+var networkModes = []string{"none"}
+
+// allowMissing are the accepted security.allow_missing values: protections
+// a run may explicitly go without when the host lacks them.
+var allowMissing = []string{"landlock"}
+
+// Validate reports every problem with m (up to a bound), each as a
+// *FieldError joined with errors.Join, or nil. It does not apply defaults
+// and does not touch the host: start from Default or Parse.
+func (m *Manifest) Validate() error {
+	var errs errorList
+	m.validate(&errs)
+	return errs.err()
+}
+
+func (m *Manifest) validate(errs *errorList) {
+	m.validateImage(errs)
+	if !slices.Contains(tiers, m.Tier) {
+		errs.add("tier", m.Tier, "is not a known tier; accepted: "+strings.Join(tiers, ", "))
+	}
+	m.validateInputs(errs)
+	for _, r := range rules {
+		if ok, shown := r.check(m); !ok {
+			errs.add(r.field, shown, "is out of range; accepted "+r.min+".."+r.max)
+		}
+	}
+	if !slices.Contains(networkModes, m.Network.Mode) {
+		problem := "is not a network mode; accepted: " + strings.Join(networkModes, ", ")
+		if m.Network.Mode == "allowlist" {
+			problem = "is not available yet; accepted: " + strings.Join(networkModes, ", ")
+		}
+		errs.add("network.mode", m.Network.Mode, problem)
+	}
+	m.validateEnv(errs)
+	for i, a := range m.Security.AllowMissing {
+		field := fmt.Sprintf("security.allow_missing[%d]", i)
+		switch {
+		case !slices.Contains(allowMissing, a):
+			errs.add(field, a, "is not a protection that may be missing; accepted: "+strings.Join(allowMissing, ", "))
+		case slices.Index(m.Security.AllowMissing, a) < i:
+			errs.add(field, a, "is listed twice; list it once")
+		}
+	}
+}
+
+// validateImage accepts names like "python", "python:3.12",
+// "library/node@sha256:<hex>": the image store maps names to paths, so no
+// component may be empty, "." or "..".
+func (m *Manifest) validateImage(errs *errorList) {
+	const fix = `; write a name such as "python" or "python:3.12"`
+	img := m.Image
+	switch {
+	case img == "":
+		errs.add("image", img, "is empty"+fix)
+		return
+	case len(img) > maxImage:
+		errs.add("image", img, fmt.Sprintf("is longer than %d bytes%s", maxImage, fix))
+		return
+	}
+	for _, c := range []byte(img) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._-+:@/", c) >= 0) {
+			errs.add("image", img, "contains "+strconv.QuoteRune(rune(c))+"; use letters, digits and . _ - + : @ /"+fix)
+			return
+		}
+	}
+	for _, part := range strings.Split(img, "/") {
+		if part == "" || part == "." || part == ".." || !isAlnum(part[0]) {
+			errs.add("image", img, "has an empty or dot path component, or one not starting with a letter or digit"+fix)
+			return
+		}
+	}
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+func (m *Manifest) validateInputs(errs *errorList) {
+	if len(m.Inputs) > MaxInputs {
+		errs.add("inputs", strconv.Itoa(len(m.Inputs))+" inputs", fmt.Sprintf("is too many; at most %d (copy a directory instead)", MaxInputs))
+		return
+	}
+	type placed struct {
+		dst string
+		i   int
+	}
+	var ok []placed
+	for i, in := range m.Inputs {
+		src := fmt.Sprintf("inputs[%d].src", i)
+		switch {
+		case in.Src == "":
+			errs.add(src, "", "is required; give the host path to copy")
+		case !utf8.ValidString(in.Src):
+			errs.add(src, in.Src, "is not valid UTF-8")
+		case strings.IndexByte(in.Src, 0) >= 0:
+			errs.add(src, in.Src, "contains a NUL byte")
+		case len(in.Src) > maxPathLen:
+			errs.add(src, in.Src, fmt.Sprintf("is longer than %d bytes", maxPathLen))
+		}
+		dstField := fmt.Sprintf("inputs[%d].dst", i)
+		if problem := dstProblem(in.Dst); problem != "" {
+			errs.add(dstField, in.Dst, problem)
+			continue
+		}
+		for _, p := range ok {
+			switch {
+			case p.dst == in.Dst:
+				errs.add(dstField, in.Dst, fmt.Sprintf("is also the dst of inputs[%d]; give each input its own dst", p.i))
+			case strings.HasPrefix(in.Dst, p.dst+"/"):
+				errs.add(dstField, in.Dst, fmt.Sprintf("is inside inputs[%d].dst %q; inputs may not nest", p.i, p.dst))
+			case strings.HasPrefix(p.dst, in.Dst+"/"):
+				errs.add(dstField, in.Dst, fmt.Sprintf("contains inputs[%d].dst %q; inputs may not nest", p.i, p.dst))
+			default:
+				continue
+			}
+			break
+		}
+		ok = append(ok, placed{in.Dst, i})
+	}
+}
+
+// dstProblem says what is wrong with a dst, or "" if it is a clean,
+// relative path that stays inside /workspace.
+func dstProblem(dst string) string {
+	const example = ` such as "task"`
+	switch {
+	case dst == "":
+		return "is empty; give a path under /workspace" + example + " (the default, the base name of src, is not usable here)"
+	case !utf8.ValidString(dst):
+		return "is not valid UTF-8"
+	case strings.IndexByte(dst, 0) >= 0:
+		return "contains a NUL byte"
+	case strings.IndexFunc(dst, isControl) >= 0:
+		// Legal in Linux names, but a newline in a file name forges lines
+		// in every file list and diff report downstream.
+		return "contains a control character"
+	case len(dst) > maxPathLen:
+		return fmt.Sprintf("is longer than %d bytes", maxPathLen)
+	case strings.HasPrefix(dst, "/"):
+		return "is absolute; give a path relative to /workspace" + example
+	}
+	for _, part := range strings.Split(dst, "/") {
+		if part == ".." {
+			return `has a ".." component and could escape /workspace; give a path inside /workspace` + example
+		}
+		if len(part) > maxNameLen {
+			return fmt.Sprintf("has a component longer than %d bytes", maxNameLen)
+		}
+	}
+	clean := path.Clean(dst)
+	switch {
+	case clean == ".":
+		return "names /workspace itself; give a name under it" + example
+	case clean != dst:
+		return fmt.Sprintf("is not a clean path; write %q", clean)
+	}
+	return ""
+}
+
+func (m *Manifest) validateEnv(errs *errorList) {
+	if len(m.Env) > MaxEnvVars {
+		errs.add("env", strconv.Itoa(len(m.Env))+" variables", fmt.Sprintf("is too many; at most %d", MaxEnvVars))
+		return
+	}
+	total := 0
+	for _, k := range slices.Sorted(maps.Keys(m.Env)) {
+		v := m.Env[k]
+		total += len(k) + len(v) + 2
+		if !isEnvName(k) {
+			errs.add("env", k, "is not a valid variable name; names match [A-Za-z_][A-Za-z0-9_]*")
+			continue
+		}
+		switch {
+		case !utf8.ValidString(v):
+			errs.add("env."+k, v, "is not valid UTF-8")
+		case strings.IndexByte(v, 0) >= 0:
+			errs.add("env."+k, v, "contains a NUL byte, which cannot be passed to a program")
+		}
+	}
+	if total > MaxEnvBytes {
+		errs.add("env", strconv.Itoa(total)+" bytes", fmt.Sprintf("is too large; at most %d bytes of names and values (pass large data as an input file)", MaxEnvBytes))
+	}
+}
+
+func isEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range []byte(s) {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }

@@ -1,0 +1,120 @@
+// Package result defines the one Result type that every isolation tier
+// returns, and the closed taxonomy of how a run can end.
+//
+// A sandbox's outcome is not a Go error: a non-zero exit, a signal, an OOM
+// kill or a timeout are all recorded here. A Go error from Moat means Moat
+// itself failed (Termination "infra-error" when it is reported as a Result).
+//
+// This package must never import anything that touches the host: it is data.
+package result
+
+import "time"
+
+// Termination says why a run ended. It is a closed set shared by all tiers;
+// never free text.
+type Termination string
+
+// The termination causes.
+const (
+	Exited      Termination = "exited"       // the program exited by itself (any exit code)
+	Signaled    Termination = "signaled"     // the program was killed by a signal it did not catch
+	Timeout     Termination = "timeout"      // the wall-clock timeout fired; the whole sandbox was killed
+	CPUTime     Termination = "cpu-time"     // the CPU-time limit fired (SIGXCPU/SIGKILL from RLIMIT_CPU)
+	OOM         Termination = "oom"          // the memory limit was hit and the kernel OOM-killed a process
+	Pids        Termination = "pids"         // the process limit was hit and the program died of it
+	OutputLimit Termination = "output-limit" // the output budget was exhausted and the run was stopped
+	DiskLimit   Termination = "disk-limit"   // the workspace size or file-count limit was hit
+	Policy      Termination = "policy"       // the run was refused or killed by policy (e.g. a seccomp kill)
+	InfraError  Termination = "infra-error"  // Moat itself failed; see Error
+)
+
+// SchemaVersion is the version of the JSON form of Result. It changes only
+// when a field changes meaning or is removed.
+const SchemaVersion = 1
+
+// Result is the structured outcome of one run. Its JSON form is documented in
+// docs/RESULT.md and is the same for every tier.
+type Result struct {
+	Schema      int         `json:"schema"`
+	ID          string      `json:"id"`
+	Tier        string      `json:"tier"`
+	Image       Image       `json:"image"`
+	Manifest    string      `json:"manifest_digest"`
+	Command     []string    `json:"command"`
+	Termination Termination `json:"termination"`
+	// ExitCode is the program's exit status (0-255) when it exited, or the
+	// shell convention 128+N when it was killed by signal N, 124 on timeout.
+	ExitCode   int    `json:"exit_code"`
+	Signal     int    `json:"signal,omitempty"`
+	SignalName string `json:"signal_name,omitempty"`
+	TimedOut   bool   `json:"timed_out"`
+	OOMKilled  bool   `json:"oom_killed"`
+
+	StartedAt       time.Time `json:"started_at"`
+	DurationMS      float64   `json:"duration_ms"`
+	CPUMS           float64   `json:"cpu_ms"`
+	PeakMemoryBytes int64     `json:"peak_memory_bytes"`
+
+	Stdout Stream `json:"stdout"`
+	Stderr Stream `json:"stderr"`
+
+	Files      []FileChange `json:"files"`
+	Violations []Violation  `json:"violations"`
+	// Degradations lists protections that were asked for but could not be
+	// applied on this host, and were accepted by the manifest. Empty means
+	// the full protection of the tier applied.
+	Degradations []string `json:"degradations"`
+	// Error is set when Termination is infra-error.
+	Error string `json:"error,omitempty"`
+}
+
+// Image identifies the immutable root image a run used.
+type Image struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+}
+
+// Stream is one captured output stream. Data holds at most the manifest's cap.
+type Stream struct {
+	// Data is the captured bytes: the text itself when Encoding is "utf-8",
+	// standard base64 when Encoding is "base64" (the bytes were not valid UTF-8).
+	Data     string `json:"data"`
+	Encoding string `json:"encoding"`
+	// Bytes is the total number of bytes the program wrote, captured or not.
+	Bytes     int64 `json:"bytes"`
+	Truncated bool  `json:"truncated"`
+}
+
+// Change is how a workspace path differs from the inputs.
+type Change string
+
+// The kinds of change.
+const (
+	Added    Change = "added"
+	Modified Change = "modified"
+	Deleted  Change = "deleted"
+)
+
+// FileChange is one entry of the workspace diff. Paths are relative to
+// /workspace and use forward slashes.
+type FileChange struct {
+	Path   string `json:"path"`
+	Change Change `json:"change"`
+	// Type is "file", "dir", "symlink" or "other" (device, fifo, socket).
+	Type   string `json:"type"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Mode is the permission bits in octal, e.g. "0644".
+	Mode string `json:"mode"`
+	// Target is a symlink's target, recorded, never followed.
+	Target string `json:"target,omitempty"`
+}
+
+// Violation records a limit or policy the run ran into.
+type Violation struct {
+	// Kind is one of: timeout, cpu-time, memory, pids, output, disk, files,
+	// file-size, syscall, diff.
+	Kind   string `json:"kind"`
+	Detail string `json:"detail"`
+	Limit  string `json:"limit,omitempty"`
+}

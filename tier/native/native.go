@@ -1,0 +1,522 @@
+// Package native is the native Linux isolation tier: the untrusted program
+// shares the host kernel, behind user, mount, PID, network, IPC, UTS and
+// cgroup namespaces, a read-only image root, an emptied capability set,
+// no_new_privs, rlimits, Landlock, a seccomp-bpf filter and a cgroup.
+//
+// This file is the host half: it creates the cgroup and the workspace,
+// starts Moat's init (package guest/nsinit, a re-exec of the moat binary)
+// inside the new namespaces, and watches it. It must never run untrusted
+// code itself, and never leave a process, mount or cgroup behind.
+package native
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+)
+
+// Host IDs the sandbox's user namespace maps to. Inside, uid 0 (init
+// during setup) and uid 1000 (the program) exist; outside they are high,
+// unused ids that own nothing on the host, so even a process that reached a
+// host file would have only "other" permissions on it.
+const (
+	HostIDBase = 0x70000000
+	idRange    = 65536
+	SandboxUID = 1000
+	SandboxGID = 1000
+)
+
+// Name is the tier's manifest name.
+const Name = "native"
+
+var _ tier.Tier = (*Native)(nil)
+
+// Native prepares native-tier sandboxes.
+type Native struct {
+	exe  string
+	cg   *cgroup.Host
+	caps tier.Capabilities
+}
+
+// Options configure the tier. The zero value is ready to use.
+type Options struct {
+	// Exe is the moat binary to re-exec as init. Default: /proc/self/exe.
+	Exe string
+}
+
+// New checks that this host can run the tier and returns it. The error
+// explains what is missing and wraps tier.ErrUnavailable.
+func New(opts Options) (*Native, error) {
+	if opts.Exe == "" {
+		opts.Exe = "/proc/self/exe"
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the native tier needs root to create cgroups and map the sandbox's user namespace (run moat as root, e.g. with sudo)", tier.ErrUnavailable)
+	}
+	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && string(b) == "0\n" {
+		return nil, fmt.Errorf("%w: user namespaces are disabled (/proc/sys/user/max_user_namespaces is 0); enable them with: sysctl -w user.max_user_namespaces=15000", tier.ErrUnavailable)
+	}
+	cg, err := cgroup.Detect()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
+	}
+	return &Native{exe: opts.Exe, cg: cg, caps: tier.Capabilities{
+		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true,
+		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true,
+	}}, nil
+}
+
+// Name implements tier.Tier.
+func (n *Native) Name() string { return Name }
+
+// Capabilities implements tier.Tier.
+func (n *Native) Capabilities() tier.Capabilities { return n.caps }
+
+// Cgroups exposes the cgroup host for garbage collection of orphans.
+func (n *Native) Cgroups() *cgroup.Host { return n.cg }
+
+var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+
+// sandbox is one prepared native sandbox.
+type sandbox struct {
+	spec    *tier.Spec
+	host    *cgroup.Host
+	cg      *cgroup.Cgroup
+	ws      *os.File // the detached workspace mount
+	init    *exec.Cmd
+	cfgW    *os.File
+	statusR *os.File
+	stdinW  *os.File
+	stdoutR *os.File
+	stderrR *os.File
+	ran     bool
+
+	destroyOnce sync.Once
+	destroyErr  error
+}
+
+// Prepare implements tier.Tier: cgroup, workspace and init, waiting for a
+// command. On any failure everything created so far is undone.
+func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
+	if !validID.MatchString(spec.ID) {
+		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
+	}
+	if !n.caps.Landlock && !slices.Contains(spec.AllowMissing, "landlock") {
+		return nil, fmt.Errorf("%w: landlock is not available on this kernel; the manifest can accept running without it with security.allow_missing: [landlock]", tier.ErrUnavailable)
+	}
+	s := &sandbox{spec: spec, host: n.cg}
+	defer func() {
+		if err != nil {
+			s.Destroy()
+		}
+	}()
+
+	lim := spec.Limits
+	s.cg, err = n.cg.Create(spec.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs})
+	if err != nil {
+		return nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	s.ws, err = newWorkspace(lim.WorkspaceBytes, lim.WorkspaceFiles)
+	if err != nil {
+		return nil, err
+	}
+
+	var childEnds []*os.File
+	defer func() {
+		for _, f := range childEnds {
+			f.Close()
+		}
+	}()
+	pipe := func() (r, w *os.File) {
+		if err != nil {
+			return nil, nil
+		}
+		r, w, err = os.Pipe()
+		return r, w
+	}
+	cfgR, cfgW := pipe()
+	statusR, statusW := pipe()
+	stdinR, stdinW := pipe()
+	stdoutR, stdoutW := pipe()
+	stderrR, stderrW := pipe()
+	if err != nil {
+		for _, f := range []*os.File{cfgR, cfgW, statusR, statusW, stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		return nil, fmt.Errorf("create pipes: %w", err)
+	}
+	childEnds = []*os.File{cfgR, statusW, stdinR, stdoutW, stderrW}
+	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
+
+	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: idRange}}
+	cmd := &exec.Cmd{
+		Path: n.exe,
+		Args: []string{"moat-init", nsinit.Arg},
+		// init's own environment: nothing from the host. It runs few
+		// goroutines; one P keeps its thread count (which the pids limit
+		// counts) low.
+		Env:        []string{"GOMAXPROCS=1"},
+		Stdin:      stdinR,
+		Stdout:     stdoutW,
+		Stderr:     stderrW,
+		ExtraFiles: []*os.File{cfgR, statusW, s.ws}, // fds 3, 4, 5: see nsinit
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+				unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+			UidMappings: idmap,
+			GidMappings: idmap,
+			// Become root of the new user namespace (host id HostIDBase),
+			// not the host's root.
+			Credential: &syscall.Credential{Uid: 0, Gid: 0},
+			Pdeathsig:  unix.SIGKILL,
+		},
+	}
+	if fd, ok := s.cg.FD(); ok {
+		// cgroup v2: born inside the run's cgroup, no window outside it.
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = fd
+	}
+	if err = cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start init %s: %w", n.exe, err)
+	}
+	s.init = cmd
+	if _, ok := s.cg.FD(); !ok {
+		// cgroup v1: init blocks reading its config until this is done,
+		// so nothing runs outside the cgroup's limits.
+		if err = s.cg.Add(cmd.Process.Pid); err != nil {
+			return nil, fmt.Errorf("move init into cgroup: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// newWorkspace creates the workspace tmpfs as a detached mount: it exists
+// only as this file descriptor until init attaches it inside the sandbox,
+// and vanishes when the last reference goes, so a killed moat leaves no
+// mount on the host.
+func newWorkspace(bytes int64, files int) (*os.File, error) {
+	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("workspace: fsopen tmpfs: %w", err)
+	}
+	defer unix.Close(fsfd)
+	opts := [][2]string{
+		{"size", fmt.Sprint(bytes)},
+		{"nr_inodes", fmt.Sprint(files)},
+		{"mode", "0755"},
+		{"uid", fmt.Sprint(HostIDBase + SandboxUID)},
+		{"gid", fmt.Sprint(HostIDBase + SandboxGID)},
+	}
+	for _, o := range opts {
+		if err := unix.FsconfigSetString(fsfd, o[0], o[1]); err != nil {
+			return nil, fmt.Errorf("workspace: tmpfs %s=%s: %w", o[0], o[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return nil, fmt.Errorf("workspace: create tmpfs: %w", err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return nil, fmt.Errorf("workspace: fsmount: %w", err)
+	}
+	return os.NewFile(uintptr(mfd), "workspace"), nil
+}
+
+// Workspace implements tier.Sandbox.
+func (s *sandbox) Workspace() tier.Workspace {
+	return tier.Workspace{
+		Dir: fmt.Sprintf("/proc/self/fd/%d", s.ws.Fd()),
+		UID: HostIDBase + SandboxUID,
+		GID: HostIDBase + SandboxGID,
+	}
+}
+
+// Exec implements tier.Sandbox.
+func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
+	if s.ran {
+		return nil, errors.New("sandbox already used: sandboxes are single-use")
+	}
+	s.ran = true
+	lim := s.spec.Limits
+	cfg := nsinit.Config{
+		Root:            s.spec.ImageRoot,
+		Hostname:        "moat",
+		Argv:            c.Argv,
+		Env:             c.Env,
+		Dir:             c.Dir,
+		UID:             SandboxUID,
+		GID:             SandboxGID,
+		TmpBytes:        lim.TmpBytes,
+		TmpFiles:        4096,
+		RequireLandlock: !slices.Contains(s.spec.AllowMissing, "landlock"),
+		Rlimits: nsinit.Rlimits{
+			NoFile:     uint64(lim.OpenFiles),
+			FSize:      uint64(lim.FileSizeBytes),
+			NProc:      uint64(lim.Pids) + 64,
+			CPUSeconds: uint64((lim.CPUTime + time.Second - 1) / time.Second),
+		},
+	}
+	b, err := json.Marshal(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode init config: %w", err)
+	}
+
+	var copiers sync.WaitGroup
+	copyOut := func(dst io.Writer, src *os.File) {
+		copiers.Add(1)
+		go func() {
+			defer copiers.Done()
+			if dst == nil {
+				dst = io.Discard
+			}
+			io.Copy(dst, src)
+		}()
+	}
+	copyOut(c.Stdout, s.stdoutR)
+	copyOut(c.Stderr, s.stderrR)
+	go func() {
+		if c.Stdin != nil {
+			io.Copy(s.stdinW, c.Stdin)
+		}
+		s.stdinW.Close()
+	}()
+
+	statuses := make(chan nsinit.Status, 4)
+	go readStatus(s.statusR, statuses)
+
+	start := time.Now()
+	if _, err := s.cfgW.Write(b); err != nil {
+		return nil, fmt.Errorf("send init config: %w", err)
+	}
+	s.cfgW.Close()
+
+	waited := make(chan error, 1)
+	go func() { waited <- s.init.Wait() }()
+
+	out := &tier.Outcome{}
+	var (
+		final    *nsinit.Status
+		started  time.Time
+		ended    time.Time
+		timedOut bool
+		setupErr string
+		initErr  error
+	)
+	// The wall clock starts now: setup counts against the timeout too, so
+	// a stuck setup cannot hold a run forever.
+	timer := time.NewTimer(lim.Timeout)
+	defer timer.Stop()
+	done := ctx.Done()
+loop:
+	for {
+		select {
+		case st, ok := <-statuses:
+			if !ok {
+				statuses = nil
+				continue
+			}
+			switch {
+			case st.Error != "":
+				setupErr = st.Error
+			case st.Exited:
+				final = &st
+				ended = time.Now()
+			case st.Started:
+				started = time.Now()
+				for _, d := range st.Degraded {
+					if !slices.Contains(s.spec.AllowMissing, d) {
+						// init must not weaken what was not accepted;
+						// treat it as hostile and stop everything.
+						s.cg.Kill()
+						setupErr = "init reported an unaccepted degradation: " + d
+					}
+				}
+				out.Degradations = append(out.Degradations, st.Degraded...)
+			}
+		case <-timer.C:
+			timedOut = true
+			s.cg.Kill()
+		case <-done:
+			done = nil
+			s.cg.Kill()
+			if !timedOut {
+				setupErr = "run cancelled: " + context.Cause(ctx).Error()
+			}
+		case initErr = <-waited:
+			break loop
+		}
+	}
+	if ended.IsZero() {
+		ended = time.Now()
+	}
+	// Init is gone, and with it every process of its PID namespace; the
+	// pipes' last writers are dead. Kill the cgroup anyway (a process that
+	// left the namespace is impossible, but cheap to be sure of) and let
+	// the copiers drain.
+	s.cg.Kill()
+	copiers.Wait()
+
+	if started.IsZero() {
+		started = start
+	}
+	out.Duration = ended.Sub(started)
+	st, err := s.cg.Stats()
+	if err != nil {
+		return nil, fmt.Errorf("read cgroup stats: %w", err)
+	}
+	out.CPU = st.CPU
+	out.PeakMemory = st.PeakMemory
+
+	if setupErr != "" && !timedOut {
+		return nil, fmt.Errorf("sandbox setup: %s", setupErr)
+	}
+	classify(out, final, timedOut, st, lim, initErr)
+	if full := workspaceFull(s.ws); full != "" {
+		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limitFor(full, lim)})
+		if out.Termination == result.Exited && out.ExitCode != 0 {
+			out.Termination = result.DiskLimit
+		}
+	}
+	return out, nil
+}
+
+// classify turns what was observed into the closed termination taxonomy.
+func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.Stats, lim tier.Limits, initErr error) {
+	if st.OOMKills > 0 {
+		out.Violations = append(out.Violations, result.Violation{Kind: "memory", Detail: fmt.Sprintf("the kernel OOM-killed %d process(es) at the memory limit", st.OOMKills), Limit: fmt.Sprint(lim.MemoryBytes)})
+	}
+	if st.PidsMaxHits > 0 {
+		out.Violations = append(out.Violations, result.Violation{Kind: "pids", Detail: fmt.Sprintf("process creation failed %d time(s) at the pids limit", st.PidsMaxHits), Limit: fmt.Sprint(lim.Pids)})
+	}
+	switch {
+	case timedOut:
+		out.Termination, out.ExitCode, out.Signal = result.Timeout, 124, int(unix.SIGKILL)
+		out.Violations = append(out.Violations, result.Violation{Kind: "timeout", Detail: "wall-clock timeout reached; the whole sandbox was killed", Limit: lim.Timeout.String()})
+	case final == nil:
+		// Init died without reporting: only the kernel can have done that
+		// (OOM killer on init itself, or a crash).
+		if st.OOMKills > 0 {
+			out.Termination, out.ExitCode, out.Signal = result.OOM, 128+9, 9
+		} else {
+			out.Termination, out.ExitCode = result.InfraError, 125
+		}
+		_ = initErr
+	case final.Signal != 0:
+		out.ExitCode, out.Signal = 128+final.Signal, final.Signal
+		switch {
+		case final.Signal == int(unix.SIGKILL) && st.OOMKills > 0:
+			out.Termination = result.OOM
+		case final.Signal == int(unix.SIGXCPU) || (final.Signal == int(unix.SIGKILL) && st.CPU >= lim.CPUTime):
+			out.Termination = result.CPUTime
+			out.Violations = append(out.Violations, result.Violation{Kind: "cpu-time", Detail: "CPU-time limit reached", Limit: lim.CPUTime.String()})
+		case final.Signal == int(unix.SIGSYS):
+			out.Termination = result.Policy
+			out.Violations = append(out.Violations, result.Violation{Kind: "syscall", Detail: "killed by the seccomp filter (SIGSYS)"})
+		default:
+			out.Termination = result.Signaled
+		}
+	default:
+		out.Termination, out.ExitCode = result.Exited, final.Exit
+		if final.Exit != 0 && st.PidsMaxHits > 0 {
+			out.Termination = result.Pids
+		}
+	}
+}
+
+// workspaceFull reports "disk" or "files" when the workspace ran out.
+func workspaceFull(ws *os.File) string {
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(int(ws.Fd()), &sfs); err != nil {
+		return ""
+	}
+	switch {
+	case sfs.Bavail == 0:
+		return "disk"
+	case sfs.Ffree == 0:
+		return "files"
+	}
+	return ""
+}
+
+func limitFor(kind string, lim tier.Limits) string {
+	if kind == "files" {
+		return fmt.Sprint(lim.WorkspaceFiles)
+	}
+	return fmt.Sprint(lim.WorkspaceBytes)
+}
+
+// readStatus decodes init's messages, bounded in size: init runs in the
+// sandbox, so its output is hostile until parsed.
+func readStatus(r io.Reader, out chan<- nsinit.Status) {
+	defer close(out)
+	sc := bufio.NewScanner(io.LimitReader(r, nsinit.MaxStatusBytes))
+	sc.Buffer(make([]byte, 4096), nsinit.MaxStatusBytes)
+	for sc.Scan() {
+		var st nsinit.Status
+		if json.Unmarshal(sc.Bytes(), &st) != nil {
+			continue
+		}
+		if st.Exit < 0 || st.Exit > 255 || st.Signal < 0 || st.Signal > 64 || len(st.Error) > 4096 || len(st.Degraded) > 8 {
+			continue
+		}
+		out <- st
+	}
+}
+
+// Destroy implements tier.Sandbox: kill, reap, remove the cgroup, release
+// the workspace. Idempotent.
+func (s *sandbox) Destroy() error {
+	s.destroyOnce.Do(func() {
+		var errs []error
+		if s.cg != nil {
+			if err := s.cg.Destroy(); err != nil {
+				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
+			}
+			// Remove the moat/ parents too when no other run uses them, so
+			// an idle host has no trace of Moat in its cgroup tree.
+			s.host.Prune()
+		}
+		if s.init != nil && s.init.Process != nil {
+			// Reached only when Exec never ran (or did not finish):
+			// the cgroup kill above already ended init.
+			s.init.Process.Kill()
+			if s.init.ProcessState == nil {
+				s.init.Wait()
+			}
+		}
+		for _, f := range []*os.File{s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR, s.ws} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		s.destroyErr = errors.Join(errs...)
+	})
+	return s.destroyErr
+}
+
+func landlockABI() int {
+	v, _, e := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, 1) // LANDLOCK_CREATE_RULESET_VERSION
+	if e != 0 {
+		return 0
+	}
+	return int(v)
+}

@@ -1,0 +1,263 @@
+package native_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier/tiertest"
+)
+
+// moatBin is a moat binary built for these tests: the native tier
+// re-executes it as the sandbox's init, and the CLI tests run it.
+var moatBin string
+
+// skipReason is set when the host cannot run these tests at all.
+var skipReason string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		skipReason = "needs root: the native tier creates cgroups and maps user namespaces"
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "moat-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	moatBin = filepath.Join(dir, "moat")
+	// CGO_ENABLED=0: init changes credentials on all threads with
+	// AllThreadsSyscall, which a cgo binary cannot do.
+	build := exec.Command("go", "build", "-o", moatBin, "github.com/moat-sandbox/moat/cmd/moat")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build moat:", err)
+		return 1
+	}
+	// Build the default image once if this machine does not have it.
+	e, err := newEngine()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := e.Images().Lookup("python"); err != nil {
+		fmt.Fprintln(os.Stderr, "building the python image for the tests (once per machine)...")
+		if out, err := exec.Command(moatBin, "image", "build", "python").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "moat image build python: %v\n%s", err, out)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+func newEngine() (*engine.Engine, error) {
+	return engine.New(engine.Options{Exe: moatBin, NoAutoBuild: true})
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
+
+// leftovers lists what run id left on the host.
+func leftovers(home string) tiertest.Leftovers {
+	return func(id string) []string {
+		var left []string
+		for _, pat := range []string{"/sys/fs/cgroup/*/moat/" + id, "/sys/fs/cgroup/moat/" + id, "/sys/fs/cgroup/*/*/moat/" + id} {
+			m, _ := filepath.Glob(pat)
+			for _, p := range m {
+				left = append(left, "cgroup "+p)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(home, "runs", id)); err == nil {
+			left = append(left, "run directory "+filepath.Join(home, "runs", id))
+		}
+		if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && bytes.Contains(mi, []byte(id)) {
+			left = append(left, "a mount mentioning "+id)
+		}
+		left = append(left, initProcesses()...)
+		return left
+	}
+}
+
+// initProcesses lists live moat init processes (argv "moat-init __nsinit").
+func initProcesses() []string {
+	var found []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && bytes.HasPrefix(b, []byte("moat-init\x00")) {
+			found = append(found, "process "+filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return found
+}
+
+func TestConformance(t *testing.T) {
+	needRoot(t)
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiertest.Run(t, e, "native", leftovers(e.Home()))
+}
+
+// runCLI runs the moat binary and returns its exit status and the decoded
+// result (with --json).
+func runCLI(t *testing.T, args ...string) (int, *result.Result, *syscall.Rusage) {
+	t.Helper()
+	cmd := exec.Command(moatBin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("moat %v: %v", args, err)
+	}
+	var res *result.Result
+	if len(args) > 1 && args[1] == "--json" && code == 0 {
+		res = &result.Result{}
+		if err := json.Unmarshal(stdout.Bytes(), res); err != nil {
+			t.Fatalf("decode result: %v\n%s", err, stdout.String())
+		}
+	}
+	if t.Failed() || code >= 125 {
+		t.Logf("moat %v: exit %d\nstdout: %.2000s\nstderr: %.2000s", args, code, stdout.String(), stderr.String())
+	}
+	return code, res, cmd.ProcessState.SysUsage().(*syscall.Rusage)
+}
+
+func TestExitStatusConvention(t *testing.T) {
+	needRoot(t)
+	tests := []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"success", []string{"run", "--", "true"}, 0},
+		{"program status", []string{"run", "--", "sh", "-c", "exit 7"}, 7},
+		{"timeout is 124", []string{"run", "--timeout", "500ms", "--", "sleep", "10"}, 124},
+		{"signal is 128+N", []string{"run", "--", "sh", "-c", "kill -TERM $$"}, 128 + 15},
+		{"command not found is 127", []string{"run", "--", "definitely-not-a-command"}, 127},
+		{"invalid flag value is 2", []string{"run", "--memory", "lots", "--", "true"}, 2},
+		{"absurd limit is 2", []string{"run", "--pids", "-5", "--", "true"}, 2},
+		{"no command is 2", []string{"run"}, 2},
+		{"unknown subcommand is 2", []string{"frobnicate"}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, _, _ := runCLI(t, tc.args...); got != tc.want {
+				t.Errorf("moat %v exited %d, want %d", tc.args, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestOutputFloodMemory checks that moat's own memory stays within a few
+// MiB of the output cap however much the program writes, measured against
+// a trivial run in the same test (a peer, not an absolute figure).
+func TestOutputFloodMemory(t *testing.T) {
+	needRoot(t)
+	_, _, base := runCLI(t, "run", "--json", "--", "true")
+	code, res, flood := runCLI(t, "run", "--json", "--", "head", "-c", "100000000", "/dev/zero")
+	if code != 0 || res == nil {
+		t.Fatalf("flood run failed: exit %d", code)
+	}
+	if res.Stdout.Bytes != 100000000 || !res.Stdout.Truncated {
+		t.Errorf("stdout bytes=%d truncated=%v", res.Stdout.Bytes, res.Stdout.Truncated)
+	}
+	// Maxrss is in KiB. The cap is 1 MiB; the JSON result holds it base64
+	// encoded (1.33 MiB) and once more while encoding.
+	grew := (flood.Maxrss - base.Maxrss) << 10
+	t.Logf("moat max RSS: trivial run %d KiB, 100 MB flood %d KiB (+%d KiB)", base.Maxrss, flood.Maxrss, grew>>10)
+	if grew > 8<<20 {
+		t.Errorf("moat's memory grew by %d MiB for a 1 MiB cap", grew>>20)
+	}
+}
+
+// TestKilledMoatIsCleanedUp kills moat with SIGKILL mid-run and checks that
+// the sandbox died with it and the next moat start removes what was left.
+func TestKilledMoatIsCleanedUp(t *testing.T) {
+	needRoot(t)
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := e.Home()
+	before, _ := os.ReadDir(filepath.Join(home, "runs"))
+	cmd := exec.Command(moatBin, "run", "--", "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the run exists (its directory and its sleeping program).
+	var id string
+	deadline := time.Now().Add(10 * time.Second)
+	for id == "" && time.Now().Before(deadline) {
+		now, _ := os.ReadDir(filepath.Join(home, "runs"))
+		for _, d := range now {
+			if !contains(before, d.Name()) {
+				id = d.Name()
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if id == "" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal("the run never appeared")
+	}
+	for time.Now().Before(deadline) && len(initProcesses()) == 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+
+	// The sandbox's processes die with moat (parent-death signal, PID
+	// namespace teardown), within a moment.
+	deadline = time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && len(initProcesses()) > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if p := initProcesses(); len(p) > 0 {
+		t.Errorf("sandbox processes outlived the killed moat: %v", p)
+	}
+	left := leftovers(home)(id)
+	t.Logf("left by the killed run before gc: %v", left)
+
+	// The next start cleans up.
+	if code, _, _ := runCLI(t, "run", "--", "true"); code != 0 {
+		t.Errorf("next run exited %d", code)
+	}
+	if left := leftovers(home)(id); len(left) > 0 {
+		t.Errorf("after the next moat start, run %s still left: %s", id, strings.Join(left, "; "))
+	}
+}
+
+func contains(ents []os.DirEntry, name string) bool {
+	for _, e := range ents {
+		if e.Name() == name {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,119 @@
+// Package tier defines the interface every isolation tier implements, in
+// Moat's own types. Callers (the engine) never branch on which tier they
+// hold; they check Capabilities before starting and read one Outcome after.
+//
+// This package holds no mechanism: each tier lives in its own sub-package
+// (native, later gvisor, microvm, wasm).
+package tier
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/moat-sandbox/moat/result"
+)
+
+// Tier prepares sandboxes of one isolation kind.
+type Tier interface {
+	// Name is the tier's name as written in manifests ("native").
+	Name() string
+	// Capabilities reports what this tier can enforce on this host.
+	Capabilities() Capabilities
+	// Prepare builds a sandbox up to the point where only the command is
+	// missing. The sandbox is used once and must be destroyed.
+	Prepare(ctx context.Context, spec *Spec) (Sandbox, error)
+}
+
+// Sandbox is one prepared, single-use sandbox.
+type Sandbox interface {
+	// Workspace returns where the host reaches the sandbox's /workspace,
+	// valid until Destroy. Everything below it is hostile: open it only
+	// with symlink-safe resolution (os.Root).
+	Workspace() Workspace
+	// Exec runs the command to completion (or until ctx ends, which kills
+	// the whole sandbox) and reports the outcome. The returned error is for
+	// Moat's own failures only; the program's fate is in Outcome.
+	Exec(ctx context.Context, cmd *Command) (*Outcome, error)
+	// Destroy kills everything left and removes every trace of the
+	// sandbox. It is safe to call more than once.
+	Destroy() error
+}
+
+// Workspace is the host's view of a sandbox's /workspace.
+type Workspace struct {
+	// Dir is a host path to the directory (possibly /proc/self/fd/N).
+	Dir string
+	// UID and GID are the host ids that files copied in must be owned by
+	// to belong to the sandbox's user.
+	UID, GID int
+}
+
+// Spec is what a tier needs to build a sandbox. Sizes are in bytes.
+type Spec struct {
+	ID        string
+	ImageRoot string // host path of the read-only image root filesystem
+	ImageEnv  []string
+	Limits    Limits
+	// AllowMissing names protections the manifest accepts going without.
+	AllowMissing []string
+}
+
+// Limits are the enforced resource bounds of one run.
+type Limits struct {
+	CPUs           float64
+	MemoryBytes    int64
+	Pids           int
+	Timeout        time.Duration
+	CPUTime        time.Duration
+	OpenFiles      int
+	FileSizeBytes  int64
+	WorkspaceBytes int64
+	WorkspaceFiles int
+	TmpBytes       int64
+}
+
+// Command is what runs inside a prepared sandbox.
+type Command struct {
+	Argv []string
+	Env  []string // complete environment, KEY=VALUE; nothing else is inherited
+	Dir  string   // working directory inside the sandbox
+	// Stdin, Stdout and Stderr are the host ends. Stdin nil means
+	// /dev/null. The tier copies at most what the writers accept; capping
+	// is the writers' job (package output).
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Outcome is what a tier observed about one Exec. The engine turns it into
+// a result.Result.
+type Outcome struct {
+	Termination result.Termination
+	ExitCode    int
+	Signal      int
+	Duration    time.Duration
+	CPU         time.Duration
+	PeakMemory  int64
+	Violations  []result.Violation
+	// Degradations lists protections that were not applied (accepted by
+	// Spec.AllowMissing).
+	Degradations []string
+}
+
+// Capabilities declares what a tier can honour on this host.
+type Capabilities struct {
+	MemoryLimit  bool
+	PidsLimit    bool
+	CPULimit     bool
+	NetworkNone  bool
+	Seccomp      bool
+	Landlock     bool
+	WorkspaceCap bool
+	// Missing explains each protection the tier cannot apply here.
+	Missing []string
+}
+
+// ErrUnavailable is returned (wrapped) when a tier cannot run on this host.
+var ErrUnavailable = errors.New("tier unavailable on this host")
