@@ -38,16 +38,23 @@ func argHigh(i int) uint32 { return uint32(offArgs + 8*i + 4) }
 func (p *Policy) Compile() ([]unix.SockFilter, error) {
 	byNr, err := p.validate()
 	if err != nil {
-		return nil, fmt.Errorf("compile seccomp policy: %w", err)
+		return nil, err
 	}
 	defRet, _ := p.Default.ret(p.DefaultErrno)
 	x32Ret, _ := p.x32Action()
 
 	var prog []unix.SockFilter
 	prog = append(prog,
+		// The same process can enter the kernel through the i386 ABI
+		// (int 0x80), where every number means a different syscall
+		// (i386 11 is execve, amd64 11 is munmap): check the arch first and
+		// kill, since no rule below is valid for another ABI.
 		stmt(opLdAbsW, offArch),
 		jump(opJeqK, unix.AUDIT_ARCH_X86_64, 1, 0),
 		stmt(opRetK, retKillProcess),
+		// x32 syscalls arrive with AUDIT_ARCH_X86_64 and bit 30 set in the
+		// number. Exact comparisons below would never match them, but range
+		// comparisons in the search tree could, so decide them here.
 		stmt(opLdAbsW, offNr),
 		jump(opJsetK, x32Bit, 0, 1),
 		stmt(opRetK, x32Ret),
@@ -55,15 +62,15 @@ func (p *Policy) Compile() ([]unix.SockFilter, error) {
 
 	ivs, err := intervals(byNr, defRet)
 	if err != nil {
-		return nil, fmt.Errorf("compile seccomp policy: %w", err)
+		return nil, err
 	}
 	tree, err := searchTree(ivs)
 	if err != nil {
-		return nil, fmt.Errorf("compile seccomp policy: %w", err)
+		return nil, err
 	}
 	prog = append(prog, tree...)
 	if err := checkFilter(prog); err != nil {
-		return nil, fmt.Errorf("compile seccomp policy: %w", err)
+		return nil, fmt.Errorf("compiler produced a program the kernel would refuse: %w", err)
 	}
 	return prog, nil
 }

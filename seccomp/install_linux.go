@@ -16,7 +16,7 @@ type TSyncError struct {
 }
 
 func (e *TSyncError) Error() string {
-	return fmt.Sprintf("install seccomp filter: thread %d could not be synchronised (SECCOMP_FILTER_FLAG_TSYNC): it has a diverging seccomp filter; no thread was filtered", e.TID)
+	return fmt.Sprintf("thread %d could not be synchronised (SECCOMP_FILTER_FLAG_TSYNC): it has a diverging seccomp filter; no thread was filtered", e.TID)
 }
 
 // Install sets no_new_privs and applies filter to every thread of the
@@ -29,10 +29,10 @@ func Install(filter []unix.SockFilter) error {
 	// Compile only produces x86_64 programs; on another architecture the
 	// arch check would kill the process at its next system call.
 	if runtime.GOARCH != "amd64" {
-		return fmt.Errorf("install seccomp filter: filter is for amd64, process is %s", runtime.GOARCH)
+		return fmt.Errorf("seccomp filter is for amd64, process is %s", runtime.GOARCH)
 	}
 	if err := checkFilter(filter); err != nil {
-		return fmt.Errorf("install seccomp filter: %w", err)
+		return fmt.Errorf("invalid seccomp filter: %w", err)
 	}
 
 	// prctl and seccomp must run on the same thread: the kernel requires
@@ -45,7 +45,7 @@ func Install(filter []unix.SockFilter) error {
 	// a process the filter was not written for. TSYNC copies the flag to
 	// every thread together with the filter.
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("install seccomp filter: prctl(PR_SET_NO_NEW_PRIVS): %w", err)
+		return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
 	}
 
 	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
@@ -58,7 +58,7 @@ func Install(filter []unix.SockFilter) error {
 		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog)))
 	runtime.KeepAlive(filter)
 	if errno != 0 {
-		return fmt.Errorf("install seccomp filter: seccomp(SECCOMP_SET_MODE_FILTER, TSYNC): %w", errno)
+		return fmt.Errorf("seccomp(SECCOMP_SET_MODE_FILTER, TSYNC): %w", errno)
 	}
 	if tid != 0 {
 		return &TSyncError{TID: int(tid)}

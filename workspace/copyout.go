@@ -180,6 +180,10 @@ func (co *copyOut) violations() {
 	}
 }
 
+// testHookAfterStat, when set by a test, runs between the fstatat of an
+// entry and its open: the window a live sandbox would race.
+var testHookAfterStat func(path string)
+
 // dirMode is the mode a directory copy gets: permission bits only, and at
 // least owner rwx.
 func dirMode(m uint32) uint32 { return m&0o777 | 0o700 }
@@ -216,6 +220,9 @@ func (co *copyOut) one(c result.FileChange) error {
 		co.skip(c, fmt.Sprintf("in the workspace: %v (vanished since the diff?)", err))
 		return nil
 	}
+	if testHookAfterStat != nil {
+		testHookAfterStat(c.Path)
+	}
 	if got := fileType(st.Mode); got != c.Type {
 		co.skip(c, fmt.Sprintf("in the workspace it is now a %s, not a %s: not copied", describeType(st.Mode), c.Type))
 		return nil
@@ -223,53 +230,75 @@ func (co *copyOut) one(c result.FileChange) error {
 
 	// Parents in outDir, mirroring the workspace's modes.
 	for i := range sts {
-		ok, err := co.mkdir(strings.Join(comps[:i+1], "/"), sts[i].Mode)
+		why, err := co.mkdir(strings.Join(comps[:i+1], "/"), sts[i].Mode)
 		if err != nil {
 			return err
 		}
-		if !ok {
-			co.skip(c, fmt.Sprintf("entry limit workspace.files=%d reached", co.lim.Files))
+		if why != "" {
+			co.skip(c, why)
 			return nil
 		}
 	}
 	rel := strings.Join(comps, "/")
 
 	if c.Type == "dir" {
-		if st.Dev != co.dev {
+		// Open, then fstat: only a real directory, the same one the
+		// fstatat saw, on the workspace's filesystem, gets copied.
+		dfd, err := openat(parentfd, name, dirFlags)
+		if err != nil {
+			co.skip(c, fmt.Sprintf("in the workspace: open: %v (swapped since the diff?)", err))
+			return nil
+		}
+		ost, err := fstat(dfd)
+		unix.Close(dfd)
+		switch {
+		case err != nil:
+			co.skip(c, fmt.Sprintf("in the workspace: fstat: %v", err))
+			return nil
+		case ost.Dev != st.Dev || ost.Ino != st.Ino:
+			co.skip(c, "in the workspace: replaced while being opened")
+			return nil
+		case ost.Dev != co.dev:
 			co.skip(c, "on another filesystem than the workspace: not copied")
 			return nil
 		}
-		ok, err := co.mkdir(rel, st.Mode)
+		why, err := co.mkdir(rel, ost.Mode)
 		if err != nil {
 			return err
 		}
-		if !ok {
-			co.skip(c, fmt.Sprintf("entry limit workspace.files=%d reached", co.lim.Files))
+		if why != "" {
+			co.skip(c, why)
 			return nil
 		}
-		co.rep.Copied = append(co.rep.Copied, Copied{Path: c.Path, Type: "dir", Mode: fmt.Sprintf("%04o", dirMode(st.Mode))})
+		co.rep.Copied = append(co.rep.Copied, Copied{Path: c.Path, Type: "dir", Mode: fmt.Sprintf("%04o", dirMode(ost.Mode))})
 		return nil
 	}
 	return co.file(c, parentfd, name, rel, &st)
 }
 
 // mkdir creates directory rel in outDir unless this copy-out already did.
-// It reports false when the entry limit stops it.
-func (co *copyOut) mkdir(rel string, mode uint32) (bool, error) {
+// It returns a reason when the entry must be skipped: the entry limit, or a
+// file this copy-out wrote at rel earlier (a workspace entry that changed
+// type between two entries of the list).
+func (co *copyOut) mkdir(rel string, mode uint32) (string, error) {
 	if _, ok := co.dirs[rel]; ok {
-		return true, nil
+		return "", nil
 	}
 	if co.files >= co.lim.Files {
 		co.overFiles = true
-		return false, nil
+		return fmt.Sprintf("entry limit workspace.files=%d reached", co.lim.Files), nil
 	}
 	// 0700 until the end: the final mode is applied after the contents.
-	if err := co.out.Mkdir(rel, 0o700); err != nil {
-		return false, err
+	err := co.out.Mkdir(rel, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Sprintf("%q was already copied out as a file", rel), nil
+	}
+	if err != nil {
+		return "", err
 	}
 	co.files++
 	co.dirs[rel] = dirMode(mode)
-	return true, nil
+	return "", nil
 }
 
 func (co *copyOut) file(c result.FileChange, parentfd int, name, rel string, st *unix.Stat_t) error {

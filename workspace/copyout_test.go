@@ -413,3 +413,67 @@ func FuzzCopyOutPaths(f *testing.F) {
 		}
 	})
 }
+
+// TestCopyOutSwapAfterStat swaps the entry between CopyOut's fstatat and
+// its open, the window a live sandbox would race: each swap must fail that
+// entry closed (no host file read, no hang on a FIFO).
+func TestCopyOutSwapAfterStat(t *testing.T) {
+	tests := []struct {
+		name string
+		typ  string
+		swap func(t *testing.T, h *host, p string)
+		want string
+	}{
+		{name: "file to symlink", typ: "file", swap: func(t *testing.T, h *host, p string) {
+			rm(t, filepath.Dir(p), filepath.Base(p))
+			build(t, filepath.Dir(p), link(filepath.Base(p), filepath.Join(h.secret, "canary")))
+		}, want: "symlink"},
+		{name: "file to fifo", typ: "file", swap: func(t *testing.T, h *host, p string) {
+			rm(t, filepath.Dir(p), filepath.Base(p))
+			build(t, filepath.Dir(p), fifo(filepath.Base(p)))
+		}, want: "FIFO"},
+		{name: "file to another file", typ: "file", swap: func(t *testing.T, h *host, p string) {
+			// Rename, not remove: the old inode stays alive so its number
+			// is not reused for the new file.
+			if err := os.Rename(p, p+".old"); err != nil {
+				t.Fatal(err)
+			}
+			build(t, filepath.Dir(p), file(filepath.Base(p), "other", 0o644))
+		}, want: "replaced"},
+		{name: "dir to symlink", typ: "dir", swap: func(t *testing.T, h *host, p string) {
+			rm(t, filepath.Dir(p), filepath.Base(p))
+			build(t, filepath.Dir(p), link(filepath.Base(p), filepath.Join(h.secret, "dir")))
+		}, want: "swapped"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			root := filepath.Join(h.ws, "proj")
+			if tc.typ == "dir" {
+				build(t, root, dir("x", 0o755))
+			} else {
+				build(t, root, file("x", "sandbox", 0o644))
+			}
+			changes, err := Diff(h.ws, h.snap, DiffLimits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			testHookAfterStat = func(p string) {
+				if p == "proj/x" {
+					tc.swap(t, h, filepath.Join(h.ws, p))
+				}
+			}
+			t.Cleanup(func() { testHookAfterStat = nil })
+			rep, err := CopyOut(h.ws, changes, h.out, Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Skipped) != 1 || rep.Skipped[0].Path != "proj/x" || !strings.Contains(rep.Skipped[0].Reason, tc.want) {
+				t.Fatalf("Skipped = %+v, want proj/x skipped with %q", rep.Skipped, tc.want)
+			}
+			if _, err := os.Lstat(filepath.Join(h.out, "proj/x")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("proj/x exists in outDir after the swap: %v", err)
+			}
+		})
+	}
+}

@@ -207,6 +207,9 @@ func openChain(rootfd int, dev uint64, comps []string) (int, []unix.Stat_t, erro
 // fstatat), so an entry swapped between the two calls is refused.
 func openRegular(dirfd int, name string, want *unix.Stat_t) (*os.File, unix.Stat_t, error) {
 	fd, err := openat(dirfd, name, fileFlags)
+	if err == unix.ELOOP {
+		return nil, unix.Stat_t{}, errors.New("is now a symlink (swapped while being opened?): not followed")
+	}
 	if err != nil {
 		return nil, unix.Stat_t{}, err
 	}

@@ -284,14 +284,28 @@ except OSError as e:
 		},
 		{
 			Name: "root is read-only, /sys absent, /proc masked",
-			Argv: []string{"sh", "-c", "touch /usr/x 2>&1; touch /etc/x 2>&1; ls /sys | wc -l; wc -c < /proc/kcore; cat /proc/keys | wc -c; echo c > /proc/sysrq-trigger 2>&1; touch /workspace/ok /tmp/ok && echo writable"},
+			Argv: []string{"sh", "-c", "touch /usr/x 2>&1; touch /etc/x 2>&1; echo sys $(ls -A /sys | wc -l); " +
+				"for f in /proc/kcore /proc/keys /proc/timer_list /proc/kallsyms /proc/sched_debug; do [ -e $f ] && echo masked $f $(head -c 100 $f | wc -c); done; " +
+				"echo c > /proc/sysrq-trigger 2>/dev/null && echo SYSRQ; echo 1 > /proc/sys/kernel/core_pattern 2>/dev/null && echo SYSCTL; " +
+				"touch /workspace/ok /tmp/ok && echo writable"},
 			Check: func(t *testing.T, res *result.Result, _ map[string]string) {
 				out := res.Stdout.Data + res.Stderr.Data
 				if strings.Count(out, "Read-only file system") < 2 {
 					t.Errorf("image writes did not fail read-only: %q", out)
 				}
-				if !strings.Contains(res.Stdout.Data, "0\n0\n0\n") {
-					t.Errorf("/sys not empty or /proc/kcore, /proc/keys not masked: %q", res.Stdout.Data)
+				if !strings.Contains(res.Stdout.Data, "sys 0\n") {
+					t.Errorf("/sys is not empty: %q", res.Stdout.Data)
+				}
+				for _, l := range strings.Split(res.Stdout.Data, "\n") {
+					if strings.HasPrefix(l, "masked ") && !strings.HasSuffix(l, " 0") {
+						t.Errorf("not masked: %s", l)
+					}
+				}
+				if !strings.Contains(res.Stdout.Data, "masked /proc/keys 0") {
+					t.Errorf("/proc/keys not checked: %q", res.Stdout.Data)
+				}
+				if strings.Contains(res.Stdout.Data, "SYSRQ") || strings.Contains(res.Stdout.Data, "SYSCTL") {
+					t.Errorf("a /proc write succeeded: %q", res.Stdout.Data)
 				}
 				if !strings.Contains(res.Stdout.Data, "writable") {
 					t.Errorf("/workspace or /tmp not writable: %q", out)
