@@ -241,9 +241,16 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		res.Violations = append(res.Violations, v...)
 	}
 	if req.OutputDir != "" {
-		if _, err := workspace.CopyOut(ws.Dir, files, req.OutputDir, workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles, FileBytes: lim.FileSizeBytes}); err != nil {
+		rep, err := workspace.CopyOut(ws.Dir, files, req.OutputDir, workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles, FileBytes: lim.FileSizeBytes})
+		if err != nil {
 			return nil, fmt.Errorf("copy results to %s: %w", req.OutputDir, err)
 		}
+		co := &result.CopyOut{Dir: req.OutputDir, Files: len(rep.Copied), Bytes: rep.Bytes, Skipped: []result.Skip{}}
+		for _, s := range rep.Skipped {
+			co.Skipped = append(co.Skipped, result.Skip{Path: s.Path, Reason: s.Reason})
+		}
+		res.CopyOut = co
+		res.Violations = append(res.Violations, rep.Violations...)
 	}
 	if err := sb.Destroy(); err != nil {
 		return nil, fmt.Errorf("destroy sandbox %s: %w", id, err)

@@ -132,12 +132,29 @@ func (c *Capture) Stream() result.Stream {
 	if s.Truncated {
 		text = data[:completeLen(data)]
 	}
-	if utf8.Valid(text) {
+	if utf8.Valid(text) && textual(text) {
 		s.Data, s.Encoding = string(text), "utf-8"
 	} else {
 		s.Data, s.Encoding = base64.StdEncoding.EncodeToString(data), "base64"
 	}
 	return s
+}
+
+// textual reports whether valid UTF-8 b reads as text: no NUL and few
+// other control bytes. JSON escapes each control byte as six bytes
+// (\u0000), so a megabyte of them would cost six in every result; base64
+// costs 4/3 and says honestly that the output is binary.
+func textual(b []byte) bool {
+	controls := 0
+	for _, c := range b {
+		switch {
+		case c == 0:
+			return false
+		case c < 0x20 && c != '\n' && c != '\r' && c != '\t', c == 0x7f:
+			controls++
+		}
+	}
+	return controls*4 <= len(b)
 }
 
 // completeLen returns the length of b without a trailing incomplete (but so

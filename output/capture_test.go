@@ -45,7 +45,10 @@ func TestCapture(t *testing.T) {
 		{name: "incomplete rune without truncation is base64", cap: 10, writes: []string{"a\xc3"}, wantKept: "a\xc3", wantTotal: 2, wantEnc: "base64"},
 		{name: "invalid utf-8", cap: 10, writes: []string{"\xff\xfe\x00abc"}, wantKept: "\xff\xfe\x00abc", wantTotal: 6, wantEnc: "base64"},
 		{name: "invalid before a split rune", cap: 4, writes: []string{"\xffa€"}, wantKept: "\xffa\xe2\x82", wantTotal: 5, wantTrunc: true, wantEnc: "base64"},
-		{name: "NUL bytes are valid utf-8", cap: 10, writes: []string{"a\x00b\x00"}, wantKept: "a\x00b\x00", wantTotal: 4, wantEnc: "utf-8"},
+		// NUL is valid UTF-8 but marks binary output; JSON would spend six
+		// bytes on each, base64 spends 4/3.
+		{name: "NUL bytes make it binary", cap: 10, writes: []string{"a\x00b\x00"}, wantKept: "a\x00b\x00", wantTotal: 4, wantEnc: "base64"},
+		{name: "mostly control bytes is binary", cap: 16, writes: []string{"\x01\x02\x03x"}, wantKept: "\x01\x02\x03x", wantTotal: 4, wantEnc: "base64"},
 		{name: "control characters are kept", cap: 16, writes: []string{"\x1b[31mred\x07"}, wantKept: "\x1b[31mred\x07", wantTotal: 9, wantEnc: "utf-8"},
 	}
 	for _, tc := range tests {
@@ -99,10 +102,10 @@ func TestCapture(t *testing.T) {
 	}
 }
 
-// TestCaptureStreamJSON checks the JSON form keeps control characters and
-// NULs intact (the encoder escapes them) and round-trips.
+// TestCaptureStreamJSON checks the JSON form keeps control characters
+// intact (the encoder escapes them) and round-trips.
 func TestCaptureStreamJSON(t *testing.T) {
-	in := "line\n\x00\x1b]52;c;SGVsbG8=\x07 é"
+	in := "line\n\x1b]52;c;SGVsbG8=\x07 é and some more text"
 	c := NewCapture(1024, nil)
 	c.Write([]byte(in))
 	b, err := json.Marshal(c.Stream())

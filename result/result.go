@@ -64,6 +64,8 @@ type Result struct {
 	// applied on this host, and were accepted by the manifest. Empty means
 	// the full protection of the tier applied.
 	Degradations []string `json:"degradations"`
+	// CopyOut reports what --output copied out of the workspace, when asked.
+	CopyOut *CopyOut `json:"copy_out,omitempty"`
 	// Error is set when Termination is infra-error.
 	Error string `json:"error,omitempty"`
 }
@@ -117,4 +119,20 @@ type Violation struct {
 	Kind   string `json:"kind"`
 	Detail string `json:"detail"`
 	Limit  string `json:"limit,omitempty"`
+}
+
+// CopyOut reports a copy of the workspace changes to a host directory.
+type CopyOut struct {
+	Dir    string `json:"dir"`
+	Files  int    `json:"files"`
+	Bytes  int64  `json:"bytes"`
+	// Skipped lists what was not copied and why (symlinks, devices, files
+	// over a cap, entries that changed during the copy).
+	Skipped []Skip `json:"skipped"`
+}
+
+// Skip is one entry CopyOut did not copy.
+type Skip struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }

@@ -21,7 +21,9 @@ func (e *TSyncError) Error() string {
 
 // Install sets no_new_privs and applies filter to every thread of the
 // calling process, atomically: either all threads run under it afterwards
-// or none does and an error says why.
+// or none does and an error says why (a *TSyncError names the thread that
+// could not be synchronised). no_new_privs may be set on the calling thread
+// even when Install fails; that only removes privileges.
 //
 // Call it as late as possible before execve: everything the caller does
 // afterwards, including the Go runtime's own system calls, is filtered.

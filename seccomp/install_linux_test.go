@@ -50,6 +50,8 @@ type probe struct {
 	// test binary the victim's tracer) or where the point is that nothing
 	// changes (fork+exec, threads).
 	control bool
+	// selfInstall: the probe calls Install itself instead of the victim.
+	selfInstall bool
 	// controlNeedsRoot: only as root does the kernel itself not return the
 	// filter's errno (mount, bpf, clone(CLONE_NEWNS)).
 	controlNeedsRoot bool
@@ -143,6 +145,41 @@ var probes = []probe{
 	{name: "all_threads_have_filter_and_nnp", want: 0, run: func(*victim) (unix.Errno, error) {
 		return 0, checkAllThreadsFiltered()
 	}},
+	{name: "tsync_failure_names_thread", selfInstall: true, run: func(v *victim) (unix.Errno, error) {
+		// Give the old thread a filter of its own, which is not an ancestor
+		// of the installing thread's, so the kernel cannot synchronise it.
+		var tid int
+		var setupErr error
+		v.onOldThread(func() {
+			tid = unix.Gettid()
+			allowAll := []unix.SockFilter{stmt(opRetK, retAllow)}
+			prog := unix.SockFprog{Len: 1, Filter: &allowAll[0]}
+			if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+				setupErr = err
+				return
+			}
+			if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); e != 0 {
+				setupErr = e
+			}
+		})
+		if setupErr != nil {
+			return 0, fmt.Errorf("per-thread filter: %w", setupErr)
+		}
+		filter, err := Default().Compile()
+		if err != nil {
+			return 0, err
+		}
+		err = Install(filter)
+		var tsErr *TSyncError
+		if !errors.As(err, &tsErr) || tsErr.TID != tid {
+			return 0, fmt.Errorf("Install = %v, want a TSyncError naming thread %d", err, tid)
+		}
+		// Nothing was installed: a syscall the filter denies still works here.
+		if e := rawErrno(unix.SYS_IO_URING_SETUP, 1, 0); e == unix.EPERM {
+			return 0, fmt.Errorf("io_uring_setup = EPERM after a failed TSYNC install")
+		}
+		return 0, nil
+	}},
 	{name: "fork_exec_still_works", want: 0, run: func(*victim) (unix.Errno, error) {
 		if err := exec.Command("/bin/true").Run(); err != nil {
 			return 0, fmt.Errorf("/bin/true: %w", err)
@@ -183,7 +220,7 @@ func runVictim(name string, control bool) int {
 		}
 	}()
 	<-started
-	if !control {
+	if !control && !pr.selfInstall {
 		filter, err := Default().Compile()
 		if err == nil {
 			err = Install(filter)

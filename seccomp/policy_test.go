@@ -441,3 +441,81 @@ func BenchmarkEvaluate(b *testing.B) {
 		}
 	})
 }
+
+// run is a second, minimal interpreter for the opcodes the compiler emits,
+// reading seccomp_data in native order as the kernel does. It counts the
+// instructions executed, which is what the search tree is for.
+func run(t testing.TB, prog []unix.SockFilter, arch uint32, n int, args [6]uint64) (ret uint32, steps int) {
+	t.Helper()
+	word := func(off uint32) uint32 {
+		switch {
+		case off == offNr:
+			return uint32(n)
+		case off == offArch:
+			return arch
+		case off >= offArgs:
+			a := args[(off-offArgs)/8]
+			if (off-offArgs)%8 == 4 {
+				return uint32(a >> 32)
+			}
+			return uint32(a)
+		}
+		return 0 // instruction_pointer
+	}
+	var acc uint32
+	for pc := 0; pc < len(prog); pc++ {
+		steps++
+		in := prog[pc]
+		switch in.Code {
+		case opLdAbsW:
+			acc = word(in.K)
+		case opAndK:
+			acc &= in.K
+		case opRetK:
+			return in.K, steps
+		case opJa:
+			pc += int(in.K)
+		case opJeqK, opJgeK, opJsetK:
+			cond := (in.Code == opJeqK && acc == in.K) || (in.Code == opJgeK && acc >= in.K) || (in.Code == opJsetK && acc&in.K != 0)
+			if cond {
+				pc += int(in.Jt)
+			} else {
+				pc += int(in.Jf)
+			}
+		default:
+			t.Fatalf("pc %d: opcode %#x", pc, in.Code)
+		}
+	}
+	t.Fatal("fell off the end")
+	return 0, 0
+}
+
+// TestPathLength measures instructions executed per syscall: a linear chain
+// of comparisons would average about half the number of rules (~180).
+func TestPathLength(t *testing.T) {
+	p := Default()
+	filter := mustCompile(t, p)
+	ev, err := newVM(filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, worst := 0, 0
+	for n := 0; n <= maxSyscall; n++ {
+		var args [6]uint64
+		ret, steps := run(t, filter, unix.AUDIT_ARCH_X86_64, n, args)
+		a, e, err := ev.eval(unix.AUDIT_ARCH_X86_64, n, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := a.ret(e); want != ret {
+			t.Fatalf("nr %d: interpreters disagree: %#x vs x/net/bpf %#x", n, ret, want)
+		}
+		total += steps
+		worst = max(worst, steps)
+	}
+	avg := float64(total) / float64(maxSyscall+1)
+	t.Logf("%d instructions; executed per syscall: average %.1f, worst %d", len(filter), avg, worst)
+	if worst > 40 {
+		t.Errorf("worst path %d instructions: the search tree is not balanced", worst)
+	}
+}

@@ -171,7 +171,7 @@ func (w *walker) limitErrs() []error {
 			Detail: fmt.Sprintf("%d directories nested deeper than %d levels were not entered; the file diff is partial", w.tooDeep, w.lim.MaxDepth)})
 	}
 	if w.mounts > 0 {
-		errs = append(errs, &LimitError{Field: "workspace.mounts", Limit: 0, Kind: "diff",
+		errs = append(errs, &LimitError{Field: "diff.same_filesystem", Limit: 0, Kind: "diff",
 			Detail: fmt.Sprintf("%d directories on another filesystem than the workspace were not entered", w.mounts)})
 	}
 	return errs

@@ -283,10 +283,7 @@ func TestDiffLimits(t *testing.T) {
 	}
 }
 
-// TestDiffVanishing removes entries while walking is not possible to time
-// from a test; instead check a workspace whose snapshot names paths that
-// never existed is handled (reported deleted), and a nil snapshot means all
-// entries are added.
+// TestDiffNilSnapshot checks that with no snapshot every entry is added.
 func TestDiffNilSnapshot(t *testing.T) {
 	ws := t.TempDir()
 	build(t, ws, file("a", "a", 0), dir("d", 0))

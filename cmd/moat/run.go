@@ -180,8 +180,8 @@ func cmdRun(args []string) int {
 		}
 	}
 	if !*jsonOut {
-		req.LiveStdout = liveWriter(os.Stdout)
-		req.LiveStderr = liveWriter(os.Stderr)
+		stdout, stderr := liveWriter(os.Stdout), liveWriter(os.Stderr)
+		req.LiveStdout, req.LiveStderr = stdout, stderr
 	}
 	res, err := e.Run(ctx, req)
 	if err != nil {
@@ -208,6 +208,12 @@ func cmdRun(args []string) int {
 		}
 		return 0
 	}
+	if f, ok := req.LiveStdout.(flusher); ok {
+		f.Flush()
+	}
+	if f, ok := req.LiveStderr.(flusher); ok {
+		f.Flush()
+	}
 	report(res)
 	if ctx.Err() != nil {
 		return 130
@@ -227,6 +233,12 @@ func report(res *result.Result) {
 	for _, d := range res.Degradations {
 		fmt.Fprintf(os.Stderr, "moat: warning: ran without %s (accepted by the manifest)\n", d)
 	}
+	if co := res.CopyOut; co != nil {
+		fmt.Fprintf(os.Stderr, "moat: copied %d file(s), %d bytes, to %s\n", co.Files, co.Bytes, co.Dir)
+		for _, s := range co.Skipped {
+			fmt.Fprintf(os.Stderr, "moat: not copied: %s: %s\n", s.Path, s.Reason)
+		}
+	}
 	switch res.Termination {
 	case result.OOM:
 		fmt.Fprintln(os.Stderr, "moat: killed: out of memory (raise resources.memory or --memory)")
@@ -237,24 +249,24 @@ func report(res *result.Result) {
 	}
 }
 
+type flusher interface{ Flush() error }
+
 // liveWriter streams untrusted output to the user. On a terminal, control
 // sequences are neutralised so the program cannot rewrite the screen, set
 // the clipboard (OSC 52) or retitle the window; pipes get the bytes as is.
-func liveWriter(f *os.File) io.Writer {
+func liveWriter(f *os.File) interface {
+	io.Writer
+	flusher
+} {
 	if isTerminal(f) {
-		return sanitizing{f}
+		return output.NewSanitizingWriter(f)
 	}
-	return f
+	return plain{f}
 }
 
-type sanitizing struct{ w io.Writer }
+type plain struct{ io.Writer }
 
-func (s sanitizing) Write(p []byte) (int, error) {
-	if _, err := s.w.Write(output.Sanitize(p)); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
+func (plain) Flush() error { return nil }
 
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)

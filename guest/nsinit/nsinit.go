@@ -257,11 +257,13 @@ func dropPrivileges(cfg *Config) (degraded []string, err error) {
 	var last int
 	fmt.Sscanf(strings.TrimSpace(string(lastCap)), "%d", &last)
 	// Empty the bounding set so no execve can ever regain a capability.
-	// Capabilities are per thread, hence AllThreadsSyscall (which needs a
-	// binary built with CGO_ENABLED=0).
+	// The bounding set is per thread; the program is forked from this
+	// thread (main is locked to it), so this thread's set is the one it
+	// inherits. init's other threads run only Go runtime code and lose all
+	// effective capabilities with the setresuid below.
 	for c := 0; c <= last; c++ {
-		if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
-			return nil, fmt.Errorf("drop capability %d from the bounding set: %w", c, e)
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
 		}
 	}
 	// Supplementary groups were emptied when the host started us
@@ -279,9 +281,10 @@ func dropPrivileges(cfg *Config) (degraded []string, err error) {
 		return nil, fmt.Errorf("setresuid %d: %w", cfg.UID, err)
 	}
 	// The credential change reset the parent-death signal; set it again so
-	// init dies with the host's moat process.
-	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0); e != 0 {
-		return nil, fmt.Errorf("set parent-death signal: %w", e)
+	// init dies with the host's moat process. The kernel signals the
+	// process if any of its threads asked for it.
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("set parent-death signal: %w", err)
 	}
 	// Not dumpable: /proc/1/* becomes inaccessible to the program (same uid
 	// otherwise), so it cannot read our memory or reach /proc/1/exe, the
@@ -289,8 +292,10 @@ func dropPrivileges(cfg *Config) (degraded []string, err error) {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("set non-dumpable: %w", err)
 	}
+	// no_new_privs on every thread (go-landlock and seccomp's TSYNC would
+	// set it too; set it first so nothing depends on their internals).
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
-		return nil, fmt.Errorf("set no_new_privs: %w", e)
+		return nil, fmt.Errorf("set no_new_privs: %w (moat must be built with CGO_ENABLED=0)", e)
 	}
 
 	abi, err := ll.LandlockGetABIVersion()
