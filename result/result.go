@@ -123,9 +123,9 @@ type Violation struct {
 
 // CopyOut reports a copy of the workspace changes to a host directory.
 type CopyOut struct {
-	Dir    string `json:"dir"`
-	Files  int    `json:"files"`
-	Bytes  int64  `json:"bytes"`
+	Dir   string `json:"dir"`
+	Files int    `json:"files"`
+	Bytes int64  `json:"bytes"`
 	// Skipped lists what was not copied and why (symlinks, devices, files
 	// over a cap, entries that changed during the copy).
 	Skipped []Skip `json:"skipped"`
