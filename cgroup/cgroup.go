@@ -299,12 +299,22 @@ func (c *Cgroup) Add(pid int) error {
 		return fmt.Errorf("cgroup %s: add pid %d: not a pid", c.id, pid)
 	}
 	s := strconv.Itoa(pid)
-	for _, d := range c.dirs {
-		if err := writeFile(filepath.Join(d, "cgroup.procs"), s); err != nil {
-			return fmt.Errorf("cgroup %s: add pid %d: %w", c.id, pid, err)
-		}
+	// A v1 migration waits for an RCU grace period in each hierarchy
+	// (about 1-2 ms each here); the hierarchies are independent, so the
+	// writes go in parallel and the waits overlap.
+	errs := make([]error, len(c.dirs))
+	var wg sync.WaitGroup
+	for i, d := range c.dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := writeFile(filepath.Join(d, "cgroup.procs"), s); err != nil {
+				errs[i] = fmt.Errorf("cgroup %s: add pid %d: %w", c.id, pid, err)
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // FD returns an O_PATH directory fd of the v2 cgroup, for

@@ -204,6 +204,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	}
 
 	res.Termination = out.Termination
+	res.Error = out.Error
 	res.ExitCode = out.ExitCode
 	res.Signal = out.Signal
 	if out.Signal != 0 {

@@ -9,7 +9,7 @@
 //
 // Parse and Load are the entry points; Default, Validate and the Parse*Flag
 // helpers serve the CLI's flag overrides. The accepted range of every limit
-// is tabled on the rules variable in validate.go and returned by Ranges.
+// is tabled in the documentation of Ranges.
 package manifest
 
 import "time"

@@ -504,8 +504,8 @@ func TestValidateDefault(t *testing.T) {
 	}
 }
 
-// TestRangesDocumented checks that the table in the doc comment on rules
-// matches Ranges, so the documentation cannot drift from the code.
+// TestRangesDocumented checks that the table in the doc comment on Ranges
+// matches what Ranges returns, so the documentation cannot drift from the code.
 func TestRangesDocumented(t *testing.T) {
 	src, err := os.ReadFile("validate.go")
 	if err != nil {

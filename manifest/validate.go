@@ -11,28 +11,8 @@ import (
 	"unicode/utf8"
 )
 
-// Accepted ranges of the numeric fields, inclusive. A value outside its
-// range is refused, never clamped. Ranges returns the same table as data;
-// a test checks that this comment and Ranges agree.
-//
-//	field                   min    max       default
-//	workspace.size          1MiB   64GiB     256MiB
-//	workspace.files         16     10000000  10000
-//	resources.cpus          0.01   256       1
-//	resources.memory        4MiB   64GiB     512MiB
-//	resources.pids          1      32768     128
-//	resources.timeout       10ms   24h       30s
-//	resources.cpu_time      10ms   24h       resources.timeout
-//	resources.open_files    16     65536     256
-//	resources.file_size     1KiB   16GiB     64MiB
-//	resources.stdout_bytes  0      1GiB      1MiB
-//	resources.stderr_bytes  0      1GiB      1MiB
-//
-// The bounds are about what a sandbox can sensibly be asked for, not about
-// this host: a manifest asking for more CPUs or memory than the host has is
-// valid here and refused (or reported) by the engine, which knows the host.
-// Other bounds: at most MaxInputs inputs, MaxEnvVars environment variables
-// totalling MaxEnvBytes, paths of at most maxPathLen bytes.
+// rules are the numeric fields' ranges: the one source for Validate,
+// Ranges and (through TestRangesDocumented) the table on Ranges.
 var rules = []rule{
 	sizeRule("workspace.size", 1*MiB, 64*GiB, func(m *Manifest) Size { return m.Workspace.Size }),
 	intRule("workspace.files", 16, 10_000_000, func(m *Manifest) int { return m.Workspace.Files }),
@@ -72,6 +52,28 @@ type Range struct {
 
 // Ranges returns the accepted range and default of every numeric field, in
 // manifest order, for generated documentation and `moat manifest ranges`.
+// Bounds are inclusive; a value outside its range is refused, never
+// clamped. A test checks that this table and the returned data agree.
+//
+//	field                   min    max       default
+//	workspace.size          1MiB   64GiB     256MiB
+//	workspace.files         16     10000000  10000
+//	resources.cpus          0.01   256       1
+//	resources.memory        4MiB   64GiB     512MiB
+//	resources.pids          1      32768     128
+//	resources.timeout       10ms   24h       30s
+//	resources.cpu_time      10ms   24h       resources.timeout
+//	resources.open_files    16     65536     256
+//	resources.file_size     1KiB   16GiB     64MiB
+//	resources.stdout_bytes  0      1GiB      1MiB
+//	resources.stderr_bytes  0      1GiB      1MiB
+//
+// The bounds are about what a sandbox can sensibly be asked for, not about
+// this host: a manifest asking for more CPUs or memory than the host has is
+// valid here and refused (or reported) by the engine, which knows the host.
+// Other bounds: at most MaxInputs inputs, MaxEnvVars environment variables
+// totalling MaxEnvBytes, paths of at most 4096 bytes with components of at
+// most 255, an image name of at most 255 bytes.
 func Ranges() []Range {
 	def := Default()
 	out := make([]Range, len(rules))

@@ -100,6 +100,8 @@ type Outcome struct {
 	// Degradations lists protections that were not applied (accepted by
 	// Spec.AllowMissing).
 	Degradations []string
+	// Error explains an infra-error termination.
+	Error string
 }
 
 // Capabilities declares what a tier can honour on this host.

@@ -113,10 +113,7 @@ func cmdRun(args []string) int {
 			return flagErr("timeout", *timeout, err)
 		}
 		// cpu_time follows the timeout unless it was set apart from it.
-		if m.Resources.CPUTime == m.Resources.Timeout || m.Resources.CPUTime > d {
-			m.Resources.CPUTime = d
-		}
-		m.Resources.Timeout = d
+		m.Resources.SetTimeout(d)
 	}
 	if *memory != "" {
 		s, err := manifest.ParseSize(*memory)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/internal/tt"
 	"io"
 	"os"
 	"os/signal"
@@ -48,10 +49,12 @@ func (r *reporter) send(s Status) {
 }
 
 func run(st *reporter) (int, error) {
+	tt.Mark("init main")
 	cfg, err := readConfig()
 	if err != nil {
 		return 1, err
 	}
+	tt.Mark("config read")
 
 	// A cgroup namespace rooted at the run's cgroup: /proc/self/cgroup
 	// shows "/" and nothing of the host's hierarchy. The host has already
@@ -62,6 +65,7 @@ func run(st *reporter) (int, error) {
 	if err := buildRoot(cfg); err != nil {
 		return 1, err
 	}
+	tt.Mark("root built")
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return 1, fmt.Errorf("sethostname: %w", err)
 	}
@@ -76,26 +80,29 @@ func run(st *reporter) (int, error) {
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return 1, err
 	}
+	tt.Mark("pre-drop")
 	degraded, err := dropPrivileges(cfg)
 	if err != nil {
 		return 1, err
 	}
+	tt.Mark("dropped")
 
 	// Start the helpers that need threads now, while thread creation
 	// cannot fail: once the program runs it may exhaust the pids limit.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
 	hostGone := watchHost()
+	tt.Mark("goroutines")
 
 	// Seccomp goes last, as close to the program's execve as possible, so
 	// that as few of our own syscalls as possible run under it.
-	filter, err := seccomp.Default().Compile()
-	if err != nil {
-		return 1, fmt.Errorf("compile seccomp policy: %w", err)
+	if len(cfg.Seccomp) == 0 {
+		return 1, errors.New("no seccomp filter in the config: refusing to run unfiltered")
 	}
-	if err := seccomp.Install(filter); err != nil {
+	if err := seccomp.Install(cfg.Seccomp); err != nil {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
 	}
+	tt.Mark("seccomp")
 
 	if lookErr != nil {
 		st.send(Status{Started: true, Degraded: degraded})
@@ -127,6 +134,7 @@ func run(st *reporter) (int, error) {
 		st.send(Status{Exited: true, Exit: 126, NotExecutable: true})
 		return 0, nil
 	}
+	tt.Mark("forked")
 	st.send(Status{Started: true, Degraded: degraded})
 
 	exited := make(chan unix.WaitStatus, 1)

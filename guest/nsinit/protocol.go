@@ -27,6 +27,8 @@
 // entry point changes process-wide state irreversibly.
 package nsinit
 
+import "golang.org/x/sys/unix"
+
 // Arg is the hidden argv[1] under which the moat binary runs as init.
 const Arg = "__nsinit"
 
@@ -63,6 +65,10 @@ type Config struct {
 	TmpFiles int   `json:"tmp_files"`
 
 	Rlimits Rlimits `json:"rlimits"`
+
+	// Seccomp is the compiled filter (package seccomp), compiled once by
+	// the host; init refuses to start the program without it.
+	Seccomp []unix.SockFilter `json:"seccomp"`
 
 	// Landlock requires the Landlock ruleset; when false and the kernel
 	// lacks Landlock, init goes on and reports the degradation.

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/internal/tt"
 	"io"
 	"os"
 	"os/exec"
@@ -29,6 +30,7 @@ import (
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/nsinit"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/seccomp"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -50,9 +52,10 @@ var _ tier.Tier = (*Native)(nil)
 
 // Native prepares native-tier sandboxes.
 type Native struct {
-	exe  string
-	cg   *cgroup.Host
-	caps tier.Capabilities
+	exe    string
+	cg     *cgroup.Host
+	caps   tier.Capabilities
+	filter []unix.SockFilter // the compiled seccomp policy, sent to every init
 }
 
 // Options configure the tier. The zero value is ready to use.
@@ -77,7 +80,11 @@ func New(opts Options) (*Native, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 	}
-	return &Native{exe: opts.Exe, cg: cg, caps: tier.Capabilities{
+	filter, err := seccomp.Default().Compile()
+	if err != nil {
+		return nil, fmt.Errorf("compile the seccomp policy: %w", err)
+	}
+	return &Native{exe: opts.Exe, cg: cg, filter: filter, caps: tier.Capabilities{
 		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true,
 		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true,
 	}}, nil
@@ -98,6 +105,7 @@ var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 type sandbox struct {
 	spec    *tier.Spec
 	host    *cgroup.Host
+	filter  []unix.SockFilter
 	cg      *cgroup.Cgroup
 	ws      *os.File // the detached workspace mount
 	init    *exec.Cmd
@@ -121,23 +129,26 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	if !n.caps.Landlock && !slices.Contains(spec.AllowMissing, "landlock") {
 		return nil, fmt.Errorf("%w: landlock is not available on this kernel; the manifest can accept running without it with security.allow_missing: [landlock]", tier.ErrUnavailable)
 	}
-	s := &sandbox{spec: spec, host: n.cg}
+	s := &sandbox{spec: spec, host: n.cg, filter: n.filter}
 	defer func() {
 		if err != nil {
 			s.Destroy()
 		}
 	}()
 
+	tt.Mark("prepare")
 	lim := spec.Limits
 	s.cg, err = n.cg.Create(spec.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs})
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
+	tt.Mark("cgroup")
 	s.ws, err = newWorkspace(lim.WorkspaceBytes, lim.WorkspaceFiles)
 	if err != nil {
 		return nil, err
 	}
 
+	tt.Mark("ws")
 	var childEnds []*os.File
 	defer func() {
 		for _, f := range childEnds {
@@ -174,7 +185,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		// init's own environment: nothing from the host. It runs few
 		// goroutines; one P keeps its thread count (which the pids limit
 		// counts) low.
-		Env:        []string{"GOMAXPROCS=1"},
+		Env:        []string{"GOMAXPROCS=1", "MOAT_TIMING=" + os.Getenv("MOAT_TIMING")},
 		Stdin:      stdinR,
 		Stdout:     stdoutW,
 		Stderr:     stderrW,
@@ -195,10 +206,12 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = fd
 	}
+	tt.Mark("pre-start")
 	if err = cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start init %s: %w", n.exe, err)
 	}
 	s.init = cmd
+	tt.Mark("started")
 	if _, ok := s.cg.FD(); !ok {
 		// cgroup v1: init blocks reading its config until this is done,
 		// so nothing runs outside the cgroup's limits.
@@ -206,6 +219,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 			return nil, fmt.Errorf("move init into cgroup: %w", err)
 		}
 	}
+	tt.Mark("added")
 	return s, nil
 }
 
@@ -267,6 +281,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		GID:             SandboxGID,
 		TmpBytes:        lim.TmpBytes,
 		TmpFiles:        4096,
+		Seccomp:         s.filter,
 		RequireLandlock: !slices.Contains(s.spec.AllowMissing, "landlock"),
 		Rlimits: nsinit.Rlimits{
 			NoFile:     uint64(lim.OpenFiles),
@@ -319,8 +334,27 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		ended    time.Time
 		timedOut bool
 		setupErr string
-		initErr  error
 	)
+	handle := func(st nsinit.Status) {
+		switch {
+		case st.Error != "":
+			setupErr = st.Error
+		case st.Exited:
+			final = &st
+			ended = time.Now()
+		case st.Started:
+			started = time.Now()
+			for _, d := range st.Degraded {
+				if !slices.Contains(s.spec.AllowMissing, d) {
+					// init must not weaken what was not accepted;
+					// treat it as hostile and stop everything.
+					s.cg.Kill()
+					setupErr = "init reported an unaccepted degradation: " + d
+				}
+			}
+			out.Degradations = append(out.Degradations, st.Degraded...)
+		}
+	}
 	// The wall clock starts now: setup counts against the timeout too, so
 	// a stuck setup cannot hold a run forever.
 	timer := time.NewTimer(lim.Timeout)
@@ -334,24 +368,8 @@ loop:
 				statuses = nil
 				continue
 			}
-			switch {
-			case st.Error != "":
-				setupErr = st.Error
-			case st.Exited:
-				final = &st
-				ended = time.Now()
-			case st.Started:
-				started = time.Now()
-				for _, d := range st.Degraded {
-					if !slices.Contains(s.spec.AllowMissing, d) {
-						// init must not weaken what was not accepted;
-						// treat it as hostile and stop everything.
-						s.cg.Kill()
-						setupErr = "init reported an unaccepted degradation: " + d
-					}
-				}
-				out.Degradations = append(out.Degradations, st.Degraded...)
-			}
+			handle(st)
+			tt.Mark(fmt.Sprintf("status %+v", st))
 		case <-timer.C:
 			timedOut = true
 			s.cg.Kill()
@@ -361,8 +379,16 @@ loop:
 			if !timedOut {
 				setupErr = "run cancelled: " + context.Cause(ctx).Error()
 			}
-		case initErr = <-waited:
+		case <-waited:
+			tt.Mark("init exited")
 			break loop
+		}
+	}
+	// init may exit before its last message was read: the pipe closes
+	// when it dies, so read to the end.
+	if statuses != nil {
+		for st := range statuses {
+			handle(st)
 		}
 	}
 	if ended.IsZero() {
@@ -374,6 +400,7 @@ loop:
 	// the copiers drain.
 	s.cg.Kill()
 	copiers.Wait()
+	tt.Mark("copiers")
 
 	if started.IsZero() {
 		started = start
@@ -389,7 +416,8 @@ loop:
 	if setupErr != "" && !timedOut {
 		return nil, fmt.Errorf("sandbox setup: %s", setupErr)
 	}
-	classify(out, final, timedOut, st, lim, initErr)
+	tt.Mark("stats")
+	classify(out, final, timedOut, st, lim)
 	if full := workspaceFull(s.ws); full != "" {
 		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limitFor(full, lim)})
 		if out.Termination == result.Exited && out.ExitCode != 0 {
@@ -400,7 +428,7 @@ loop:
 }
 
 // classify turns what was observed into the closed termination taxonomy.
-func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.Stats, lim tier.Limits, initErr error) {
+func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.Stats, lim tier.Limits) {
 	if st.OOMKills > 0 {
 		out.Violations = append(out.Violations, result.Violation{Kind: "memory", Detail: fmt.Sprintf("the kernel OOM-killed %d process(es) at the memory limit", st.OOMKills), Limit: fmt.Sprint(lim.MemoryBytes)})
 	}
@@ -418,8 +446,8 @@ func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.
 			out.Termination, out.ExitCode, out.Signal = result.OOM, 128+9, 9
 		} else {
 			out.Termination, out.ExitCode = result.InfraError, 125
+			out.Error = "moat's init in the sandbox died without reporting the program's status"
 		}
-		_ = initErr
 	case final.Signal != 0:
 		out.ExitCode, out.Signal = 128+final.Signal, final.Signal
 		switch {

@@ -1,0 +1,246 @@
+// Package bench measures Moat's per-run overhead against peers measured in
+// the same run: the bare command (the image's python3 under a plain chroot)
+// and bubblewrap with equivalent isolation. Performance claims come from
+// these ratios, never from absolute timings on one machine.
+//
+// It must never change anything but what a normal run changes.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+)
+
+// Options configure a benchmark.
+type Options struct {
+	// Runs is the number of timed runs of each contender (default 50).
+	Runs int
+	// Throughput is the number of sequential /bin/true runs (default 200).
+	Throughput int
+	// Moat is the moat binary for the CLI contender (default: this one).
+	Moat string
+	// Engine runs the in-process contender.
+	Engine *engine.Engine
+	// Progress receives a line per phase; nil discards.
+	Progress io.Writer
+}
+
+// Sample summarises one contender's wall times.
+type Sample struct {
+	Name     string  `json:"name"`
+	Command  string  `json:"command"`
+	Runs     int     `json:"runs"`
+	MedianMS float64 `json:"median_ms"`
+	P10MS    float64 `json:"p10_ms"`
+	P90MS    float64 `json:"p90_ms"`
+	MinMS    float64 `json:"min_ms"`
+}
+
+// Report is what Run measured.
+type Report struct {
+	Image       string   `json:"image"`
+	Samples     []Sample `json:"samples"`
+	Bubblewrap  bool     `json:"bubblewrap"`
+	SkipReasons []string `json:"skip_reasons,omitempty"`
+
+	// OverheadMS is moat run (CLI) minus bare, at the median.
+	OverheadMS float64 `json:"overhead_ms"`
+	// EngineOverheadMS is the in-process engine minus bare, at the median.
+	EngineOverheadMS float64 `json:"engine_overhead_ms"`
+	// RatioBwrap is moat run (CLI) over bubblewrap, at the median.
+	RatioBwrap float64 `json:"ratio_bwrap"`
+	// RunsPerSecond is sequential /bin/true runs through the engine.
+	RunsPerSecond float64 `json:"runs_per_second"`
+	// CLIRunsPerSecond is the same through the moat binary.
+	CLIRunsPerSecond float64 `json:"cli_runs_per_second"`
+}
+
+type contender struct {
+	name, command string
+	run           func() error
+	times         []time.Duration
+}
+
+// Run measures. The contenders are interleaved round-robin so drift in the
+// machine's load affects all of them alike.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	if opts.Runs <= 0 {
+		opts.Runs = 50
+	}
+	if opts.Throughput <= 0 {
+		opts.Throughput = 200
+	}
+	if opts.Progress == nil {
+		opts.Progress = io.Discard
+	}
+	if opts.Moat == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		opts.Moat = exe
+	}
+	img, err := opts.Engine.Images().Lookup("python")
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Image: img.Name + "@" + img.Digest}
+	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/workspace"}
+	py := []string{"python3", "-c", "pass"}
+
+	m := manifest.Default()
+	engineRun := func(argv []string) error {
+		res, err := opts.Engine.Run(ctx, &engine.Request{Manifest: m, Argv: argv})
+		if err != nil {
+			return err
+		}
+		if res.Termination != result.Exited || res.ExitCode != 0 {
+			return fmt.Errorf("%v: %s exit %d: %s", argv, res.Termination, res.ExitCode, res.Stderr.Data)
+		}
+		return nil
+	}
+	contenders := []*contender{
+		{name: "bare", command: "chroot IMAGE python3 -c pass", run: func() error {
+			return quiet(exec.Command("/usr/bin/python3", "-c", "pass"), func(c *exec.Cmd) {
+				c.Env = env
+				c.Dir = "/"
+				c.SysProcAttr = &syscall.SysProcAttr{Chroot: img.Root}
+			})
+		}},
+		{name: "moat-cli", command: "moat run -- python3 -c pass", run: func() error {
+			return quiet(exec.Command(opts.Moat, append([]string{"run", "--no-build", "--"}, py...)...), nil)
+		}},
+		{name: "moat-engine", command: "engine.Run(python3 -c pass) in-process", run: func() error { return engineRun(py) }},
+	}
+	if bwrap, err := exec.LookPath("bwrap"); err == nil {
+		rep.Bubblewrap = true
+		args := []string{"--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+			"--ro-bind", img.Root, "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/workspace",
+			"--chdir", "/workspace", "--uid", "1000", "--gid", "1000"}
+		for _, kv := range env {
+			k, v, _ := cut(kv)
+			args = append(args, "--setenv", k, v)
+		}
+		contenders = append(contenders, &contender{name: "bwrap", command: "bwrap --unshare-all --ro-bind IMAGE / ... python3 -c pass", run: func() error {
+			return quiet(exec.Command(bwrap, append(args, py...)...), nil)
+		}})
+	} else {
+		rep.SkipReasons = append(rep.SkipReasons, "bubblewrap not installed (apt-get install bubblewrap): no moat/bwrap ratio")
+	}
+
+	// Warm up page cache and lazy initialisation: not measured.
+	fmt.Fprintf(opts.Progress, "bench: warming up\n")
+	for _, c := range contenders {
+		for i := 0; i < 3; i++ {
+			if err := c.run(); err != nil {
+				return nil, fmt.Errorf("bench %s: %w", c.name, err)
+			}
+		}
+	}
+	fmt.Fprintf(opts.Progress, "bench: %d interleaved runs of each of %d contenders\n", opts.Runs, len(contenders))
+	for i := 0; i < opts.Runs; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		for _, c := range contenders {
+			start := time.Now()
+			if err := c.run(); err != nil {
+				return nil, fmt.Errorf("bench %s: %w", c.name, err)
+			}
+			c.times = append(c.times, time.Since(start))
+		}
+	}
+	med := map[string]float64{}
+	for _, c := range contenders {
+		s := summarize(c.name, c.command, c.times)
+		rep.Samples = append(rep.Samples, s)
+		med[c.name] = s.MedianMS
+	}
+	rep.OverheadMS = med["moat-cli"] - med["bare"]
+	rep.EngineOverheadMS = med["moat-engine"] - med["bare"]
+	if rep.Bubblewrap {
+		rep.RatioBwrap = med["moat-cli"] / med["bwrap"]
+	}
+
+	fmt.Fprintf(opts.Progress, "bench: %d sequential /bin/true runs through the engine\n", opts.Throughput)
+	start := time.Now()
+	for i := 0; i < opts.Throughput; i++ {
+		if err := engineRun([]string{"/bin/true"}); err != nil {
+			return nil, fmt.Errorf("bench throughput: %w", err)
+		}
+	}
+	rep.RunsPerSecond = float64(opts.Throughput) / time.Since(start).Seconds()
+	n := opts.Throughput / 4
+	fmt.Fprintf(opts.Progress, "bench: %d sequential /bin/true runs through the moat binary\n", n)
+	start = time.Now()
+	for i := 0; i < n; i++ {
+		if err := quiet(exec.Command(opts.Moat, "run", "--no-build", "--", "/bin/true"), nil); err != nil {
+			return nil, fmt.Errorf("bench cli throughput: %w", err)
+		}
+	}
+	rep.CLIRunsPerSecond = float64(n) / time.Since(start).Seconds()
+	return rep, nil
+}
+
+func quiet(c *exec.Cmd, set func(*exec.Cmd)) error {
+	if set != nil {
+		set(c)
+	}
+	out, err := c.CombinedOutput()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return fmt.Errorf("%s exited %d: %s", c.Path, ee.ExitCode(), out)
+		}
+		return err
+	}
+	return nil
+}
+
+func cut(kv string) (string, string, bool) {
+	for i := 0; i < len(kv); i++ {
+		if kv[i] == '=' {
+			return kv[:i], kv[i+1:], true
+		}
+	}
+	return kv, "", false
+}
+
+func summarize(name, command string, ts []time.Duration) Sample {
+	s := slices.Clone(ts)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	q := func(p float64) float64 {
+		i := int(p * float64(len(s)-1))
+		return float64(s[i].Microseconds()) / 1000
+	}
+	return Sample{Name: name, Command: command, Runs: len(s), MedianMS: q(0.5), P10MS: q(0.1), P90MS: q(0.9), MinMS: q(0)}
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "image %s\n\n", r.Image)
+	fmt.Fprintf(w, "%-12s %9s %9s %9s  %s\n", "contender", "median", "p10", "p90", "command")
+	for _, s := range r.Samples {
+		fmt.Fprintf(w, "%-12s %7.2fms %7.2fms %7.2fms  %s\n", s.Name, s.MedianMS, s.P10MS, s.P90MS, s.Command)
+	}
+	fmt.Fprintf(w, "\noverhead over bare (median): moat run %.2f ms, in-process engine %.2f ms   (target <= 5 ms)\n", r.OverheadMS, r.EngineOverheadMS)
+	if r.Bubblewrap {
+		fmt.Fprintf(w, "moat run / bubblewrap (median): %.2f   (target <= 1.3)\n", r.RatioBwrap)
+	}
+	fmt.Fprintf(w, "sequential /bin/true: %.0f runs/s in-process, %.0f runs/s through the moat binary   (target >= 100)\n", r.RunsPerSecond, r.CLIRunsPerSecond)
+	for _, s := range r.SkipReasons {
+		fmt.Fprintf(w, "note: %s\n", s)
+	}
+}
