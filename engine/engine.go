@@ -9,6 +9,7 @@
 package engine
 
 import (
+	"github.com/moat-sandbox/moat/internal/tt"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -153,6 +154,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, err
 	}
 
+	tt.Mark("E image")
 	id := newID()
 	release, err := e.claim(id)
 	if err != nil {
@@ -180,6 +182,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("prepare sandbox: %w", err)
 	}
 	defer sb.Destroy()
+	tt.Mark("E prepared")
 
 	ws := sb.Workspace()
 	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, workspace.Owner{UID: ws.UID, GID: ws.GID},
@@ -188,6 +191,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
 	}
 
+	tt.Mark("E copied in")
 	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
 	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
 	res.StartedAt = time.Now().UTC()
@@ -203,6 +207,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("run: %w", err)
 	}
 
+	tt.Mark("E exec done")
 	res.Termination = out.Termination
 	res.Error = out.Error
 	res.ExitCode = out.ExitCode
@@ -253,9 +258,11 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		res.CopyOut = co
 		res.Violations = append(res.Violations, rep.Violations...)
 	}
+	tt.Mark("E diffed")
 	if err := sb.Destroy(); err != nil {
 		return nil, fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	tt.Mark("E destroyed")
 	return res, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,6 +173,12 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 		if err := writeMetadata(tmp, img); err != nil {
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
+		// Flush the tree before the rename makes it visible: after a
+		// crash, a published digest directory must hold the content it
+		// is named after, not truncated files.
+		if err := syncFS(tmp); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
 		if err := os.Rename(tmp, final); err != nil {
 			return nil, fmt.Errorf("build image %s: publish: %w", name, err)
 		}
@@ -200,6 +207,18 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 		phase("note: digest %s differs from lockfile's %s although package versions match", img.Digest, locked.Digest)
 	}
 	return img, nil
+}
+
+// syncFS flushes the tree at dir to disk. It calls sync(2), which flushes
+// every filesystem: syncfs(2) would be narrower, but the frozen syscall
+// package lacks it and a build is rare enough for the difference not to
+// matter. dir is kept in the signature for when that changes.
+func syncFS(dir string) error {
+	if _, err := os.Lstat(dir); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	syscall.Sync()
+	return nil
 }
 
 // prepareDirs creates the store and name directories (0755, ours) and
@@ -283,6 +302,9 @@ func checkMmdebstrapWith(lookPath func(string) (string, error), euid int) func()
 			// root-owned for the mount tiers; keep one well-tested mode.
 			return fmt.Errorf("building images runs mmdebstrap --mode=root, which needs root (euid is %d); run as root, e.g. `sudo moat image build`", euid)
 		}
+		if _, err := os.Stat(mergedUsrHook); err != nil {
+			return fmt.Errorf("mmdebstrap hook %s missing (%v); reinstall it with `apt-get install --reinstall mmdebstrap`", mergedUsrHook, err)
+		}
 		if _, err := lookPath("dpkg-query"); err != nil {
 			return fmt.Errorf("dpkg-query not found in PATH; install it with `apt-get install dpkg`")
 		}
@@ -310,6 +332,9 @@ var dpkgExcludes = []string{
 	"path-exclude=/usr/share/lintian/*",
 }
 
+// mergedUsrHook ships with the mmdebstrap package.
+const mergedUsrHook = "/usr/share/mmdebstrap/hooks/merged-usr"
+
 // mmdebstrapArgs returns mmdebstrap's command line for def.
 func mmdebstrapArgs(def Definition, target string) []string {
 	args := []string{
@@ -321,6 +346,11 @@ func mmdebstrapArgs(def Definition, target string) []string {
 		// week; the package list is the definition, nothing more.
 		"--aptopt=APT::Install-Recommends \"false\"",
 		"--aptopt=Acquire::Languages \"none\"",
+		// Bookworm's essential init-system-helpers depends on
+		// "usrmerge | usr-is-merged"; left alone, apt picks usrmerge and
+		// with it ~50 MB of perl. mmdebstrap's merged-usr hook lays out
+		// the merged /usr itself and installs the 13 kB usr-is-merged.
+		"--hook-dir=" + mergedUsrHook,
 	}
 	for _, o := range dpkgExcludes {
 		args = append(args, "--dpkgopt="+o)
@@ -394,7 +424,12 @@ func classifyFailure(def Definition, runErr error, tail []string) error {
 			if !strings.Contains(line, m) {
 				continue
 			}
-			mirror := failedMirror(def, tail)
+			// Only the failing line names the failed mirror: other lines
+			// mention the mirrors that worked ("Hit:1 http://...").
+			mirror := failedMirror(def, []string{line})
+			if mirror == "" {
+				mirror = allMirrors(def)
+			}
 			return fmt.Errorf("mmdebstrap: %w: mirror %s: %s (check the network, a proxy in http_proxy, or the sources in the definition)",
 				ErrMirror, mirror, strings.TrimSpace(line))
 		}
@@ -406,22 +441,32 @@ func classifyFailure(def Definition, runErr error, tail []string) error {
 	return fmt.Errorf("mmdebstrap: %w; last output:\n  %s", runErr, strings.Join(last, "\n  "))
 }
 
-// failedMirror names the source URL that appears in the failure output, or
-// all of them if none does.
-func failedMirror(def Definition, tail []string) string {
+// failedMirror returns the first source URL whose host appears in lines,
+// or "".
+func failedMirror(def Definition, lines []string) string {
+	for _, line := range lines {
+		for _, src := range def.Sources {
+			f := strings.Fields(src)
+			if len(f) < 3 {
+				continue
+			}
+			// Match the host and path: deb.debian.org serves both
+			// /debian and /debian-security.
+			hostPath := strings.TrimPrefix(strings.TrimPrefix(f[1], "http://"), "https://")
+			if strings.Contains(line, hostPath+"/") || strings.Contains(line, hostPath+" ") {
+				return f[1]
+			}
+		}
+	}
+	return ""
+}
+
+// allMirrors lists every distinct source URL of def.
+func allMirrors(def Definition) string {
 	var urls []string
 	for _, src := range def.Sources {
-		f := strings.Fields(src)
-		if len(f) < 3 {
-			continue
-		}
-		url := f[1]
-		urls = append(urls, url)
-		host := strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://")
-		for _, line := range tail {
-			if strings.Contains(line, host) {
-				return url
-			}
+		if f := strings.Fields(src); len(f) >= 3 && !slices.Contains(urls, f[1]) {
+			urls = append(urls, f[1])
 		}
 	}
 	return strings.Join(urls, ", ")

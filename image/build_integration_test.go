@@ -140,8 +140,9 @@ func TestBuildPython(t *testing.T) {
 	})
 }
 
-// TestBuildReproducible builds twice and compares digests. It doubles the
-// build time, so it runs only when asked: MOAT_IMAGE_REPRO=1.
+// TestBuildReproducible builds twice, the second time --locked against the
+// first build's lockfile, and compares digests. It doubles the build time,
+// so it runs only when asked: MOAT_IMAGE_REPRO=1.
 func TestBuildReproducible(t *testing.T) {
 	requireBuildHost(t)
 	if os.Getenv("MOAT_IMAGE_REPRO") == "" {
@@ -149,9 +150,10 @@ func TestBuildReproducible(t *testing.T) {
 	}
 	var roots [2]string
 	var digests [2]string
+	lockDir := t.TempDir()
 	for i := range roots {
 		s := NewStore(filepath.Join(t.TempDir(), "images"))
-		img, err := s.Build(context.Background(), "python", BuildOptions{})
+		img, err := s.Build(context.Background(), "python", BuildOptions{LockfileDir: lockDir, Locked: i == 1})
 		if err != nil {
 			t.Fatalf("build %d: %v", i, err)
 		}

@@ -167,7 +167,15 @@ func TestClassifyFailure(t *testing.T) {
 			tail: []string{"I: running apt-get update...",
 				"E: Failed to fetch http://deb.debian.org/debian-security/dists/bookworm-security/InRelease  Temporary failure resolving 'deb.debian.org'"},
 			wantMirror: true,
-			want:       "http://deb.debian.org/debian",
+			want:       "mirror http://deb.debian.org/debian-security:",
+		},
+		{
+			name: "the failing mirror, not one that worked",
+			tail: []string{"Hit:1 http://deb.debian.org/debian bookworm InRelease",
+				"Err:2 http://mirror.invalid/debian bookworm InRelease",
+				"W: Failed to fetch http://mirror.invalid/debian/dists/bookworm/InRelease  Could not resolve 'mirror.invalid'"},
+			wantMirror: true,
+			want:       "mirror http://deb.debian.org/debian, http://deb.debian.org/debian-security",
 		},
 		{
 			name:       "unknown host still lists mirrors",

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/moat-sandbox/moat/internal/tt"
-	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -31,6 +30,13 @@ func init() {
 
 // Main runs init. It never returns.
 func Main() {
+	// Only the native tier starts init, as PID 1 of a new PID namespace
+	// with its pipes on fds 3-5. Anyone else typing the hidden argument
+	// gets an explanation, not a half-built sandbox.
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "moat: "+Arg+" is Moat's internal sandbox init; use 'moat run'")
+		os.Exit(2)
+	}
 	status := os.NewFile(StatusFD, "status")
 	st := &reporter{w: status}
 	code, err := run(st)
@@ -50,18 +56,15 @@ func (r *reporter) send(s Status) {
 
 func run(st *reporter) (int, error) {
 	tt.Mark("init main")
-	cfg, err := readConfig()
-	if err != nil {
-		return 1, err
+	cfgPipe := os.NewFile(ConfigFD, "config")
+	cfg := &Config{}
+	if err := ReadFrame(cfgPipe, &cfg.Setup); err != nil {
+		return 1, fmt.Errorf("read setup: %w", err)
+	}
+	if !filepath.IsAbs(cfg.Root) {
+		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)
 	}
 	tt.Mark("config read")
-
-	// A cgroup namespace rooted at the run's cgroup: /proc/self/cgroup
-	// shows "/" and nothing of the host's hierarchy. The host has already
-	// moved us into the run's cgroup before sending the config.
-	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return 1, fmt.Errorf("unshare cgroup namespace: %w", err)
-	}
 	if err := buildRoot(cfg); err != nil {
 		return 1, err
 	}
@@ -71,6 +74,25 @@ func run(st *reporter) (int, error) {
 	}
 	if err := loopbackUp(); err != nil {
 		return 1, err
+	}
+
+	// Wait for the command. The host sends it once we are inside the
+	// run's cgroup; a closed pipe means the sandbox is being destroyed
+	// unused.
+	err := ReadFrame(cfgPipe, &cfg.Command)
+	cfgPipe.Close()
+	if err != nil {
+		return 1, fmt.Errorf("read command: %w", err)
+	}
+	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+		return 1, errors.New("command: empty argv")
+	}
+	tt.Mark("command read")
+
+	// A cgroup namespace rooted at the run's cgroup: /proc/self/cgroup
+	// shows "/" and nothing of the host's hierarchy.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return 1, fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
 
 	// Find the program before privileges are dropped, so the error for a
@@ -86,13 +108,6 @@ func run(st *reporter) (int, error) {
 		return 1, err
 	}
 	tt.Mark("dropped")
-
-	// Start the helpers that need threads now, while thread creation
-	// cannot fail: once the program runs it may exhaust the pids limit.
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-	hostGone := watchHost()
-	tt.Mark("goroutines")
 
 	// Seccomp goes last, as close to the program's execve as possible, so
 	// that as few of our own syscalls as possible run under it.
@@ -137,96 +152,49 @@ func run(st *reporter) (int, error) {
 	tt.Mark("forked")
 	st.send(Status{Started: true, Degraded: degraded})
 
-	exited := make(chan unix.WaitStatus, 1)
-	go reap(pid, exited)
-	for {
-		select {
-		case ws := <-exited:
-			s := Status{Exited: true}
-			switch {
-			case ws.Exited():
-				s.Exit = ws.ExitStatus()
-			case ws.Signaled():
-				s.Signal = int(ws.Signal())
-				s.Exit = 128 + s.Signal
-			}
-			st.send(s)
-			// Returning ends PID 1: the kernel kills every process left
-			// in the namespace, including daemons that escaped the
-			// process group.
-			return 0, nil
-		case sig := <-sigs:
+	// The program is running; nothing needs this thread's namespaces any
+	// more. Unlocking lets the few goroutines below share it instead of
+	// each needing a new OS thread (which the pids limit counts).
+	runtime.UnlockOSThread()
+	// Forward the usual termination signals to the program's group. (Until
+	// now PID 1 had no handlers, so such signals were ignored.)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	go func() {
+		for sig := range sigs {
 			unix.Kill(-pid, sig.(syscall.Signal))
-		case <-hostGone:
-			unix.Kill(-1, unix.SIGKILL)
-			return 1, errors.New("host side went away")
 		}
+	}()
+	ws := reap(pid)
+	s := Status{Exited: true}
+	switch {
+	case ws.Exited():
+		s.Exit = ws.ExitStatus()
+	case ws.Signaled():
+		s.Signal = int(ws.Signal())
+		s.Exit = 128 + s.Signal
 	}
+	st.send(s)
+	// Returning ends PID 1: the kernel kills every process left in the
+	// namespace, including daemons that escaped the process group.
+	return 0, nil
 }
 
-func readConfig() (*Config, error) {
-	f := os.NewFile(ConfigFD, "config")
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	if len(b) > MaxConfigBytes {
-		return nil, errors.New("config too large")
-	}
-	var cfg Config
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return nil, fmt.Errorf("decode config: %w", err)
-	}
-	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
-		return nil, errors.New("config: empty command")
-	}
-	if !filepath.IsAbs(cfg.Root) {
-		return nil, fmt.Errorf("config: root %q is not absolute", cfg.Root)
-	}
-	return &cfg, nil
-}
-
-// reap waits for every child (PID 1 inherits orphans) and reports the
-// program's own status.
-func reap(pid int, exited chan<- unix.WaitStatus) {
+// reap waits for every child (PID 1 inherits orphans) until the program
+// itself has exited, and returns its status.
+func reap(pid int) unix.WaitStatus {
 	for {
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(-1, &ws, 0, nil)
 		if err == unix.EINTR {
 			continue
 		}
-		if err != nil {
-			// ECHILD: nothing left to wait for; the program is gone.
-			exited <- ws
-			return
-		}
-		if got == pid {
-			exited <- ws
-			return
+		if err != nil || got == pid {
+			// ECHILD cannot happen before the program is reaped; if
+			// it does, report what we have rather than spin.
+			return ws
 		}
 	}
-}
-
-// watchHost reports when the host end of the status pipe is closed: the
-// moat process died. The parent-death signal covers the same case; this
-// closes the window in which it was reset by setuid.
-func watchHost() <-chan struct{} {
-	gone := make(chan struct{})
-	go func() {
-		fds := []unix.PollFd{{Fd: StatusFD, Events: 0}}
-		for {
-			_, err := unix.Poll(fds, -1)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil || fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0 {
-				close(gone)
-				return
-			}
-		}
-	}()
-	return gone
 }
 
 func setRlimits(r Rlimits) error {
@@ -294,16 +262,21 @@ func dropPrivileges(cfg *Config) (degraded []string, err error) {
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("set parent-death signal: %w", err)
 	}
+	// If the host died before that, no signal will come: its end of the
+	// status pipe is closed, which poll reports as an error on ours.
+	if hostGone() {
+		return nil, errors.New("host side went away during setup")
+	}
 	// Not dumpable: /proc/1/* becomes inaccessible to the program (same uid
 	// otherwise), so it cannot read our memory or reach /proc/1/exe, the
 	// host's moat binary (CVE-2019-5736).
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return nil, fmt.Errorf("set non-dumpable: %w", err)
 	}
-	// no_new_privs on every thread (go-landlock and seccomp's TSYNC would
-	// set it too; set it first so nothing depends on their internals).
-	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
-		return nil, fmt.Errorf("set no_new_privs: %w (moat must be built with CGO_ENABLED=0)", e)
+	// no_new_privs on this thread, the one the program is forked from;
+	// Landlock and seccomp's TSYNC then set it on every other thread.
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("set no_new_privs: %w", err)
 	}
 
 	abi, err := ll.LandlockGetABIVersion()
@@ -384,4 +357,12 @@ func checkExec(name, p string) error {
 		return &notFoundError{name: name, exists: true, reason: "permission denied (not executable)"}
 	}
 	return nil
+}
+
+// hostGone reports whether the host end of the status pipe is closed: the
+// moat process died.
+func hostGone() bool {
+	fds := []unix.PollFd{{Fd: StatusFD, Events: 0}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
 }

@@ -11,13 +11,20 @@
 //	----                                   ----------------------------------
 //	create cgroup, detached workspace
 //	clone(CLONE_NEW*) + uid/gid maps  --->  starts, blocks reading fd 3
-//	(v1) move init into the cgroup
-//	write Config as JSON, close fd 3  --->  unshare cgroupns, mounts, pivot_root,
-//	                                        rlimits, drop caps, setuid, Landlock,
-//	                                        seccomp, start the program
+//	send Setup frame on fd 3          --->  mounts, pivot_root, hostname, loopback;
+//	(v1) move init into the cgroup          then blocks reading fd 3 again
+//	copy inputs into the workspace
+//	send Command frame, close fd 3    --->  unshare cgroupns, rlimits, drop caps,
+//	                                        setuid, Landlock, seccomp, start program
 //	read status (fd 4)                <---  {"started":true}
-//	                                  <---  {"exit":N} or {"signal":N} or {"error":"..."}
+//	                                  <---  {"exited":true,"exit":N,"signal":N} or {"error":"..."}
 //	wait for init to exit
+//
+// Frames are a 4-byte little-endian length and that many bytes of JSON.
+// Setup happens while the host is still migrating init into its cgroup
+// (on cgroup v1 a migration waits for an RCU grace period); nothing of the
+// program runs before the Command frame, which the host sends only once
+// init is inside the cgroup.
 //
 // Everything this package sends back is read by the host as hostile input:
 // the host bounds the size of each message and trusts nothing in it beyond
@@ -27,7 +34,14 @@
 // entry point changes process-wide state irreversibly.
 package nsinit
 
-import "golang.org/x/sys/unix"
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"golang.org/x/sys/unix"
+)
 
 // Arg is the hidden argv[1] under which the moat binary runs as init.
 const Arg = "__nsinit"
@@ -46,16 +60,26 @@ const MaxConfigBytes = 4 << 20
 // MaxStatusBytes bounds everything init may send back.
 const MaxStatusBytes = 64 << 10
 
-// Config is everything init needs, sent by the host over ConfigFD.
+// Config is everything init needs, sent by the host over ConfigFD as two
+// frames: Setup, then Command.
 type Config struct {
+	Setup
+	Command
+}
+
+// Command is the program to run, the second frame.
+type Command struct {
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+}
+
+// Setup is the sandbox's shape, the first frame.
+type Setup struct {
 	// Root is the host path of the image root filesystem, valid in the
 	// mount namespace init starts in (a copy of the host's).
 	Root     string `json:"root"`
 	Hostname string `json:"hostname"`
-
-	Argv []string `json:"argv"`
-	Env  []string `json:"env"`
-	Dir  string   `json:"dir"`
 
 	// UID and GID of the program inside the user namespace.
 	UID int `json:"uid"`
@@ -98,4 +122,35 @@ type Status struct {
 	Degraded []string `json:"degraded,omitempty"`
 	// Error is a setup failure; init exits right after sending it.
 	Error string `json:"error,omitempty"`
+}
+
+// WriteFrame writes one length-prefixed JSON frame.
+func WriteFrame(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxConfigBytes {
+		return fmt.Errorf("frame of %d bytes exceeds %d", len(b), MaxConfigBytes)
+	}
+	hdr := binary.LittleEndian.AppendUint32(nil, uint32(len(b)))
+	_, err = w.Write(append(hdr, b...))
+	return err
+}
+
+// ReadFrame reads one frame into v.
+func ReadFrame(r io.Reader, v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.LittleEndian.Uint32(hdr[:])
+	if n > MaxConfigBytes {
+		return fmt.Errorf("frame of %d bytes exceeds %d", n, MaxConfigBytes)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
 }

@@ -105,7 +105,6 @@ var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 type sandbox struct {
 	spec    *tier.Spec
 	host    *cgroup.Host
-	filter  []unix.SockFilter
 	cg      *cgroup.Cgroup
 	ws      *os.File // the detached workspace mount
 	init    *exec.Cmd
@@ -129,7 +128,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	if !n.caps.Landlock && !slices.Contains(spec.AllowMissing, "landlock") {
 		return nil, fmt.Errorf("%w: landlock is not available on this kernel; the manifest can accept running without it with security.allow_missing: [landlock]", tier.ErrUnavailable)
 	}
-	s := &sandbox{spec: spec, host: n.cg, filter: n.filter}
+	s := &sandbox{spec: spec, host: n.cg}
 	defer func() {
 		if err != nil {
 			s.Destroy()
@@ -212,9 +211,31 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	}
 	s.init = cmd
 	tt.Mark("started")
+	// The sandbox's shape goes first: init builds its root while we move it
+	// into the cgroup.
+	lim = spec.Limits
+	setup := nsinit.Setup{
+		Root:            spec.ImageRoot,
+		Hostname:        "moat",
+		UID:             SandboxUID,
+		GID:             SandboxGID,
+		TmpBytes:        lim.TmpBytes,
+		TmpFiles:        4096,
+		Seccomp:         n.filter,
+		RequireLandlock: !slices.Contains(spec.AllowMissing, "landlock"),
+		Rlimits: nsinit.Rlimits{
+			NoFile:     uint64(lim.OpenFiles),
+			FSize:      uint64(lim.FileSizeBytes),
+			NProc:      uint64(lim.Pids) + 64,
+			CPUSeconds: uint64((lim.CPUTime + time.Second - 1) / time.Second),
+		},
+	}
+	if err = nsinit.WriteFrame(s.cfgW, &setup); err != nil {
+		return nil, fmt.Errorf("send init setup: %w", err)
+	}
 	if _, ok := s.cg.FD(); !ok {
-		// cgroup v1: init blocks reading its config until this is done,
-		// so nothing runs outside the cgroup's limits.
+		// cgroup v1: init cannot start the program before the Command
+		// frame, which Exec sends only after this.
 		if err = s.cg.Add(cmd.Process.Pid); err != nil {
 			return nil, fmt.Errorf("move init into cgroup: %w", err)
 		}
@@ -271,30 +292,6 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	}
 	s.ran = true
 	lim := s.spec.Limits
-	cfg := nsinit.Config{
-		Root:            s.spec.ImageRoot,
-		Hostname:        "moat",
-		Argv:            c.Argv,
-		Env:             c.Env,
-		Dir:             c.Dir,
-		UID:             SandboxUID,
-		GID:             SandboxGID,
-		TmpBytes:        lim.TmpBytes,
-		TmpFiles:        4096,
-		Seccomp:         s.filter,
-		RequireLandlock: !slices.Contains(s.spec.AllowMissing, "landlock"),
-		Rlimits: nsinit.Rlimits{
-			NoFile:     uint64(lim.OpenFiles),
-			FSize:      uint64(lim.FileSizeBytes),
-			NProc:      uint64(lim.Pids) + 64,
-			CPUSeconds: uint64((lim.CPUTime + time.Second - 1) / time.Second),
-		},
-	}
-	b, err := json.Marshal(&cfg)
-	if err != nil {
-		return nil, fmt.Errorf("encode init config: %w", err)
-	}
-
 	var copiers sync.WaitGroup
 	copyOut := func(dst io.Writer, src *os.File) {
 		copiers.Add(1)
@@ -319,10 +316,11 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	go readStatus(s.statusR, statuses)
 
 	start := time.Now()
-	if _, err := s.cfgW.Write(b); err != nil {
-		return nil, fmt.Errorf("send init config: %w", err)
-	}
+	err := nsinit.WriteFrame(s.cfgW, &nsinit.Command{Argv: c.Argv, Env: c.Env, Dir: c.Dir})
 	s.cfgW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("send command to init: %w", err)
+	}
 
 	waited := make(chan error, 1)
 	go func() { waited <- s.init.Wait() }()
@@ -519,9 +517,11 @@ func (s *sandbox) Destroy() error {
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
 			}
+			tt.Mark("cg destroyed")
 			// Remove the moat/ parents too when no other run uses them, so
 			// an idle host has no trace of Moat in its cgroup tree.
 			s.host.Prune()
+			tt.Mark("pruned")
 		}
 		if s.init != nil && s.init.Process != nil {
 			// Reached only when Exec never ran (or did not finish):
