@@ -1,9 +1,9 @@
 package cgroup
 
 import (
-	"github.com/moat-sandbox/moat/internal/tt"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/internal/tt"
 	"math"
 	"path/filepath"
 	"slices"

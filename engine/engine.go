@@ -9,12 +9,12 @@
 package engine
 
 import (
-	"github.com/moat-sandbox/moat/internal/tt"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/internal/tt"
 	"io"
 	"os"
 	"path/filepath"
@@ -82,8 +82,17 @@ func New(opts Options) (*Engine, error) {
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
 	}
-	if err := os.MkdirAll(filepath.Join(opts.Home, "runs"), 0o700); err != nil {
+	// The home is traversable (not listable) by others: the sandbox's init
+	// runs as an unprivileged host id and must reach the image root below
+	// it. Run state below it stays private.
+	if err := os.MkdirAll(opts.Home, 0o711); err != nil {
 		return nil, fmt.Errorf("create state directory %s: %w (set MOAT_HOME to a writable directory)", opts.Home, err)
+	}
+	if fi, err := os.Stat(opts.Home); err == nil && fi.Mode().Perm()&0o001 == 0 && os.Geteuid() == 0 {
+		return nil, fmt.Errorf("state directory %s has mode %04o: the sandbox's unprivileged init cannot reach the images below it; fix with: chmod o+x %s", opts.Home, fi.Mode().Perm(), opts.Home)
+	}
+	if err := os.Mkdir(filepath.Join(opts.Home, "runs"), 0o700); err != nil && !os.IsExist(err) {
+		return nil, fmt.Errorf("create %s: %w", filepath.Join(opts.Home, "runs"), err)
 	}
 	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
 	return e, nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier/tiertest"
 )
@@ -33,25 +34,13 @@ func run(m *testing.M) int {
 		skipReason = "needs root: the native tier creates cgroups and maps user namespaces"
 		return m.Run()
 	}
-	dir, err := os.MkdirTemp("", "moat-test-bin-")
+	bin, cleanup, err := testbin.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	// init execs the binary as the sandbox's (unprivileged) root: the
-	// directory must be traversable by others, as /usr/local/bin is.
-	os.Chmod(dir, 0o755)
-	moatBin = filepath.Join(dir, "moat")
-	// CGO_ENABLED=0: init changes credentials on all threads with
-	// AllThreadsSyscall, which a cgo binary cannot do.
-	build := exec.Command("go", "build", "-o", moatBin, "github.com/moat-sandbox/moat/cmd/moat")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build moat:", err)
-		return 1
-	}
+	defer cleanup()
+	moatBin = bin
 	// Build the default image once if this machine does not have it.
 	e, err := newEngine()
 	if err != nil {

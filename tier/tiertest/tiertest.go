@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -201,7 +202,7 @@ func Cases() []Case {
 			Check: func(t *testing.T, res *result.Result, env map[string]string) {
 				wantNotContains(t, res, env["secret"])
 				// The image has its own passwd, not the host's.
-				if !strings.Contains(res.Stdout.Data, "sandbox:x:1000:1000") {
+				if !regexp.MustCompile(`(?m)^sandbox:[^:]*:1000:1000:`).MatchString(res.Stdout.Data) {
 					t.Errorf("the image's own /etc/passwd is not what the sandbox sees: %q", res.Stdout.Data)
 				}
 			},
@@ -230,7 +231,10 @@ func Cases() []Case {
 						t.Errorf("variable %s missing from %q", k, res.Stdout.Data)
 					}
 				}
-				allowed := map[string]bool{"GRANTED": true, "HOME": true, "PATH": true, "LANG": true, "USER": true, "PWD": true, "SHLVL": true, "_": true}
+				// The manifest's grant, Moat's fixed variables, the image's
+				// defaults (PYTHONDONTWRITEBYTECODE) and what the shell adds.
+				allowed := map[string]bool{"GRANTED": true, "HOME": true, "PATH": true, "LANG": true, "USER": true,
+					"PYTHONDONTWRITEBYTECODE": true, "PWD": true, "SHLVL": true, "_": true}
 				for k := range got {
 					if !allowed[k] {
 						t.Errorf("unexpected variable %s in the sandbox", k)
