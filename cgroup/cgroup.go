@@ -3,7 +3,6 @@ package cgroup
 import (
 	"errors"
 	"fmt"
-	"github.com/moat-sandbox/moat/internal/tt"
 	"math"
 	"path/filepath"
 	"slices"
@@ -309,8 +308,6 @@ func (c *Cgroup) Add(pid int) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t0 := time.Now()
-			defer func() { tt.Mark(fmt.Sprintf("write %s %v", d, time.Since(t0))) }()
 			if err := writeFile(filepath.Join(d, "cgroup.procs"), s); err != nil {
 				errs[i] = fmt.Errorf("cgroup %s: add pid %d: %w", c.id, pid, err)
 			}

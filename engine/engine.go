@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/moat-sandbox/moat/internal/tt"
 	"io"
 	"os"
 	"path/filepath"
@@ -163,7 +162,6 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, err
 	}
 
-	tt.Mark("E image")
 	id := newID()
 	release, err := e.claim(id)
 	if err != nil {
@@ -191,7 +189,6 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("prepare sandbox: %w", err)
 	}
 	defer sb.Destroy()
-	tt.Mark("E prepared")
 
 	ws := sb.Workspace()
 	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, workspace.Owner{UID: ws.UID, GID: ws.GID},
@@ -200,7 +197,6 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
 	}
 
-	tt.Mark("E copied in")
 	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
 	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
 	res.StartedAt = time.Now().UTC()
@@ -216,7 +212,6 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("run: %w", err)
 	}
 
-	tt.Mark("E exec done")
 	res.Termination = out.Termination
 	res.Error = out.Error
 	res.ExitCode = out.ExitCode
@@ -267,11 +262,9 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		res.CopyOut = co
 		res.Violations = append(res.Violations, rep.Violations...)
 	}
-	tt.Mark("E diffed")
 	if err := sb.Destroy(); err != nil {
 		return nil, fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
-	tt.Mark("E destroyed")
 	return res, nil
 }
 

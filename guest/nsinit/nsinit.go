@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/moat-sandbox/moat/internal/tt"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -55,7 +54,6 @@ func (r *reporter) send(s Status) {
 }
 
 func run(st *reporter) (int, error) {
-	tt.Mark("init main")
 	cfgPipe := os.NewFile(ConfigFD, "config")
 	cfg := &Config{}
 	if err := ReadFrame(cfgPipe, &cfg.Setup); err != nil {
@@ -64,11 +62,9 @@ func run(st *reporter) (int, error) {
 	if !filepath.IsAbs(cfg.Root) {
 		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)
 	}
-	tt.Mark("config read")
 	if err := buildRoot(cfg); err != nil {
 		return 1, err
 	}
-	tt.Mark("root built")
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return 1, fmt.Errorf("sethostname: %w", err)
 	}
@@ -87,7 +83,6 @@ func run(st *reporter) (int, error) {
 	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
 		return 1, errors.New("command: empty argv")
 	}
-	tt.Mark("command read")
 
 	// A cgroup namespace rooted at the run's cgroup: /proc/self/cgroup
 	// shows "/" and nothing of the host's hierarchy.
@@ -102,12 +97,10 @@ func run(st *reporter) (int, error) {
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return 1, err
 	}
-	tt.Mark("pre-drop")
 	degraded, err := dropPrivileges(cfg)
 	if err != nil {
 		return 1, err
 	}
-	tt.Mark("dropped")
 
 	// Seccomp goes last, as close to the program's execve as possible, so
 	// that as few of our own syscalls as possible run under it.
@@ -117,7 +110,6 @@ func run(st *reporter) (int, error) {
 	if err := seccomp.Install(cfg.Seccomp); err != nil {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
 	}
-	tt.Mark("seccomp")
 
 	if lookErr != nil {
 		st.send(Status{Started: true, Degraded: degraded})
@@ -149,7 +141,6 @@ func run(st *reporter) (int, error) {
 		st.send(Status{Exited: true, Exit: 126, NotExecutable: true})
 		return 0, nil
 	}
-	tt.Mark("forked")
 	st.send(Status{Started: true, Degraded: degraded})
 
 	// The program is running; nothing needs this thread's namespaces any

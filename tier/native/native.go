@@ -15,11 +15,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/moat-sandbox/moat/internal/tt"
 	"io"
 	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"sync"
 	"syscall"
@@ -99,7 +97,19 @@ func (n *Native) Capabilities() tier.Capabilities { return n.caps }
 // Cgroups exposes the cgroup host for garbage collection of orphans.
 func (n *Native) Cgroups() *cgroup.Host { return n.cg }
 
-var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+// validID accepts ^[a-z0-9][a-z0-9-]{0,63}$: the id names a cgroup
+// directory.
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // sandbox is one prepared native sandbox.
 type sandbox struct {
@@ -122,7 +132,7 @@ type sandbox struct {
 // Prepare implements tier.Tier: cgroup, workspace and init, waiting for a
 // command. On any failure everything created so far is undone.
 func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
-	if !validID.MatchString(spec.ID) {
+	if !validID(spec.ID) {
 		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
 	}
 	if !n.caps.Landlock && !slices.Contains(spec.AllowMissing, "landlock") {
@@ -135,19 +145,16 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 	}()
 
-	tt.Mark("prepare")
 	lim := spec.Limits
 	s.cg, err = n.cg.Create(spec.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs})
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
-	tt.Mark("cgroup")
 	s.ws, err = newWorkspace(lim.WorkspaceBytes, lim.WorkspaceFiles)
 	if err != nil {
 		return nil, err
 	}
 
-	tt.Mark("ws")
 	var childEnds []*os.File
 	defer func() {
 		for _, f := range childEnds {
@@ -184,7 +191,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		// init's own environment: nothing from the host. It runs few
 		// goroutines; one P keeps its thread count (which the pids limit
 		// counts) low.
-		Env:        []string{"GOMAXPROCS=1", "MOAT_TIMING=" + os.Getenv("MOAT_TIMING")},
+		Env:        []string{"GOMAXPROCS=1"},
 		Stdin:      stdinR,
 		Stdout:     stdoutW,
 		Stderr:     stderrW,
@@ -205,15 +212,12 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = fd
 	}
-	tt.Mark("pre-start")
 	if err = cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start init %s: %w", n.exe, err)
 	}
 	s.init = cmd
-	tt.Mark("started")
 	// The sandbox's shape goes first: init builds its root while we move it
 	// into the cgroup.
-	lim = spec.Limits
 	setup := nsinit.Setup{
 		Root:            spec.ImageRoot,
 		Hostname:        "moat",
@@ -240,7 +244,6 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 			return nil, fmt.Errorf("move init into cgroup: %w", err)
 		}
 	}
-	tt.Mark("added")
 	return s, nil
 }
 
@@ -367,7 +370,6 @@ loop:
 				continue
 			}
 			handle(st)
-			tt.Mark(fmt.Sprintf("status %+v", st))
 		case <-timer.C:
 			timedOut = true
 			s.cg.Kill()
@@ -378,7 +380,6 @@ loop:
 				setupErr = "run cancelled: " + context.Cause(ctx).Error()
 			}
 		case <-waited:
-			tt.Mark("init exited")
 			break loop
 		}
 	}
@@ -398,7 +399,6 @@ loop:
 	// the copiers drain.
 	s.cg.Kill()
 	copiers.Wait()
-	tt.Mark("copiers")
 
 	if started.IsZero() {
 		started = start
@@ -414,7 +414,6 @@ loop:
 	if setupErr != "" && !timedOut {
 		return nil, fmt.Errorf("sandbox setup: %s", setupErr)
 	}
-	tt.Mark("stats")
 	classify(out, final, timedOut, st, lim)
 	if full := workspaceFull(s.ws); full != "" {
 		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limitFor(full, lim)})
@@ -517,11 +516,9 @@ func (s *sandbox) Destroy() error {
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
 			}
-			tt.Mark("cg destroyed")
 			// Remove the moat/ parents too when no other run uses them, so
 			// an idle host has no trace of Moat in its cgroup tree.
 			s.host.Prune()
-			tt.Mark("pruned")
 		}
 		if s.init != nil && s.init.Process != nil {
 			// Reached only when Exec never ran (or did not finish):
