@@ -146,6 +146,9 @@ var ErrUsage = errors.New("invalid request")
 // is for Moat's own failures and invalid requests; the program's fate is in
 // the Result.
 func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: no request", ErrUsage)
+	}
 	m := req.Manifest
 	if m == nil {
 		return nil, fmt.Errorf("%w: no manifest", ErrUsage)
@@ -153,11 +156,20 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return nil, fmt.Errorf("%w: no command given (usage: moat run [flags] -- COMMAND [ARG...])", ErrUsage)
 	}
+	if req.OutputDir != "" {
+		// Refuse before running anything, not after.
+		if err := workspace.CheckOutDir(req.OutputDir); err != nil {
+			return nil, fmt.Errorf("%w: --output %s: %w", ErrUsage, req.OutputDir, err)
+		}
+	}
 	t, err := e.Tier(m.Tier)
 	if err != nil {
 		return nil, err
 	}
 	img, err := e.image(ctx, m.Image)
+	if errors.Is(err, image.ErrUnknown) {
+		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -332,20 +344,33 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// claimPrefix marks a run directory being created: it is locked under this
+// name first and renamed when the lock is held, so GC never sees a run
+// directory whose lock is not yet taken.
+const claimPrefix = ".new-"
+
 // claim marks run id as alive for GC: a lock held for the run's lifetime.
 // A moat killed mid-run loses its lock with its file descriptors, which is
 // how GC tells an orphan from a live run.
 func (e *Engine) claim(id string) (release func(), err error) {
-	dir := filepath.Join(e.opts.Home, "runs", id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	runs := filepath.Join(e.opts.Home, "runs")
+	tmp := filepath.Join(runs, claimPrefix+id)
+	dir := filepath.Join(runs, id)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(filepath.Join(tmp, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err == nil {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	}
+	if err == nil {
+		err = os.Rename(tmp, dir)
+	}
 	if err != nil {
-		os.RemoveAll(dir)
+		if f != nil {
+			f.Close()
+		}
+		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("lock run %s: %w", id, err)
 	}
 	return func() {

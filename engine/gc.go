@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/tier/native"
 )
 
@@ -19,12 +21,14 @@ type GCReport struct {
 	Images  []string `json:"images"`  // abandoned image build directories
 }
 
-// GC removes what runs that died without cleaning up (moat killed with
-// SIGKILL, a host crash) left behind. A run is dead when nobody holds its
-// lock; live runs of other moat processes are never touched. Processes,
-// mounts and network namespaces of a dead run die with its init (parent
-// death signal, PID namespace teardown); what can outlive it is its cgroup
-// and its run directory.
+// GC removes what runs of this engine's home that died without cleaning up
+// (moat killed with SIGKILL, a host crash) left behind. A run is dead when
+// nobody holds its lock; live runs are never touched, and neither are runs
+// of other homes (their own GC collects them). Processes, mounts and
+// network namespaces of a dead run die with its init (parent-death signal,
+// PID namespace teardown); what can outlive it is its cgroup and its run
+// directory. The cgroup goes first, so a GC interrupted in between leaves
+// the directory for the next one to find.
 func (e *Engine) GC() (GCReport, error) {
 	var rep GCReport
 	var errs []error
@@ -33,41 +37,46 @@ func (e *Engine) GC() (GCReport, error) {
 	if err != nil && !os.IsNotExist(err) {
 		return rep, fmt.Errorf("gc: %w", err)
 	}
-	alive := map[string]bool{}
+	var dead []string // directory names
 	for _, ent := range entries {
-		id := ent.Name()
-		if !validRunID(id) {
+		id, _ := strings.CutPrefix(ent.Name(), claimPrefix)
+		if !validRunID(id) || isAlive(filepath.Join(runsDir, ent.Name(), "lock")) {
 			continue
 		}
-		if isAlive(filepath.Join(runsDir, id, "lock")) {
-			alive[id] = true
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(runsDir, id)); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		rep.Runs = append(rep.Runs, id)
+		dead = append(dead, ent.Name())
+	}
+	if len(dead) == 0 {
+		return rep, nil
 	}
 
+	var cg *cgroup.Host
+	orphans := map[string]bool{}
 	if t, err := e.Tier(native.Name); err == nil {
-		cg := t.(*native.Native).Cgroups()
-		ids, err := cg.Orphans()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, id := range ids {
-			// A cgroup is created after its run's lock, so a cgroup
-			// without a live lock belongs to a dead run.
-			if alive[id] || isAlive(filepath.Join(runsDir, id, "lock")) {
-				continue
+		if n, ok := t.(*native.Native); ok {
+			cg = n.Cgroups()
+			ids, err := cg.Orphans()
+			if err != nil {
+				errs = append(errs, err)
 			}
+			for _, id := range ids {
+				orphans[id] = true
+			}
+		}
+	}
+	for _, name := range dead {
+		id, _ := strings.CutPrefix(name, claimPrefix)
+		if cg != nil && orphans[id] {
 			if err := cg.Remove(id); err != nil {
 				errs = append(errs, fmt.Errorf("remove cgroup of run %s: %w", id, err))
 				continue
 			}
 			rep.Cgroups = append(rep.Cgroups, id)
 		}
+		if err := os.RemoveAll(filepath.Join(runsDir, name)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Runs = append(rep.Runs, id)
 	}
 	if removed, err := e.images.GC(); err != nil {
 		errs = append(errs, err)

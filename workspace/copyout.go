@@ -120,13 +120,27 @@ func CopyOut(wsDir string, changes []result.FileChange, outDir string, lim Limit
 	return rep, nil
 }
 
+// CheckOutDir reports whether CopyOut would accept outDir (absent, or an
+// empty directory), without creating it, so callers can refuse a bad
+// --output before running anything.
+func CheckOutDir(outDir string) error {
+	if _, err := os.Lstat(outDir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return checkOutDir(outDir)
+}
+
 // prepareOutDir creates outDir or checks it is an empty directory. outDir
 // is the user's host path, never derived from sandbox output.
 func prepareOutDir(outDir string) error {
-	fi, err := os.Lstat(outDir)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(outDir); errors.Is(err, fs.ErrNotExist) {
 		return os.MkdirAll(outDir, 0o755)
 	}
+	return checkOutDir(outDir)
+}
+
+func checkOutDir(outDir string) error {
+	fi, err := os.Lstat(outDir)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -63,11 +64,16 @@ func dispatch(args []string) (code int) {
 			code = exitMoat
 		}
 	}()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage()
-		if len(args) == 0 {
-			return exitUsage
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return exitUsage
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 1 {
+			// moat help run == moat run --help
+			return dispatch([]string{args[1], "--help"})
 		}
+		usage(os.Stdout)
 		return 0
 	}
 	for _, c := range commands {
@@ -83,21 +89,67 @@ func dispatch(args []string) (code int) {
 	return exitUsage
 }
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "moat %s: a sandbox for AI-generated code\n\nUsage: moat COMMAND [FLAGS]\n\nCommands:\n", versionString())
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "moat %s: a sandbox for AI-generated code\n\nUsage: moat COMMAND [FLAGS]\n\nCommands:\n", versionString())
 	for _, c := range commands {
-		fmt.Fprintf(os.Stderr, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(os.Stderr, "\nRun 'moat COMMAND --help' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'moat COMMAND --help' for a command's flags.")
 }
 
+// helpOutput sends usage text to stdout when the user asked for help (so
+// it pages), and to stderr when it accompanies an error.
+func helpOutput(args []string) io.Writer {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "-help" || a == "--help" {
+			return os.Stdout
+		}
+	}
+	return os.Stderr
+}
+
+// suggest returns the command closest to s (a prefix, or at most two
+// edits away), or "".
 func suggest(s string) string {
+	best, bestD := "", 3
 	for _, c := range commands {
 		if strings.HasPrefix(c.name, s) || strings.HasPrefix(s, c.name) {
 			return c.name
 		}
+		if d := editDistance(s, c.name); d < bestD {
+			best, bestD = c.name, d
+		}
 	}
-	return ""
+	return best
+}
+
+// editDistance is the Levenshtein distance, with a swap of two adjacent
+// letters counted as one edit ("rnu" -> "run").
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 func versionString() string {

@@ -24,20 +24,38 @@ func newFlags(name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, usage)
+		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parse returns -1 when parsing succeeded, else the exit status.
+// parse parses flags anywhere among the arguments (moat manifest check FILE
+// --print) and returns -1 when parsing succeeded, else the exit status.
+// Not for 'moat run', whose arguments after the first non-flag belong to
+// the program.
 func parse(fs *flag.FlagSet, args []string) int {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	fs.SetOutput(helpOutput(args))
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			return exitUsage
 		}
-		return exitUsage
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			rest = append(rest, args[1:]...)
+			break
+		}
+		rest = append(rest, args[0])
+		args = args[1:]
 	}
+	fs.Parse(append([]string{"--"}, rest...))
 	return -1
 }
 
@@ -46,8 +64,12 @@ func cmdManifest(args []string) int {
 	print := fs.Bool("print", false, "print the effective manifest (defaults applied) as JSON")
 	if len(args) == 0 || args[0] != "check" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fs.SetOutput(os.Stdout)
 			fs.Usage()
 			return 0
+		}
+		if len(args) > 0 {
+			fmt.Fprintf(os.Stderr, "moat manifest: unknown subcommand %q\n", args[0])
 		}
 		fs.Usage()
 		return exitUsage
@@ -71,6 +93,9 @@ func cmdManifest(args []string) int {
 		return 0
 	}
 	fmt.Printf("%s: valid (digest %s)\n", fs.Arg(0), m.Digest())
+	if m.Tier != "native" {
+		fmt.Fprintf(os.Stderr, "note: tier %q is valid in a manifest but not implemented in this version of moat; 'moat run' will refuse it\n", m.Tier)
+	}
 	return 0
 }
 
@@ -84,6 +109,7 @@ func cmdImage(args []string) int {
 		return exitUsage
 	}
 	if args[0] == "-h" || args[0] == "--help" {
+		fs.SetOutput(os.Stdout)
 		fs.Usage()
 		return 0
 	}

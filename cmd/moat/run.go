@@ -71,9 +71,10 @@ func cmdRun(args []string) int {
 		return nil
 	})
 	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, runUsage)
+		fmt.Fprint(fs.Output(), runUsage)
 		fs.PrintDefaults()
 	}
+	fs.SetOutput(helpOutput(args))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
