@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -65,6 +66,10 @@ type Report struct {
 	RunsPerSecond float64 `json:"runs_per_second"`
 	// CLIRunsPerSecond is the same through the moat binary.
 	CLIRunsPerSecond float64 `json:"cli_runs_per_second"`
+	// CgroupV1MigrationMS is the median time to move a process into a v1
+	// cgroup after 50 ms without migrations (what a cold 'moat run' pays
+	// on a v1 host); 0 on v2, where runs are born in their cgroup.
+	CgroupV1MigrationMS float64 `json:"cgroup_v1_migration_ms"`
 }
 
 type contender struct {
@@ -191,7 +196,50 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 	}
 	rep.CLIRunsPerSecond = float64(n) / time.Since(start).Seconds()
+	if ms, err := MigrationCost(); err == nil {
+		rep.CgroupV1MigrationMS = ms
+	} else {
+		rep.SkipReasons = append(rep.SkipReasons, "cgroup migration not measured: "+err.Error())
+	}
 	return rep, nil
+}
+
+// MigrationCost measures a cold cgroup v1 migration: the kernel's global
+// cgroup_threadgroup_rwsem makes the first writer after a quiet spell wait
+// for an RCU grace period. It explains most of the gap between a cold
+// 'moat run' and the in-process engine on v1 hosts.
+func MigrationCost() (float64, error) {
+	h, err := cgroup.Detect()
+	if err != nil {
+		return 0, err
+	}
+	if h.Version != cgroup.V1 {
+		return 0, nil
+	}
+	var ts []time.Duration
+	for i := 0; i < 10; i++ {
+		cg, err := h.Create(fmt.Sprintf("bench-migration-%d-%d", os.Getpid(), i), cgroup.Limits{})
+		if err != nil {
+			return 0, err
+		}
+		p := exec.Command("sleep", "10")
+		if err := p.Start(); err != nil {
+			cg.Destroy()
+			return 0, err
+		}
+		time.Sleep(50 * time.Millisecond)
+		t0 := time.Now()
+		err = cg.Add(p.Process.Pid)
+		ts = append(ts, time.Since(t0))
+		p.Process.Kill()
+		p.Wait()
+		cg.Destroy()
+		if err != nil {
+			return 0, err
+		}
+	}
+	h.Prune()
+	return summarize("", "", ts).MedianMS, nil
 }
 
 func quiet(c *exec.Cmd, set func(*exec.Cmd)) error {
@@ -240,6 +288,9 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "moat run / bubblewrap (median): %.2f   (target <= 1.3)\n", r.RatioBwrap)
 	}
 	fmt.Fprintf(w, "sequential /bin/true: %.0f runs/s in-process, %.0f runs/s through the moat binary   (target >= 100)\n", r.RunsPerSecond, r.CLIRunsPerSecond)
+	if r.CgroupV1MigrationMS > 0 {
+		fmt.Fprintf(w, "cgroup v1 migration after 50 ms idle: %.2f ms median (every cold 'moat run' on a v1 host pays it; see 'moat doctor')\n", r.CgroupV1MigrationMS)
+	}
 	for _, s := range r.SkipReasons {
 		fmt.Fprintf(w, "note: %s\n", s)
 	}

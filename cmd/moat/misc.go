@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/bench"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/kernel"
@@ -205,6 +206,15 @@ func cmdDoctor(args []string) int {
 		code = 1
 	} else {
 		fmt.Println("  native  ready")
+		if ms, err := bench.MigrationCost(); err == nil && ms > 0 {
+			fmt.Printf("  native  cgroup v1: moving a run's init into its cgroup takes %.2f ms when cold\n", ms)
+			if ms > 1 {
+				fmt.Println("          The kernel waits for an RCU grace period. A v1 hierarchy mounted with favordynmods")
+				fmt.Println("          trades slightly slower forks host-wide for fast migrations, e.g.:")
+				fmt.Println("            mkdir -p /run/cgroup-dynmods && mount -t cgroup -o none,name=dynmods,favordynmods cgroup /run/cgroup-dynmods")
+				fmt.Println("          On cgroup v2 hosts runs are born in their cgroup and never wait.")
+			}
+		}
 	}
 	for _, t := range []string{"gvisor", "microvm", "wasm"} {
 		fmt.Printf("  %-7s not implemented yet\n", t)

@@ -54,7 +54,55 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
-	return m.Run()
+	code := m.Run()
+	// Every test cleans up after itself; check the sum once more, so a test
+	// without its own leftover check cannot leave anything unnoticed. Other
+	// test packages may be running sandboxes right now (go test runs
+	// packages in parallel), so only what persists across 10 s counts.
+	left := residue(e.Home())
+	for i := 0; i < 5 && len(left) > 0; i++ {
+		time.Sleep(2 * time.Second)
+		left = intersect(left, residue(e.Home()))
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "residual state after the native tier tests: %v\n", left)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// residue lists moat cgroups, init processes and run directories present now.
+func residue(home string) []string {
+	var left []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/moat", "/sys/fs/cgroup/moat", "/sys/fs/cgroup/*/moat/*", "/sys/fs/cgroup/moat/*"} {
+		m, _ := filepath.Glob(pat)
+		for _, p := range m {
+			if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+				left = append(left, "cgroup "+p)
+			}
+		}
+	}
+	left = append(left, initProcesses()...)
+	runs, _ := os.ReadDir(filepath.Join(home, "runs"))
+	for _, r := range runs {
+		left = append(left, "run directory "+r.Name())
+	}
+	return left
+}
+
+func intersect(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				out = append(out, x)
+				break
+			}
+		}
+	}
+	return out
 }
 
 func newEngine() (*engine.Engine, error) {
