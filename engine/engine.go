@@ -46,6 +46,9 @@ type Options struct {
 	Progress io.Writer
 	// NoAutoBuild makes a missing image an error instead of building it.
 	NoAutoBuild bool
+	// Tiers adds tiers by name beside the built-in ones (tests use it to
+	// run the red-team corpus against a deliberately unsandboxed runner).
+	Tiers map[string]tier.Tier
 }
 
 // Engine runs sandboxed programs.
@@ -94,6 +97,9 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("create %s: %w", filepath.Join(opts.Home, "runs"), err)
 	}
 	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
+	for name, t := range opts.Tiers {
+		e.tiers[name] = t
+	}
 	return e, nil
 }
 
@@ -136,6 +142,11 @@ type Request struct {
 	LiveStdout, LiveStderr io.Writer
 	// OutputDir, when set, receives the added and modified files.
 	OutputDir string
+	// OnStart, when set, is called once the sandbox is prepared and the
+	// program is about to start, with a way to list the host pids of the
+	// sandbox's processes (for host-side inspection: the red-team suite
+	// reads their /proc status from outside). It must not block.
+	OnStart func(id string, procs func() ([]int, error))
 }
 
 // ErrUsage marks errors in what the caller asked for (bad manifest, bad
@@ -209,6 +220,13 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
 	}
 
+	if req.OnStart != nil {
+		procs := func() ([]int, error) { return nil, errors.New("this tier cannot list its processes") }
+		if pl, ok := sb.(tier.ProcessLister); ok {
+			procs = pl.Procs
+		}
+		req.OnStart(id, procs)
+	}
 	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
 	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
 	res.StartedAt = time.Now().UTC()

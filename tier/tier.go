@@ -50,6 +50,12 @@ type Workspace struct {
 	UID, GID int
 }
 
+// ProcessLister is implemented by sandboxes whose processes are host
+// processes: it lists their host pids while the sandbox lives.
+type ProcessLister interface {
+	Procs() ([]int, error)
+}
+
 // Spec is what a tier needs to build a sandbox. Sizes are in bytes.
 type Spec struct {
 	ID        string

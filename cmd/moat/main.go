@@ -38,6 +38,7 @@ func init() {
 		{"manifest", "validate a capability manifest (moat manifest check FILE)", cmdManifest},
 		{"image", "build and list root images (moat image build [NAME], moat image list)", cmdImage},
 		{"gc", "remove what killed runs left behind", cmdGC},
+		{"redteam", "attack this host's sandbox with Moat's red-team corpus", cmdRedteam},
 		{"bench", "measure per-run overhead against the bare command and bubblewrap", cmdBench},
 		{"doctor", "explain what this host supports and which tiers can run", cmdDoctor},
 		{"version", "print the version and the kernel features Moat uses", cmdVersion},

@@ -288,6 +288,12 @@ func (s *sandbox) Workspace() tier.Workspace {
 	}
 }
 
+// Procs implements tier.ProcessLister: every process in the run's cgroup,
+// init included.
+func (s *sandbox) Procs() ([]int, error) { return s.cg.Procs() }
+
+var _ tier.ProcessLister = (*sandbox)(nil)
+
 // Exec implements tier.Sandbox.
 func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
 	if s.ran {

@@ -1,0 +1,156 @@
+package redteam
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+)
+
+// registered holds the cases written in Go: those that need more than one
+// program and a table of checks (several sandboxes at once, races,
+// host-wide state). Files in this package add theirs with register in an
+// init function.
+var registered []Case
+
+func register(c Case) { registered = append(registered, c) }
+
+func goCases() []Case { return append([]Case(nil), registered...) }
+
+func init() {
+	register(Case{
+		ID: "covert-concurrent-runs", Category: "exfiltration", Severity: "high",
+		Threat: "two concurrent runs pass data through shared /tmp, /dev/shm, an abstract unix socket or SysV IPC",
+		Why:    "each run has its own /tmp, IPC, network and PID namespace; a token planted by one never reaches the other's output",
+		custom: covertChannels,
+	})
+}
+
+// covertChannels runs a sender that plants a token everywhere two
+// processes on one kernel might share, and concurrently a receiver that
+// looks everywhere. The receiver's output (what would leave its sandbox)
+// must not contain the token.
+func covertChannels(ctx context.Context, r *runner) (string, string, int) {
+	token := secret()
+	sender := `
+import os, socket, time, sys
+tok = sys.argv[1]
+for p in ["/tmp/moat-covert", "/dev/shm/moat-covert", "/workspace/moat-covert"]:
+    try:
+        open(p, "w").write(tok)
+    except OSError:
+        pass
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("\0moat-covert")
+s.listen(4)
+s.settimeout(4)
+try:
+    while True:
+        c, _ = s.accept(); c.sendall(tok.encode()); c.close()
+except OSError:
+    pass
+`
+	receiver := `
+import os, socket, time, glob
+time.sleep(0.5)
+for _ in range(20):
+    for p in glob.glob("/tmp/*") + glob.glob("/dev/shm/*") + glob.glob("/workspace/*"):
+        try:
+            print("file", p, open(p).read())
+        except OSError:
+            pass
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect("\0moat-covert"); print("socket", s.recv(100))
+    except OSError as e:
+        pass
+    try:
+        print("proc", [open(f"/proc/{p}/cmdline").read() for p in os.listdir("/proc") if p.isdigit()])
+    except OSError:
+        pass
+    time.sleep(0.1)
+`
+	m := manifest.Default()
+	m.Tier = r.tier // Default() is valid; the tier is the one under attack
+	var wg sync.WaitGroup
+	var recvOut string
+	var errs []string
+	var mu sync.Mutex
+	run := func(argv []string, keep bool) {
+		defer wg.Done()
+		res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: argv})
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, err.Error())
+			return
+		}
+		if keep {
+			recvOut = decode(res.Stdout) + decode(res.Stderr)
+		}
+	}
+	wg.Add(2)
+	go run([]string{"python3", "-c", sender, token}, false)
+	go run([]string{"python3", "-c", receiver}, true)
+	wg.Wait()
+	if len(errs) > 0 {
+		return Error, "run: " + strings.Join(errs, "; "), 2
+	}
+	if strings.Contains(recvOut, token) {
+		return Escaped, "the receiving run read the sending run's token", 2
+	}
+	return Contained, "the receiver saw none of the sender's files, sockets or processes", 2
+}
+
+// residue is the host-side check after the whole suite: nothing of any run
+// is left on the machine.
+func (r *runner) residue() Verdict {
+	v := Verdict{Case: "host-residue", Category: "residue", Severity: "high", Tier: r.tier, Runs: 1}
+	var left []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/moat/*", "/sys/fs/cgroup/moat/*"} {
+		ms, _ := filepath.Glob(pat)
+		for _, p := range ms {
+			if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+				left = append(left, "cgroup "+p)
+			}
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && bytes.HasPrefix(b, []byte("moat-init\x00")) {
+			left = append(left, "process "+filepath.Base(filepath.Dir(p)))
+		}
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(mi), "\n") {
+			if strings.Contains(line, "moat-redteam") || strings.Contains(line, "/runs/") {
+				left = append(left, "mount "+line)
+			}
+		}
+	}
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
+		left = append(left, "network namespaces: "+strings.TrimSpace(string(out)))
+	}
+	if runs, err := os.ReadDir(filepath.Join(r.e.Home(), "runs")); err == nil && len(runs) > 0 {
+		for _, d := range runs {
+			left = append(left, "run directory "+d.Name())
+		}
+	}
+	tmp, _ := filepath.Glob(filepath.Join(os.TempDir(), "moat-redteam-*"))
+	for _, p := range tmp {
+		left = append(left, "temp "+p)
+	}
+	if len(left) > 0 {
+		v.Verdict, v.Evidence = Escaped, fmt.Sprintf("left on the host after the suite: %s", strings.Join(left, "; "))
+		return v
+	}
+	v.Verdict, v.Evidence = Contained, "no moat cgroup, init process, mount, network namespace, run directory or temp file left"
+	return v
+}

@@ -1,0 +1,664 @@
+package redteam
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+)
+
+// Verdict is the outcome of one case on one tier.
+type Verdict struct {
+	Case     string `json:"case"`
+	Category string `json:"category"`
+	Severity string `json:"severity"`
+	Tier     string `json:"tier"`
+	Verdict  string `json:"verdict"`
+	// Evidence says what the host observed: for contained, what held;
+	// for escaped, what broke; for not-applicable, why it could not run.
+	Evidence string  `json:"evidence"`
+	Runs     int     `json:"runs"`
+	Seconds  float64 `json:"seconds"`
+}
+
+// Options select what to run.
+type Options struct {
+	Tiers []string // default: native
+	Case  string   // only this case id (or category) when set
+	// Parallel is how many cases run at once (default 2). Cases marked
+	// exclusive (resource bombs, host-wide checks) always run alone.
+	Parallel int
+	// Progress receives a line per finished case; nil discards.
+	Progress func(Verdict)
+}
+
+// Run executes the selected cases on every selected tier, then the
+// host-residue check, and returns one verdict per case and tier.
+func Run(ctx context.Context, e *engine.Engine, opts Options) ([]Verdict, error) {
+	cases, err := Cases()
+	if err != nil {
+		return nil, err
+	}
+	if len(opts.Tiers) == 0 {
+		opts.Tiers = []string{"native"}
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 2
+	}
+	var selected []Case
+	for _, c := range cases {
+		if opts.Case == "" || opts.Case == c.ID || opts.Case == c.Category {
+			selected = append(selected, c)
+		}
+	}
+	if len(selected) == 0 {
+		return nil, fmt.Errorf("no case or category named %q (moat redteam --list shows them)", opts.Case)
+	}
+	var out []Verdict
+	for _, tierName := range opts.Tiers {
+		r := &runner{e: e, tier: tierName}
+		if _, err := e.Tier(tierName); err != nil {
+			for _, c := range selected {
+				v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: tierName, Verdict: NotApplicable, Evidence: "tier unavailable: " + err.Error()}
+				out = append(out, v)
+				report(opts, v)
+			}
+			continue
+		}
+		verdicts := make([]Verdict, len(selected))
+		sem := make(chan struct{}, opts.Parallel)
+		var exclusive sync.RWMutex
+		var wg sync.WaitGroup
+		for i := range selected {
+			c := selected[i]
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if c.exclusive() {
+					exclusive.Lock()
+					defer exclusive.Unlock()
+				} else {
+					exclusive.RLock()
+					defer exclusive.RUnlock()
+				}
+				verdicts[i] = r.run(ctx, &c)
+				report(opts, verdicts[i])
+			}()
+		}
+		wg.Wait()
+		out = append(out, verdicts...)
+		if opts.Case == "" {
+			v := r.residue()
+			out = append(out, v)
+			report(opts, v)
+		}
+	}
+	return out, nil
+}
+
+func report(opts Options, v Verdict) {
+	if opts.Progress != nil {
+		opts.Progress(v)
+	}
+}
+
+// exclusive cases must not share the machine with other cases: they
+// exhaust a resource on purpose, or judge host-wide state.
+func (c *Case) exclusive() bool {
+	return c.Category == "resources" || c.custom != nil && c.alone
+}
+
+type runner struct {
+	e    *engine.Engine
+	tier string
+}
+
+// run executes one case (all its repeats) and judges it.
+func (r *runner) run(ctx context.Context, c *Case) Verdict {
+	start := time.Now()
+	v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.tier}
+	defer func() { v.Seconds = time.Since(start).Seconds() }()
+	if len(c.Tiers) > 0 && !contains(c.Tiers, r.tier) {
+		v.Verdict, v.Evidence = NotApplicable, "the case does not apply to the "+r.tier+" tier"
+		return v
+	}
+	for _, req := range c.Requires {
+		if why := missing(req); why != "" {
+			v.Verdict, v.Evidence = NotApplicable, why
+			return v
+		}
+	}
+	if c.custom != nil {
+		v.Verdict, v.Evidence, v.Runs = c.custom(ctx, r)
+		return v
+	}
+	n := max(c.Repeat, 1)
+	var last string
+	for i := 0; i < n; i++ {
+		verdict, evidence := r.once(ctx, c)
+		v.Runs = i + 1
+		if verdict != Contained {
+			v.Verdict, v.Evidence = verdict, evidence
+			if n > 1 {
+				v.Evidence = fmt.Sprintf("run %d of %d: %s", i+1, n, evidence)
+			}
+			return v
+		}
+		last = evidence
+	}
+	v.Verdict, v.Evidence = Contained, last
+	if n > 1 {
+		v.Evidence = fmt.Sprintf("%d runs: %s", n, last)
+	}
+	return v
+}
+
+// env is one attempt's host-side preparation.
+type env struct {
+	vars      map[string]string
+	canary    string
+	canaryDir string
+	canaryFP  string // content+mode fingerprint
+	accepted  *atomic.Int64
+	listener  net.Listener
+	inputDir  string
+	outDir    string
+	sentinel  string
+	sentFP    string
+}
+
+func (e *env) close() {
+	if e.listener != nil {
+		e.listener.Close()
+	}
+	for _, d := range []string{e.canaryDir, e.inputDir, e.outDir, e.sentinel} {
+		if d != "" {
+			os.RemoveAll(d)
+		}
+	}
+	if e.outDir != "" {
+		os.RemoveAll(filepath.Dir(e.outDir))
+	}
+}
+
+func (r *runner) setup(c *Case) (*env, error) {
+	en := &env{vars: map[string]string{}}
+	exe, _ := os.Executable()
+	en.vars["moat_exe"] = exe
+	en.vars["host_pid"] = strconv.Itoa(os.Getpid())
+	if c.Setup.Canary {
+		en.canary = secret()
+		d, err := os.MkdirTemp("", "moat-redteam-canary-")
+		if err != nil {
+			return en, err
+		}
+		// World-readable on purpose: the sandbox is the only barrier.
+		os.Chmod(d, 0o755)
+		en.canaryDir = d
+		p := filepath.Join(d, "secret.txt")
+		if err := os.WriteFile(p, []byte(en.canary+"\n"), 0o644); err != nil {
+			return en, err
+		}
+		en.canaryFP = fingerprint(p)
+		en.vars["canary"], en.vars["canary_path"] = en.canary, p
+	}
+	if c.Setup.Listener {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return en, err
+		}
+		en.listener, en.accepted = l, &atomic.Int64{}
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				en.accepted.Add(1)
+				conn.Close()
+			}
+		}()
+		en.vars["port"] = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	}
+	if len(c.Setup.Inputs) > 0 {
+		d, err := os.MkdirTemp("", "moat-redteam-in-")
+		if err != nil {
+			return en, err
+		}
+		en.inputDir = d
+		for p, content := range c.Setup.Inputs {
+			full := filepath.Join(d, filepath.FromSlash(p))
+			os.MkdirAll(filepath.Dir(full), 0o755)
+			if t, ok := strings.CutPrefix(content, "symlink:"); ok {
+				err = os.Symlink(expand(t, en.vars), full)
+			} else {
+				err = os.WriteFile(full, []byte(expand(content, en.vars)), 0o644)
+			}
+			if err != nil {
+				return en, err
+			}
+		}
+	}
+	if c.Setup.Output {
+		d, err := os.MkdirTemp("", "moat-redteam-out-")
+		if err != nil {
+			return en, err
+		}
+		en.outDir = filepath.Join(d, "out")
+		en.sentinel = filepath.Join(d, "sentinel")
+		os.Mkdir(en.sentinel, 0o755)
+		os.WriteFile(filepath.Join(en.sentinel, "keep"), []byte("keep"), 0o644)
+		en.sentFP = treeFingerprint(d, "out")
+		en.vars["out_parent"] = d
+	}
+	return en, nil
+}
+
+// once runs one attempt and judges it.
+func (r *runner) once(ctx context.Context, c *Case) (string, string) {
+	en, err := r.setup(c)
+	defer en.close()
+	if err != nil {
+		return Error, "host setup: " + err.Error()
+	}
+	m := manifest.Default()
+	if c.Manifest != "" {
+		mm, err := manifest.Parse([]byte(c.Manifest), c.ID+".manifest")
+		if err != nil {
+			return Error, "case manifest: " + err.Error()
+		}
+		m = mm
+	}
+	if en.inputDir != "" {
+		m.Inputs = append(m.Inputs, manifest.Input{Src: en.inputDir, Dst: "in"})
+	}
+	if err := m.Validate(); err != nil {
+		return Error, "case manifest: " + err.Error()
+	}
+	// After validation: the test suite's unsandboxed runner is not a tier a
+	// manifest may name.
+	m.Tier = r.tier
+	argv := c.Program()
+	for i := range argv {
+		argv[i] = expand(argv[i], en.vars)
+	}
+	if en.canary != "" {
+		// A careless host keeps secrets in its environment; moat's own
+		// environment must never reach the program.
+		os.Setenv("MOAT_REDTEAM_CANARY_"+c.envKey(), en.canary)
+		defer os.Unsetenv("MOAT_REDTEAM_CANARY_" + c.envKey())
+	}
+	var procs procWatch
+	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: en.outDir}
+	if c.Expect.HostProcs {
+		req.OnStart = procs.start
+	}
+	res, err := r.e.Run(ctx, req)
+	procs.stop()
+	if err != nil {
+		return Error, "run: " + err.Error()
+	}
+	return judge(c, en, res, &procs)
+}
+
+func (c *Case) envKey() string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' {
+			return r - 'a' + 'A'
+		}
+		if r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, c.ID)
+}
+
+// judge applies every expectation; the first that fails is the evidence of
+// an escape.
+func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, string) {
+	e := c.Expect
+	var held []string
+	out := decode(res.Stdout) + "\n" + decode(res.Stderr)
+	for _, s := range e.OutputLacks {
+		s = expand(s, en.vars)
+		if s == "" || strings.Contains(s, "{") {
+			return Error, "output_lacks refers to an unset value: " + s
+		}
+		if strings.Contains(out, s) {
+			return Escaped, fmt.Sprintf("the output contains %q", clip(s, 60))
+		}
+		held = append(held, "output lacks the canary")
+	}
+	if e.CanaryIntact {
+		if en.canaryFP == "" {
+			return Error, "canary_intact without setup.canary"
+		}
+		if fp := fingerprint(en.vars["canary_path"]); fp != en.canaryFP {
+			return Escaped, "the host canary file changed"
+		}
+		held = append(held, "host canary intact")
+	}
+	if e.NoConnections {
+		if en.accepted == nil {
+			return Error, "no_connections without setup.listener"
+		}
+		if n := en.accepted.Load(); n > 0 {
+			return Escaped, fmt.Sprintf("the host listener accepted %d connection(s) from the sandbox", n)
+		}
+		held = append(held, "host listener saw no connection")
+	}
+	if len(e.Termination) > 0 {
+		if !contains(e.Termination, string(res.Termination)) {
+			return Escaped, fmt.Sprintf("termination %s (exit %d), want one of %v", res.Termination, res.ExitCode, e.Termination)
+		}
+		held = append(held, "terminated: "+string(res.Termination))
+	}
+	for _, k := range e.Violations {
+		found := false
+		for _, v := range res.Violations {
+			found = found || v.Kind == k
+		}
+		if !found {
+			return Escaped, fmt.Sprintf("no %s violation recorded (violations: %v)", k, res.Violations)
+		}
+		held = append(held, k+" limit enforced")
+	}
+	if e.MaxDurationMS > 0 {
+		if res.DurationMS > e.MaxDurationMS {
+			return Escaped, fmt.Sprintf("ran %.0f ms, bound %.0f ms", res.DurationMS, e.MaxDurationMS)
+		}
+		held = append(held, fmt.Sprintf("stopped after %.0f ms", res.DurationMS))
+	}
+	if e.MaxPeakMemory != "" {
+		lim, err := manifest.ParseSize(e.MaxPeakMemory)
+		if err != nil {
+			return Error, "max_peak_memory: " + err.Error()
+		}
+		if res.PeakMemoryBytes > int64(lim) {
+			return Escaped, fmt.Sprintf("peak memory %d bytes exceeds %s", res.PeakMemoryBytes, e.MaxPeakMemory)
+		}
+		held = append(held, fmt.Sprintf("peak memory %d MiB", res.PeakMemoryBytes>>20))
+	}
+	if len(e.Denied) > 0 {
+		reports := map[string]string{}
+		for _, line := range strings.Split(out, "\n") {
+			if name, rest, ok := strings.Cut(line, ": "); ok {
+				reports[strings.TrimSpace(name)] = rest
+			}
+		}
+		for _, op := range e.Denied {
+			rep, ok := reports[op]
+			switch {
+			case !ok:
+				return Error, fmt.Sprintf("the program never reported on %s (output %q)", op, clip(out, 300))
+			case strings.HasPrefix(rep, "ok"):
+				return Escaped, fmt.Sprintf("%s succeeded: %s", op, clip(rep, 120))
+			}
+		}
+		held = append(held, fmt.Sprintf("%d operations refused", len(e.Denied)))
+	}
+	if e.HostProcs {
+		if ev := procs.verdict(); ev != "" {
+			if strings.HasPrefix(ev, "error: ") {
+				return Error, ev
+			}
+			return Escaped, ev
+		}
+		held = append(held, fmt.Sprintf("host /proc: %d thread(s) unprivileged and filtered", procs.threads))
+	}
+	if e.CopyOutSafe {
+		if ev := copyOutEvidence(en); ev != "" {
+			return Escaped, ev
+		}
+		held = append(held, "copy-out wrote only plain files inside the output directory")
+	}
+	for _, p := range e.FilesAbsent {
+		for _, f := range res.Files {
+			if f.Path == p && f.Change != result.Deleted {
+				return Escaped, fmt.Sprintf("%s is in the workspace diff (%s)", p, f.Change)
+			}
+		}
+	}
+	if len(e.FilesAbsent) > 0 {
+		held = append(held, "forbidden paths absent from the diff")
+	}
+	if e.DiffBounded > 0 {
+		if len(res.Files) > e.DiffBounded {
+			return Escaped, fmt.Sprintf("diff has %d entries, bound %d", len(res.Files), e.DiffBounded)
+		}
+		held = append(held, fmt.Sprintf("diff bounded (%d entries)", len(res.Files)))
+	}
+	return Contained, strings.Join(held, "; ")
+}
+
+// decode returns a stream's bytes as the host received them: a canary
+// hidden in binary (base64-encoded) output must be found too.
+func decode(s result.Stream) string {
+	if s.Encoding == "base64" {
+		if b, err := base64.StdEncoding.DecodeString(s.Data); err == nil {
+			return string(b)
+		}
+	}
+	return s.Data
+}
+
+func copyOutEvidence(en *env) string {
+	parent := filepath.Dir(en.outDir)
+	if fp := treeFingerprint(parent, "out"); fp != en.sentFP {
+		return "copy-out touched files outside the output directory"
+	}
+	var bad string
+	filepath.Walk(en.outDir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || bad != "" {
+			return nil
+		}
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			bad = "copy-out created a symlink: " + p
+		case !fi.Mode().IsRegular() && !fi.IsDir():
+			bad = "copy-out created a special file: " + p
+		case fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0:
+			bad = "copy-out kept a setuid/setgid bit: " + p
+		}
+		return nil
+	})
+	return bad
+}
+
+// treeFingerprint hashes the names, modes and contents below dir, except
+// the entry skip (the output directory itself).
+func treeFingerprint(dir, skip string) string {
+	h := sha256.New()
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			fmt.Fprintf(h, "err %s\n", p)
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == skip || strings.HasPrefix(rel, skip+string(filepath.Separator)) {
+			if fi.IsDir() && rel == skip {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		fmt.Fprintf(h, "%s %v %d\n", rel, fi.Mode(), fi.Size())
+		if fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			h.Write(b)
+		}
+		return nil
+	})
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func fingerprint(p string) string {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return "missing"
+	}
+	b, _ := os.ReadFile(p)
+	sum := sha256.Sum256(b)
+	return fmt.Sprintf("%v %x", fi.Mode(), sum)
+}
+
+func expand(s string, vars map[string]string) string {
+	for k, v := range vars {
+		s = strings.ReplaceAll(s, "{"+k+"}", v)
+	}
+	return s
+}
+
+func secret() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "moat-canary-" + hex.EncodeToString(b[:])
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// missing explains why a required host facility is absent, or "".
+func missing(req string) string {
+	switch req {
+	case "root":
+		if os.Geteuid() != 0 {
+			return "needs root"
+		}
+	default:
+		return "unknown requirement " + req
+	}
+	return ""
+}
+
+// procWatch samples the sandbox's processes from the host side while the
+// run lives.
+type procWatch struct {
+	mu      sync.Mutex
+	done    chan struct{}
+	wg      sync.WaitGroup
+	threads int
+	bad     string
+	errs    []string
+}
+
+func (w *procWatch) start(id string, procs func() ([]int, error)) {
+	w.done = make(chan struct{})
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.done:
+				return
+			case <-tick.C:
+			}
+			pids, err := procs()
+			if err != nil {
+				w.mu.Lock()
+				w.errs = append(w.errs, err.Error())
+				w.mu.Unlock()
+				return
+			}
+			for _, pid := range pids {
+				w.inspect(pid)
+			}
+		}
+	}()
+}
+
+func (w *procWatch) stop() {
+	if w.done != nil {
+		close(w.done)
+		w.wg.Wait()
+	}
+}
+
+// inspect reads every thread's status of one host pid. Moat's own init
+// (argv[0] moat-init) is checked too: it is as unprivileged as the program
+// once the program runs, but may still be setting up, so only its uid is
+// judged.
+func (w *procWatch) inspect(pid int) {
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	isInit := bytes.HasPrefix(cmdline, []byte("moat-init\x00"))
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		st := parseStatus(string(b))
+		w.mu.Lock()
+		w.threads++
+		if w.bad == "" {
+			uid, _ := strconv.ParseInt(firstField(st["Uid"]), 10, 64)
+			switch {
+			case uid < 0x70000000:
+				w.bad = fmt.Sprintf("pid %d runs as host uid %d (not the sandbox's unprivileged range)", pid, uid)
+			case isInit:
+			case st["CapEff"] != "0000000000000000" || st["CapPrm"] != "0000000000000000" || st["CapBnd"] != "0000000000000000":
+				w.bad = fmt.Sprintf("pid %d (%s) has capabilities: CapEff %s CapPrm %s CapBnd %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " "), st["CapEff"], st["CapPrm"], st["CapBnd"])
+			case st["NoNewPrivs"] != "1":
+				w.bad = fmt.Sprintf("pid %d lacks no_new_privs", pid)
+			case st["Seccomp"] != "2":
+				w.bad = fmt.Sprintf("pid %d is not seccomp-filtered (Seccomp %s)", pid, st["Seccomp"])
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+func (w *procWatch) verdict() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.bad != "" {
+		return w.bad
+	}
+	if w.threads == 0 {
+		if len(w.errs) > 0 {
+			return "error: " + w.errs[0]
+		}
+		return "error: the host never saw a sandbox process (the program ended too fast to inspect: make it sleep)"
+	}
+	return ""
+}
+
+func parseStatus(s string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+func firstField(s string) string {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
