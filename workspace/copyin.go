@@ -112,11 +112,11 @@ func checkEmpty(root *os.Root) error {
 		return err
 	}
 	defer d.Close()
-	names, err := d.Readdirnames(1)
-	if err != nil && err != io.EOF {
+	empty, err := isEmpty(d)
+	if err != nil {
 		return err
 	}
-	if len(names) > 0 {
+	if !empty {
 		return ErrWorkspaceNotEmpty
 	}
 	return nil
@@ -479,4 +479,13 @@ func (t *srcTree) resolvesInside(dir []string, target string) (bool, error) {
 		pending = append(strings.Split(next, "/"), pending...)
 	}
 	return true, nil
+}
+
+// isEmpty reports whether the open directory d has no entries.
+func isEmpty(d *os.File) (bool, error) {
+	names, err := d.Readdirnames(1)
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	return len(names) == 0, nil
 }

@@ -152,11 +152,11 @@ func checkOutDir(outDir string) error {
 		return err
 	}
 	defer d.Close()
-	names, err := d.Readdirnames(1)
-	if err != nil && err != io.EOF {
+	empty, err := isEmpty(d)
+	if err != nil {
 		return err
 	}
-	if len(names) > 0 {
+	if !empty {
 		return fmt.Errorf("%s: %w: give a new or empty directory", outDir, ErrOutDirNotEmpty)
 	}
 	return nil
