@@ -115,7 +115,7 @@ type FileChange struct {
 // Violation records a limit or policy the run ran into.
 type Violation struct {
 	// Kind is one of: timeout, cpu-time, memory, pids, output, disk, files,
-	// file-size, syscall, diff.
+	// file-size, syscall, diff, cancelled.
 	Kind   string `json:"kind"`
 	Detail string `json:"detail"`
 	Limit  string `json:"limit,omitempty"`

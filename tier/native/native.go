@@ -46,6 +46,10 @@ const (
 // Name is the tier's manifest name.
 const Name = "native"
 
+// CancelGrace is how long a cancelled run's program has, after SIGTERM,
+// before the whole sandbox is killed.
+const CancelGrace = 2 * time.Second
+
 var _ tier.Tier = (*Native)(nil)
 
 // Native prepares native-tier sandboxes.
@@ -336,11 +340,13 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 
 	out := &tier.Outcome{}
 	var (
-		final    *nsinit.Status
-		started  time.Time
-		ended    time.Time
-		timedOut bool
-		setupErr string
+		final     *nsinit.Status
+		started   time.Time
+		ended     time.Time
+		timedOut  bool
+		cancelled bool
+		grace     <-chan time.Time
+		setupErr  string
 	)
 	handle := func(st nsinit.Status) {
 		switch {
@@ -380,11 +386,21 @@ loop:
 			timedOut = true
 			s.cg.Kill()
 		case <-done:
+			// The caller gave up (an interrupted moat run, a server
+			// shutting down). A started program gets SIGTERM, forwarded
+			// by init to its process group, and a grace period to end
+			// cleanly; then, or if it never started, everything is killed.
 			done = nil
-			s.cg.Kill()
-			if !timedOut {
-				setupErr = "run cancelled: " + context.Cause(ctx).Error()
+			cancelled = true
+			if started.IsZero() {
+				s.cg.Kill()
+				break
 			}
+			s.init.Process.Signal(unix.SIGTERM)
+			grace = time.After(CancelGrace)
+		case <-grace:
+			grace = nil
+			s.cg.Kill()
 		case <-waited:
 			break loop
 		}
@@ -420,7 +436,13 @@ loop:
 	if setupErr != "" && !timedOut {
 		return nil, fmt.Errorf("sandbox setup: %s", setupErr)
 	}
+	if cancelled && final == nil && !timedOut {
+		return nil, fmt.Errorf("run cancelled before the program reported: %w", context.Cause(ctx))
+	}
 	classify(out, final, timedOut, st, lim)
+	if cancelled {
+		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was forwarded to the program, then everything was killed after " + CancelGrace.String()})
+	}
 	if full := workspaceFull(s.ws); full != "" {
 		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limitFor(full, lim)})
 		if out.Termination == result.Exited && out.ExitCode != 0 {

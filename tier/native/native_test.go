@@ -2,6 +2,7 @@ package native_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier/tiertest"
 )
@@ -300,4 +302,82 @@ func contains(ents []os.DirEntry, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestCancelForwardsSIGTERM: a cancelled run's program gets SIGTERM through
+// init (which forwards it to the program's process group) and may end
+// cleanly; its result says the run was cancelled.
+func TestCancelForwardsSIGTERM(t *testing.T) {
+	needRoot(t)
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		code      string
+		wantOut   string
+		wantError bool
+	}{
+		{"program handles TERM", "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(0)))\nprint('ready', flush=True)\ntime.sleep(30)", "got TERM", false},
+		{"program ignores TERM and is killed after the grace period", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(30)", "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			m := manifest.Default()
+			ready := make(chan struct{})
+			w := &notifyWriter{want: "ready", ch: ready}
+			go func() {
+				select {
+				case <-ready:
+				case <-time.After(10 * time.Second):
+				}
+				cancel()
+			}()
+			start := time.Now()
+			res, err := e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", tc.code}, LiveStdout: w})
+			took := time.Since(start)
+			if tc.wantError {
+				if err == nil {
+					t.Fatalf("a run killed after cancellation returned a result: %+v", res)
+				}
+				if took > 10*time.Second {
+					t.Errorf("the kill after the grace period took %v", took)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(res.Stdout.Data, tc.wantOut) {
+				t.Errorf("stdout %q lacks %q: SIGTERM was not forwarded", res.Stdout.Data, tc.wantOut)
+			}
+			found := false
+			for _, v := range res.Violations {
+				found = found || v.Kind == "cancelled"
+			}
+			if !found {
+				t.Errorf("no cancelled violation in %v", res.Violations)
+			}
+		})
+	}
+}
+
+// notifyWriter closes ch the first time the output contains want.
+type notifyWriter struct {
+	want string
+	ch   chan struct{}
+	seen bytes.Buffer
+	done bool
+}
+
+func (w *notifyWriter) Write(p []byte) (int, error) {
+	w.seen.Write(p)
+	if !w.done && strings.Contains(w.seen.String(), w.want) {
+		w.done = true
+		close(w.ch)
+	}
+	return len(p), nil
 }
