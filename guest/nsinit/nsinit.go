@@ -123,10 +123,14 @@ func run(st *reporter) (int, error) {
 		return 0, nil
 	}
 
+	// Catch the usual termination signals from now on (PID 1 of a namespace
+	// ignores signals it has no handler for); they are forwarded to the
+	// program's group once it exists.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+
 	// The program gets fds 0-2 only: ours beyond that are close-on-exec.
-	for _, fd := range []int{StatusFD} {
-		unix.CloseOnExec(fd)
-	}
+	unix.CloseOnExec(StatusFD)
 	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
@@ -147,10 +151,6 @@ func run(st *reporter) (int, error) {
 	// more. Unlocking lets the few goroutines below share it instead of
 	// each needing a new OS thread (which the pids limit counts).
 	runtime.UnlockOSThread()
-	// Forward the usual termination signals to the program's group. (Until
-	// now PID 1 had no handlers, so such signals were ignored.)
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
 	go func() {
 		for sig := range sigs {
 			unix.Kill(-pid, sig.(syscall.Signal))
