@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -114,4 +115,33 @@ func validRunID(id string) bool {
 		}
 	}
 	return true
+}
+
+// LiveRuns returns the ids of this home's runs whose lock is held right
+// now. It reads /proc/locks rather than trying the locks, so it never
+// disturbs a run that is taking its own lock at that moment.
+func (e *Engine) LiveRuns() map[string]bool {
+	held := map[uint64]bool{}
+	if b, err := os.ReadFile("/proc/locks"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 6 || f[1] != "FLOCK" {
+				continue
+			}
+			parts := strings.Split(f[5], ":")
+			if ino, err := strconv.ParseUint(parts[len(parts)-1], 10, 64); err == nil {
+				held[ino] = true
+			}
+		}
+	}
+	live := map[string]bool{}
+	runs, _ := os.ReadDir(filepath.Join(e.opts.Home, "runs"))
+	for _, r := range runs {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(e.opts.Home, "runs", r.Name(), "lock"), &st) == nil && held[st.Ino] {
+			id, _ := strings.CutPrefix(r.Name(), claimPrefix)
+			live[id] = true
+		}
+	}
+	return live
 }

@@ -114,18 +114,23 @@ for _ in range(20):
 func (r *runner) residue() Verdict {
 	v := Verdict{Case: "host-residue", Category: "residue", Severity: "high", Tier: r.tier, Runs: 1}
 	var left []string
+	// Runs that hold their lock are alive (another moat on this host, or a
+	// parallel test): what they own is not residue.
+	live := r.e.LiveRuns()
 	for _, pat := range []string{"/sys/fs/cgroup/*/moat/*", "/sys/fs/cgroup/moat/*"} {
 		ms, _ := filepath.Glob(pat)
 		for _, p := range ms {
-			if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			if fi, err := os.Stat(p); err == nil && fi.IsDir() && !live[filepath.Base(p)] {
 				left = append(left, "cgroup "+p)
 			}
 		}
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		if b, err := os.ReadFile(p); err == nil && bytes.HasPrefix(b, []byte("moat-init\x00")) {
-			left = append(left, "process "+filepath.Base(filepath.Dir(p)))
+	if len(live) == 0 {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && bytes.HasPrefix(b, []byte("moat-init\x00")) {
+				left = append(left, "process "+filepath.Base(filepath.Dir(p)))
+			}
 		}
 	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
@@ -138,9 +143,11 @@ func (r *runner) residue() Verdict {
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
 		left = append(left, "network namespaces: "+strings.TrimSpace(string(out)))
 	}
-	if runs, err := os.ReadDir(filepath.Join(r.e.Home(), "runs")); err == nil && len(runs) > 0 {
+	if runs, err := os.ReadDir(filepath.Join(r.e.Home(), "runs")); err == nil {
 		for _, d := range runs {
-			left = append(left, "run directory "+d.Name())
+			if !live[strings.TrimPrefix(d.Name(), ".new-")] {
+				left = append(left, "run directory "+d.Name())
+			}
 		}
 	}
 	tmp, _ := filepath.Glob(filepath.Join(os.TempDir(), "moat-redteam-*"))

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -63,10 +62,10 @@ func run(m *testing.M) int {
 	// without its own leftover check cannot leave anything unnoticed. Other
 	// test packages may be running sandboxes right now (go test runs
 	// packages in parallel), so only what persists across 10 s counts.
-	left := residue(e.Home())
+	left := residue(e)
 	for i := 0; i < 5 && len(left) > 0; i++ {
 		time.Sleep(2 * time.Second)
-		left = intersect(left, residue(e.Home()))
+		left = intersect(left, residue(e))
 	}
 	if len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "residual state after the native tier tests: %v\n", left)
@@ -78,19 +77,11 @@ func run(m *testing.M) int {
 }
 
 // residue lists what no live run accounts for: run cgroups and run
-// directories whose run's lock nobody holds (read passively from
-// /proc/locks, so a concurrent run's own locking is never disturbed), empty
-// moat/ parents that should have been pruned, and init processes.
-func residue(home string) []string {
+// directories of runs whose lock nobody holds, empty moat/ parents that
+// should have been pruned, and (when no run is live) init processes.
+func residue(e *engine.Engine) []string {
 	var left []string
-	locked := heldLocks()
-	alive := func(id string) bool {
-		var st syscall.Stat_t
-		if syscall.Stat(filepath.Join(home, "runs", id, "lock"), &st) != nil {
-			return false
-		}
-		return locked[st.Ino]
-	}
+	live := e.LiveRuns()
 	for _, pat := range []string{"/sys/fs/cgroup/*/moat", "/sys/fs/cgroup/moat"} {
 		parents, _ := filepath.Glob(pat)
 		for _, p := range parents {
@@ -101,7 +92,7 @@ func residue(home string) []string {
 					continue
 				}
 				n++
-				if !alive(k.Name()) {
+				if !live[k.Name()] {
 					left = append(left, "cgroup "+filepath.Join(p, k.Name()))
 				}
 			}
@@ -110,36 +101,16 @@ func residue(home string) []string {
 			}
 		}
 	}
-	if len(locked) == 0 {
+	if len(live) == 0 {
 		left = append(left, initProcesses()...)
 	}
-	runs, _ := os.ReadDir(filepath.Join(home, "runs"))
+	runs, _ := os.ReadDir(filepath.Join(e.Home(), "runs"))
 	for _, r := range runs {
-		if !alive(r.Name()) {
+		if !live[strings.TrimPrefix(r.Name(), ".new-")] {
 			left = append(left, "run directory "+r.Name())
 		}
 	}
 	return left
-}
-
-// heldLocks returns the inodes of files someone holds a flock on.
-func heldLocks() map[uint64]bool {
-	held := map[uint64]bool{}
-	b, err := os.ReadFile("/proc/locks")
-	if err != nil {
-		return held
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 6 || f[1] != "FLOCK" {
-			continue
-		}
-		parts := strings.Split(f[5], ":")
-		if ino, err := strconv.ParseUint(parts[len(parts)-1], 10, 64); err == nil {
-			held[ino] = true
-		}
-	}
-	return held
 }
 
 func intersect(a, b []string) []string {
