@@ -421,7 +421,7 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 			}
 			return Escaped, ev
 		}
-		held = append(held, fmt.Sprintf("host /proc: %d thread(s) unprivileged and filtered", procs.threads))
+		held = append(held, fmt.Sprintf("host /proc: %d thread samples unprivileged and filtered", procs.threads))
 	}
 	if e.CopyOutSafe {
 		if ev := copyOutEvidence(en); ev != "" {
@@ -602,7 +602,14 @@ func (w *procWatch) stop() {
 // judged.
 func (w *procWatch) inspect(pid int) {
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	// Moat's init is PID 1 of the sandbox's PID namespace (NSpid ends in
+	// 1); its cmdline says so too, except while it exits, when the kernel
+	// empties cmdline but its threads are still there to be read.
 	isInit := bytes.HasPrefix(cmdline, []byte("moat-init\x00"))
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		ns := strings.Fields(parseStatus(string(b))["NSpid"])
+		isInit = isInit || len(ns) > 1 && ns[len(ns)-1] == "1"
+	}
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
 	for _, t := range tasks {
 		b, err := os.ReadFile(t)
