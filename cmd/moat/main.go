@@ -12,6 +12,8 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/moat-sandbox/moat/guest/nsinit"
 )
 
@@ -51,6 +53,10 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == nsinit.Arg {
 		nsinit.Main()
 	}
+	// Descriptors moat inherited from its caller must never travel on to
+	// anything moat starts (init, mmdebstrap): mark them close-on-exec.
+	// Moat opens its own files close-on-exec already.
+	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	os.Exit(dispatch(os.Args[1:]))
 }
 

@@ -102,6 +102,14 @@ func run(st *reporter) (int, error) {
 		return 1, err
 	}
 
+	// Only fds 0-2 may reach the program. Whatever else init holds, its
+	// own or inherited from whoever started moat (a shell's stray pipe, a
+	// caller's socket to a container runtime: the CVE-2024-21626 class),
+	// is marked close-on-exec here, after the last fd init opens itself.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 1, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
+	}
+
 	// Seccomp goes last, as close to the program's execve as possible, so
 	// that as few of our own syscalls as possible run under it.
 	if len(cfg.Seccomp) == 0 {
@@ -129,8 +137,6 @@ func run(st *reporter) (int, error) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
 
-	// The program gets fds 0-2 only: ours beyond that are close-on-exec.
-	unix.CloseOnExec(StatusFD)
 	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
