@@ -153,12 +153,13 @@ func leftovers(home string) tiertest.Leftovers {
 		if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && bytes.Contains(mi, []byte(id)) {
 			left = append(left, "a mount mentioning "+id)
 		}
-		left = append(left, initProcesses()...)
+		left = append(left, runProcesses(id)...)
 		return left
 	}
 }
 
-// initProcesses lists live moat init processes (argv "moat-init __nsinit").
+// initProcesses lists live moat init processes (argv "moat-init __nsinit"),
+// of any run.
 func initProcesses() []string {
 	var found []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
@@ -169,6 +170,38 @@ func initProcesses() []string {
 		}
 	}
 	return found
+}
+
+// runProcesses lists the processes in run id's cgroup, found through their
+// /proc/PID/cgroup (other test packages' runs may be alive meanwhile).
+func runProcesses(id string) []string {
+	var found []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(b, []byte("/moat/"+id+"\n")) {
+			found = append(found, "process "+filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return found
+}
+
+// runOfParent returns the run id of the init whose parent is ppid, or "".
+func runOfParent(ppid int) string {
+	procs, _ := filepath.Glob("/proc/[0-9]*/status")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte(fmt.Sprintf("\nPPid:\t%d\n", ppid))) {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cgroup"))
+		for _, line := range strings.Split(string(cg), "\n") {
+			if i := strings.Index(line, "/moat/"); i >= 0 {
+				return line[i+len("/moat/"):]
+			}
+		}
+	}
+	return ""
 }
 
 func TestConformance(t *testing.T) {
@@ -294,20 +327,17 @@ func TestKilledMoatIsCleanedUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := e.Home()
-	before, _ := os.ReadDir(filepath.Join(home, "runs"))
 	cmd := exec.Command(moatBin, "run", "--", "sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Wait until the run exists (its directory and its sleeping program).
+	// Wait until the run exists: its init (a child of this moat) is in the
+	// run's cgroup and the program is running.
 	var id string
 	deadline := time.Now().Add(10 * time.Second)
-	for id == "" && time.Now().Before(deadline) {
-		now, _ := os.ReadDir(filepath.Join(home, "runs"))
-		for _, d := range now {
-			if !contains(before, d.Name()) {
-				id = d.Name()
-			}
+	for time.Now().Before(deadline) {
+		if id = runOfParent(cmd.Process.Pid); id != "" && len(runProcesses(id)) >= 2 {
+			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -316,20 +346,17 @@ func TestKilledMoatIsCleanedUp(t *testing.T) {
 		cmd.Wait()
 		t.Fatal("the run never appeared")
 	}
-	for time.Now().Before(deadline) && len(initProcesses()) == 0 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 
 	// The sandbox's processes die with moat (parent-death signal, PID
 	// namespace teardown), within a moment.
 	deadline = time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && len(initProcesses()) > 0 {
+	for time.Now().Before(deadline) && len(runProcesses(id)) > 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if p := initProcesses(); len(p) > 0 {
+	if p := runProcesses(id); len(p) > 0 {
 		t.Errorf("sandbox processes outlived the killed moat: %v", p)
 	}
 	left := leftovers(home)(id)
@@ -342,15 +369,6 @@ func TestKilledMoatIsCleanedUp(t *testing.T) {
 	if left := leftovers(home)(id); len(left) > 0 {
 		t.Errorf("after the next moat start, run %s still left: %s", id, strings.Join(left, "; "))
 	}
-}
-
-func contains(ents []os.DirEntry, name string) bool {
-	for _, e := range ents {
-		if e.Name() == name {
-			return true
-		}
-	}
-	return false
 }
 
 // TestCancelForwardsSIGTERM: a cancelled run's program gets SIGTERM through
