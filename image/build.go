@@ -149,14 +149,15 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
 	img := &Image{
-		Name:      name,
-		Digest:    digest,
-		Env:       def.Env,
-		Packages:  pkgs,
-		Built:     time.Now().UTC().Truncate(time.Second),
-		Suite:     def.Suite,
-		Size:      size,
-		BuiltWith: builtWith,
+		Name:       name,
+		Digest:     digest,
+		Env:        def.Env,
+		Packages:   pkgs,
+		Built:      time.Now().UTC().Truncate(time.Second),
+		Suite:      def.Suite,
+		Size:       size,
+		BuiltWith:  builtWith,
+		Definition: def.Fingerprint(),
 	}
 	hexDigest := strings.TrimPrefix(digest, digestPrefix)
 	final := filepath.Join(nameDir, hexDigest)
@@ -167,6 +168,14 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 		existing, err := s.load(name, hexDigest)
 		if err != nil {
 			return nil, fmt.Errorf("build image %s: existing %s: %w", name, final, err)
+		}
+		if existing.Definition != img.Definition {
+			// Same tree from a changed (or older, unrecorded)
+			// definition: record the definition it now answers to.
+			existing.Definition = img.Definition
+			if err := writeMetadata(final, existing); err != nil {
+				return nil, fmt.Errorf("build image %s: %w", name, err)
+			}
 		}
 		img = existing
 	} else {

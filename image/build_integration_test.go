@@ -52,7 +52,7 @@ func TestBuildPython(t *testing.T) {
 	}
 	t.Logf("image %s, %.0f MB, %d packages", img.Digest, float64(img.Size)/1e6, len(img.Packages))
 
-	for _, pkg := range []string{"python3", "python3-numpy", "python3-yaml", "bash", "coreutils"} {
+	for _, pkg := range []string{"python3", "python3-pip", "python3-numpy", "python3-yaml", "bash", "coreutils"} {
 		if img.Packages[pkg] == "" {
 			t.Errorf("package %s not recorded in %v", pkg, img.Packages)
 		}

@@ -1,6 +1,8 @@
 package image
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 )
 
@@ -46,11 +48,14 @@ var definitions = []Definition{
 	{
 		Name:        "python",
 		Suite:       "bookworm",
-		Description: "Debian 12 with Python 3.11, NumPy and PyYAML",
+		Description: "Debian 12 with Python 3.11, pip, NumPy and PyYAML",
 		Packages: []string{
 			"bash",
 			"coreutils",
 			"python3",
+			// pip: agents install packages; with network mode allowlist
+			// it reaches an index only through the egress proxy.
+			"python3-pip",
 			"python3-numpy",
 			"python3-yaml",
 		},
@@ -123,4 +128,12 @@ func validName(name string) error {
 		return fmt.Errorf("image name %q: must match ^[a-z0-9][a-z0-9._-]{0,63}$", name)
 	}
 	return nil
+}
+
+// Fingerprint identifies what the definition asks for: a stored image
+// built from a different fingerprint is stale.
+func (d Definition) Fingerprint() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%q\n%q\n%q\n%d\n", d.Name, d.Suite, d.Packages, d.Env, d.Sources, d.SourceDateEpoch)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

@@ -60,6 +60,10 @@ type Image struct {
 	Size int64 `json:"size"`
 	// BuiltWith names the bootstrap tool and version, e.g. "mmdebstrap 1.3.5".
 	BuiltWith string `json:"built_with"`
+	// Definition is the fingerprint of the definition the image was built
+	// from (Definition.Fingerprint). When the definition changes (a package
+	// added), the stored image is stale and Lookup says so.
+	Definition string `json:"definition"`
 	// Current reports whether this is the build that Lookup returns.
 	Current bool `json:"-"`
 }
@@ -121,6 +125,10 @@ func (s *Store) Lookup(name string) (*Image, error) {
 		return nil, fmt.Errorf("look up image %q: %w", name, err)
 	}
 	img.Current = true
+	if def, err := definition(name); err == nil && img.Definition != def.Fingerprint() {
+		return nil, fmt.Errorf("image %q in %s was built from an older definition (%s): %w; rebuild it with `moat image build %s`",
+			name, s.Dir, def.Description, ErrNotBuilt, name)
+	}
 	return img, nil
 }
 
