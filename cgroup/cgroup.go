@@ -24,8 +24,11 @@ const minQuotaUs = 1000
 // process in uninterruptible sleep (D state, e.g. on a slow disk or NFS)
 // takes a SIGKILL only when it returns to user space, and its cgroup cannot
 // be removed until then.
+// freezeWait bounds one wait for a cgroup to report itself frozen.
+const freezeWait = 100 * time.Millisecond
+
 const (
-	killTimeout  = 2 * time.Second
+	killTimeout  = 5 * time.Second
 	rmdirTimeout = 2 * time.Second
 )
 
@@ -458,6 +461,12 @@ func (c *Cgroup) freeze(on bool, deadline time.Time) error {
 		return nil
 	}
 	s := filepath.Join(c.freezerDir, state)
+	// Wait briefly, not until the overall deadline: a cgroup that stays
+	// "freezing" (a task in D state, a loaded host) is killed anyway, and
+	// the caller's loop retries freeze-kill-thaw until it is empty.
+	if d := time.Now().Add(freezeWait); d.Before(deadline) {
+		deadline = d
+	}
 	for pause := 100 * time.Microsecond; time.Now().Before(deadline); pause = min(2*pause, 10*time.Millisecond) {
 		data, err := readFile(s)
 		if err != nil {

@@ -200,14 +200,40 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		Manifest: m.Digest(),
 		Command:  req.Argv,
 	}
+	stopEgress := func() {}
 	lim := limits(m)
-	sb, err := t.Prepare(ctx, &tier.Spec{
+	spec := &tier.Spec{
 		ID:           id,
 		ImageRoot:    img.Root,
 		ImageEnv:     img.Env,
 		Limits:       lim,
 		AllowMissing: m.Security.AllowMissing,
-	})
+	}
+	env := environment(img.Env, m.Env)
+	res.Network = []result.NetworkAttempt{}
+	if m.Network.Mode == "allowlist" {
+		if !t.Capabilities().NetworkEgress {
+			return nil, &manifest.FieldError{Field: "network.mode", Value: "allowlist", Problem: "is not supported by the " + t.Name() + " tier"}
+		}
+		eg, err := e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network)
+		if err != nil {
+			return nil, err
+		}
+		stopped := false
+		stop := func() {
+			if !stopped {
+				stopped = true
+				res.Network = eg.stop()
+			}
+		}
+		defer stop()
+		spec.EgressSocket = eg.socket
+		// The proxy's variables win over the manifest's: there is no
+		// other way out to configure.
+		env = environment(img.Env, m.Env, proxyEnv())
+		stopEgress = stop
+	}
+	sb, err := t.Prepare(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("prepare sandbox: %w", err)
 	}
@@ -232,7 +258,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	res.StartedAt = time.Now().UTC()
 	out, err := sb.Exec(ctx, &tier.Command{
 		Argv:   req.Argv,
-		Env:    environment(img.Env, m.Env),
+		Env:    env,
 		Dir:    "/workspace",
 		Stdin:  req.Stdin,
 		Stdout: stdout,
@@ -242,6 +268,9 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, fmt.Errorf("run: %w", err)
 	}
 
+	// The program is gone: close the proxy (and every connection through
+	// it) and take its log.
+	stopEgress()
 	res.Termination = out.Termination
 	res.Error = out.Error
 	res.ExitCode = out.ExitCode
@@ -335,8 +364,9 @@ func limits(m *manifest.Manifest) tier.Limits {
 }
 
 // environment is the program's whole environment: the image's defaults,
-// HOME, and what the manifest names. Nothing comes from the host.
-func environment(imageEnv []string, env map[string]string) []string {
+// HOME, and what the manifest names (then any later layer, e.g. the egress
+// proxy's variables). Nothing comes from the host.
+func environment(imageEnv []string, layers ...map[string]string) []string {
 	vars := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 	for _, kv := range imageEnv {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -345,8 +375,10 @@ func environment(imageEnv []string, env map[string]string) []string {
 	}
 	vars["HOME"] = "/workspace"
 	vars["USER"] = "sandbox"
-	for k, v := range env {
-		vars[k] = v
+	for _, env := range layers {
+		for k, v := range env {
+			vars[k] = v
+		}
 	}
 	out := make([]string, 0, len(vars))
 	for k, v := range vars {

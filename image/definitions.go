@@ -48,10 +48,13 @@ var definitions = []Definition{
 	{
 		Name:        "python",
 		Suite:       "bookworm",
-		Description: "Debian 12 with Python 3.11, pip, NumPy and PyYAML",
+		Description: "Debian 12 with Python 3.11, pip, NumPy, PyYAML and curl",
 		Packages: []string{
 			"bash",
 			"coreutils",
+			// curl: the common way generated code fetches a URL; with
+			// network mode allowlist it goes through the egress proxy.
+			"curl",
 			"python3",
 			// pip: agents install packages; with network mode allowlist
 			// it reaches an index only through the egress proxy.

@@ -65,8 +65,26 @@ type Resources struct {
 
 // Network is the run's network grant.
 type Network struct {
-	// Mode is "none" (the default): a network namespace with loopback only.
+	// Mode is "none" (the default): a network namespace with loopback only;
+	// or "allowlist": loopback only, plus Moat's egress proxy, which
+	// reaches exactly the hosts in Allow.
 	Mode string `json:"mode" yaml:"mode"`
+	// Allow lists the destinations of mode allowlist: exact hosts
+	// ("pypi.org"), subdomain wildcards ("*.pythonhosted.org"), each with
+	// an optional port ("api.example.com:443"; default 80 and 443).
+	Allow []string `json:"allow,omitempty" yaml:"allow,omitempty"`
+	// AllowAddresses explicitly grants IP addresses or prefixes that the
+	// proxy otherwise refuses (private, loopback, link-local: e.g. a test
+	// server on 127.0.0.1). Each widens the sandbox: see docs/THREATS.md.
+	AllowAddresses []string `json:"allow_addresses,omitempty" yaml:"allow_addresses,omitempty"`
+	// Limits of the egress proxy for this run (mode allowlist): concurrent
+	// connections, new connections per second, and the bytes it forwards
+	// out (an exfiltration budget) and in. Reaching one closes the
+	// connection and is recorded in the result's network log.
+	MaxConnections       int  `json:"max_connections" yaml:"max_connections"`
+	ConnectionsPerSecond int  `json:"connections_per_second" yaml:"connections_per_second"`
+	MaxBytesOut          Size `json:"max_bytes_out" yaml:"max_bytes_out"`
+	MaxBytesIn           Size `json:"max_bytes_in" yaml:"max_bytes_in"`
 }
 
 // Security holds explicit, audited acceptances of a weaker sandbox. The

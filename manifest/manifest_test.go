@@ -186,7 +186,7 @@ func TestParseErrors(t *testing.T) {
 		// Unknown keys.
 		{"unknown top-level key", "m.yaml", "imagee: python", "imagee", "", `did you mean "image"?`},
 		{"unknown nested key", "m.yaml", "resources: {memroy: 1GiB}", "resources.memroy", "", `did you mean "memory"?`},
-		{"unknown key lists accepted", "m.yaml", "network: {proxy: x}", "network.proxy", "", "accepted under network: mode"},
+		{"unknown key lists accepted", "m.yaml", "network: {proxy: x}", "network.proxy", "", "accepted under network: allow, allow_addresses, connections_per_second, max_bytes_in, max_bytes_out, max_connections, mode"},
 		{"unknown key in an input", "m.yaml", "inputs: [{src: a}, {sorc: b}]", "inputs[1].sorc", "", `did you mean "src"?`},
 		{"unknown key in workspace", "m.yaml", "workspace: {inodes: 5}", "workspace.inodes", "", "accepted under workspace: files, size"},
 		{"unknown key in security", "m.yaml", "security: {allow: [landlock]}", "security.allow", "", "allow_missing"},
@@ -248,7 +248,12 @@ func TestParseErrors(t *testing.T) {
 
 		// Names and modes.
 		{"network mode host", "m.yaml", "network: {mode: host}", "network.mode", "host", "accepted: none"},
-		{"network mode allowlist not yet", "m.yaml", "network: {mode: allowlist}", "network.mode", "allowlist", "not available yet; accepted: none"},
+		{"network allowlist needs a destination", "m.yaml", "network: {mode: allowlist}", "network.allow", "", "needs at least one destination"},
+		{"network allow without allowlist mode", "m.yaml", "network: {allow: [pypi.org]}", "network.allow", "pypi.org", "needs network.mode: allowlist"},
+		{"network allow entry is an IP literal", "m.yaml", "network: {mode: allowlist, allow: [10.0.0.1]}", "network.allow[0]", "10.0.0.1", "allow_addresses"},
+		{"network allow bare star", "m.yaml", `network: {mode: allowlist, allow: ["*"]}`, "network.allow[0]", "*", ""},
+		{"network allow with a scheme", "m.yaml", "network: {mode: allowlist, allow: [\"https://pypi.org\"]}", "network.allow[0]", "https://pypi.org", ""},
+		{"network allow_addresses not an address", "m.yaml", "network: {mode: allowlist, allow: [a.test], allow_addresses: [localhost]}", "network.allow_addresses[0]", "localhost", "not an IP address"},
 		{"network mode empty", "m.yaml", `network: {mode: ""}`, "network.mode", "", "accepted: none"},
 		{"unknown tier", "m.yaml", "tier: docker", "tier", "docker", "accepted: native, gvisor, microvm, wasm"},
 		{"tier case matters", "m.yaml", "tier: Native", "tier", "Native", "not a known tier"},
@@ -671,6 +676,10 @@ resources:
     stderr_bytes: 1MiB
 network:
     mode: none
+    max_connections: 16
+    connections_per_second: 20
+    max_bytes_out: 64MiB
+    max_bytes_in: 512MiB
 env:
     A: "1"
     LANG: C.UTF-8

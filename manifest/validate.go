@@ -1,14 +1,18 @@
 package manifest
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/moat-sandbox/moat/egress"
 )
 
 // rules are the numeric fields' ranges: the one source for Validate,
@@ -25,6 +29,10 @@ var rules = []rule{
 	sizeRule("resources.file_size", 1*KiB, 16*GiB, func(m *Manifest) Size { return m.Resources.FileSize }),
 	sizeRule("resources.stdout_bytes", 0, 1*GiB, func(m *Manifest) Size { return m.Resources.StdoutBytes }),
 	sizeRule("resources.stderr_bytes", 0, 1*GiB, func(m *Manifest) Size { return m.Resources.StderrBytes }),
+	intRule("network.max_connections", 1, 1024, func(m *Manifest) int { return m.Network.MaxConnections }),
+	intRule("network.connections_per_second", 1, 1000, func(m *Manifest) int { return m.Network.ConnectionsPerSecond }),
+	sizeRule("network.max_bytes_out", 0, 64*GiB, func(m *Manifest) Size { return m.Network.MaxBytesOut }),
+	sizeRule("network.max_bytes_in", 0, 64*GiB, func(m *Manifest) Size { return m.Network.MaxBytesIn }),
 }
 
 // Limits on the non-numeric parts of a manifest.
@@ -67,6 +75,10 @@ type Range struct {
 //	resources.file_size     1KiB   16GiB     64MiB
 //	resources.stdout_bytes  0      1GiB      1MiB
 //	resources.stderr_bytes  0      1GiB      1MiB
+//	network.max_connections         1  1024   16
+//	network.connections_per_second  1  1000   20
+//	network.max_bytes_out           0  64GiB  64MiB
+//	network.max_bytes_in            0  64GiB  512MiB
 //
 // The bounds are about what a sandbox can sensibly be asked for, not about
 // this host: a manifest asking for more CPUs or memory than the host has is
@@ -127,9 +139,11 @@ func floatRule(field string, lo, hi float64, get func(*Manifest) float64) rule {
 // engine refuses a tier this build does not implement.
 var tiers = []string{"native", "gvisor", "microvm", "wasm"}
 
-// networkModes are the accepted network.mode values. "allowlist" comes
-// with the egress proxy.
-var networkModes = []string{"none"}
+// networkModes are the accepted network.mode values.
+var networkModes = []string{"none", "allowlist"}
+
+// maxAllow bounds network.allow and network.allow_addresses.
+const maxAllow = 256
 
 // allowMissing are the accepted security.allow_missing values: protections
 // a run may explicitly go without when the host lacks them.
@@ -155,13 +169,7 @@ func (m *Manifest) validate(errs *errorList) {
 			errs.add(r.field, shown, "is out of range; accepted "+r.min+".."+r.max)
 		}
 	}
-	if !slices.Contains(networkModes, m.Network.Mode) {
-		problem := "is not a network mode; accepted: " + strings.Join(networkModes, ", ")
-		if m.Network.Mode == "allowlist" {
-			problem = "is not available yet; accepted: " + strings.Join(networkModes, ", ")
-		}
-		errs.add("network.mode", m.Network.Mode, problem)
-	}
+	m.validateNetwork(errs)
 	m.validateEnv(errs)
 	for i, a := range m.Security.AllowMissing {
 		field := fmt.Sprintf("security.allow_missing[%d]", i)
@@ -326,3 +334,57 @@ func isEnvName(s string) bool {
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// validateNetwork checks the network grant. Entries are parsed by the
+// egress proxy's own rule parser, so what validates is exactly what the
+// proxy will enforce.
+func (m *Manifest) validateNetwork(errs *errorList) {
+	n := m.Network
+	if !slices.Contains(networkModes, n.Mode) {
+		errs.add("network.mode", n.Mode, "is not a network mode; accepted: "+strings.Join(networkModes, ", "))
+		return
+	}
+	if n.Mode == "none" {
+		if len(n.Allow) > 0 {
+			errs.add("network.allow", strings.Join(n.Allow, ","), "needs network.mode: allowlist (mode none grants no destination)")
+		}
+		if len(n.AllowAddresses) > 0 {
+			errs.add("network.allow_addresses", strings.Join(n.AllowAddresses, ","), "needs network.mode: allowlist")
+		}
+		return
+	}
+	if len(n.Allow) == 0 && len(n.AllowAddresses) == 0 {
+		errs.add("network.allow", "", "is empty: mode allowlist needs at least one destination, e.g. allow: [pypi.org, \"*.pythonhosted.org\"]")
+	}
+	if len(n.Allow) > maxAllow {
+		errs.add("network.allow", fmt.Sprint(len(n.Allow), " entries"), fmt.Sprintf("is too long; at most %d entries", maxAllow))
+		return
+	}
+	for i, s := range n.Allow {
+		if _, err := egress.ParseRule(s); err != nil {
+			errs.add(fmt.Sprintf("network.allow[%d]", i), s, ruleProblem(err))
+		}
+	}
+	if len(n.AllowAddresses) > maxAllow {
+		errs.add("network.allow_addresses", fmt.Sprint(len(n.AllowAddresses), " entries"), fmt.Sprintf("is too long; at most %d entries", maxAllow))
+		return
+	}
+	for i, s := range n.AllowAddresses {
+		if _, err := netip.ParsePrefix(s); err == nil {
+			continue
+		}
+		if _, err := netip.ParseAddr(s); err != nil {
+			errs.add(fmt.Sprintf("network.allow_addresses[%d]", i), s, "is not an IP address or prefix (e.g. 127.0.0.1 or 10.0.0.0/24)")
+		}
+	}
+}
+
+// ruleProblem is the rule parser's explanation without the entry it
+// already names (the field error shows the value).
+func ruleProblem(err error) string {
+	var re *egress.RuleError
+	if errors.As(err, &re) && re.Reason != "" {
+		return re.Reason
+	}
+	return err.Error()
+}

@@ -58,8 +58,12 @@ type Result struct {
 	Stdout Stream `json:"stdout"`
 	Stderr Stream `json:"stderr"`
 
-	Files      []FileChange `json:"files"`
-	Violations []Violation  `json:"violations"`
+	Files []FileChange `json:"files"`
+	// Network lists every destination the run tried through the egress
+	// proxy, allowed or not (empty with network mode none: there is no
+	// path out to try).
+	Network    []NetworkAttempt `json:"network"`
+	Violations []Violation      `json:"violations"`
 	// Degradations lists protections that were asked for but could not be
 	// applied on this host, and were accepted by the manifest. Empty means
 	// the full protection of the tier applied.
@@ -135,4 +139,22 @@ type CopyOut struct {
 type Skip struct {
 	Path   string `json:"path"`
 	Reason string `json:"reason"`
+}
+
+// NetworkAttempt is one destination the run's program asked the egress
+// proxy for.
+type NetworkAttempt struct {
+	Time   time.Time `json:"time"`
+	Method string    `json:"method"`
+	Host   string    `json:"host"`
+	Port   int       `json:"port"`
+	// Address is the resolved address the proxy pinned and dialled.
+	Address string `json:"address,omitempty"`
+	Allowed bool   `json:"allowed"`
+	// Reason is one of: allowed, not-allowlisted, private-address,
+	// ip-literal, dns-failure, sni-mismatch, limit-conns, limit-bytes,
+	// limit-rate, bad-request, upstream-error.
+	Reason   string `json:"reason"`
+	BytesOut int64  `json:"bytes_out"`
+	BytesIn  int64  `json:"bytes_in"`
 }

@@ -64,7 +64,15 @@ type Spec struct {
 	Limits    Limits
 	// AllowMissing names protections the manifest accepts going without.
 	AllowMissing []string
+	// EgressSocket, when set, is the host path of the egress proxy's Unix
+	// socket: the sandbox's only way out. The tier makes it reachable from
+	// inside as an HTTP proxy on 127.0.0.1:EgressPort.
+	EgressSocket string
 }
+
+// EgressPort is where a sandbox with an egress grant finds the proxy, on
+// its own loopback.
+const EgressPort = 3128
 
 // Limits are the enforced resource bounds of one run.
 type Limits struct {
@@ -112,13 +120,15 @@ type Outcome struct {
 
 // Capabilities declares what a tier can honour on this host.
 type Capabilities struct {
-	MemoryLimit  bool
-	PidsLimit    bool
-	CPULimit     bool
-	NetworkNone  bool
-	Seccomp      bool
-	Landlock     bool
-	WorkspaceCap bool
+	MemoryLimit bool
+	PidsLimit   bool
+	CPULimit    bool
+	NetworkNone bool
+	// NetworkEgress: the tier can give the sandbox Moat's egress proxy.
+	NetworkEgress bool
+	Seccomp       bool
+	Landlock      bool
+	WorkspaceCap  bool
 	// Missing explains each protection the tier cannot apply here.
 	Missing []string
 }

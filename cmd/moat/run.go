@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -60,6 +61,11 @@ func cmdRun(args []string) int {
 			return err
 		}
 		inputs = append(inputs, in)
+		return nil
+	})
+	var netFlags []string
+	fs.Func("net", "network grant: `none`, allow=HOST[,HOST...] (through Moat's egress proxy), or allow-address=IP[,IP...] (repeatable)", func(s string) error {
+		netFlags = append(netFlags, s)
 		return nil
 	})
 	fs.Func("env", "set `K=V` in the program's environment (repeatable)", func(s string) error {
@@ -146,6 +152,20 @@ func cmdRun(args []string) int {
 		}
 		m.Inputs = append(m.Inputs, flagInputs.Inputs...)
 	}
+	for _, nf := range netFlags {
+		switch k, v, _ := strings.Cut(nf, "="); k {
+		case "none":
+			m.Network = manifest.Network{Mode: "none"}
+		case "allow":
+			m.Network.Mode = "allowlist"
+			m.Network.Allow = append(m.Network.Allow, splitList(v)...)
+		case "allow-address":
+			m.Network.AllowAddresses = append(m.Network.AllowAddresses, splitList(v)...)
+		default:
+			fmt.Fprintf(os.Stderr, "moat run: --net %q: want none, allow=HOST[,HOST...] or allow-address=IP[,IP...]\n", nf)
+			return exitUsage
+		}
+	}
 	for _, kv := range envs {
 		if m.Env == nil {
 			m.Env = map[string]string{}
@@ -217,6 +237,16 @@ func cmdRun(args []string) int {
 		return 130
 	}
 	return res.ExitCode
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // report tells the user, on stderr, what the streamed output cannot show.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -70,6 +71,13 @@ func run(st *reporter) (int, error) {
 	}
 	if err := loopbackUp(); err != nil {
 		return 1, err
+	}
+	var egress net.Listener
+	if cfg.EgressPort != 0 {
+		var err error
+		if egress, err = listenEgress(cfg.EgressPort); err != nil {
+			return 1, err
+		}
 	}
 
 	// Wait for the command. The host sends it once we are inside the
@@ -157,6 +165,9 @@ func run(st *reporter) (int, error) {
 	// more. Unlocking lets the few goroutines below share it instead of
 	// each needing a new OS thread (which the pids limit counts).
 	runtime.UnlockOSThread()
+	if egress != nil {
+		go bridgeEgress(egress)
+	}
 	go func() {
 		for sig := range sigs {
 			unix.Kill(-pid, sig.(syscall.Signal))

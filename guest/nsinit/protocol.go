@@ -52,6 +52,10 @@ const (
 	ConfigFD    = 3 // read end: one JSON Config, then EOF
 	StatusFD    = 4 // write end: newline-separated JSON Status messages
 	WorkspaceFD = 5 // a detached tmpfs mount (fsmount) to attach at /workspace
+	// EgressFD, present only with an egress grant, is an O_PATH descriptor
+	// of the host's egress proxy socket. Init connects to it through
+	// /proc/self/fd/6: no host path is reachable or mounted inside.
+	EgressFD = 6
 )
 
 // MaxConfigBytes bounds the Config message.
@@ -93,6 +97,11 @@ type Setup struct {
 	// Seccomp is the compiled filter (package seccomp), compiled once by
 	// the host; init refuses to start the program without it.
 	Seccomp []unix.SockFilter `json:"seccomp"`
+
+	// EgressPort, when non-zero, makes init listen on 127.0.0.1:EgressPort
+	// inside the sandbox and bridge every connection to the egress proxy
+	// (EgressFD). The program's HTTP_PROXY points there.
+	EgressPort int `json:"egress_port,omitempty"`
 
 	// Landlock requires the Landlock ruleset; when false and the kernel
 	// lacks Landlock, init goes on and reports the degradation.

@@ -87,7 +87,7 @@ func New(opts Options) (*Native, error) {
 		return nil, fmt.Errorf("compile the seccomp policy: %w", err)
 	}
 	return &Native{exe: opts.Exe, cg: cg, filter: filter, caps: tier.Capabilities{
-		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true,
+		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true, NetworkEgress: true,
 		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true,
 	}}, nil
 }
@@ -186,6 +186,18 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		return nil, fmt.Errorf("create pipes: %w", err)
 	}
 	childEnds = []*os.File{cfgR, statusW, stdinR, stdoutW, stderrW}
+	extra := []*os.File{cfgR, statusW, s.ws} // fds 3, 4, 5: see nsinit
+	if spec.EgressSocket != "" {
+		// An O_PATH descriptor, not a path: init connects through
+		// /proc/self/fd/6 and nothing of the host's tree is mounted in.
+		fd, err := unix.Open(spec.EgressSocket, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("egress: open proxy socket %s: %w", spec.EgressSocket, err)
+		}
+		f := os.NewFile(uintptr(fd), "egress")
+		childEnds = append(childEnds, f)
+		extra = append(extra, f) // fd 6
+	}
 	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
 
 	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: idRange}}
@@ -199,7 +211,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		Stdin:      stdinR,
 		Stdout:     stdoutW,
 		Stderr:     stderrW,
-		ExtraFiles: []*os.File{cfgR, statusW, s.ws}, // fds 3, 4, 5: see nsinit
+		ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
 				unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
@@ -231,6 +243,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		TmpFiles:        4096,
 		Seccomp:         n.filter,
 		RequireLandlock: !slices.Contains(spec.AllowMissing, "landlock"),
+		EgressPort:      egressPort(spec),
 		Rlimits: nsinit.Rlimits{
 			NoFile:     uint64(lim.OpenFiles),
 			FSize:      uint64(lim.FileSizeBytes),
@@ -249,6 +262,13 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 	}
 	return s, nil
+}
+
+func egressPort(spec *tier.Spec) int {
+	if spec.EgressSocket == "" {
+		return 0
+	}
+	return tier.EgressPort
 }
 
 // newWorkspace creates the workspace tmpfs as a detached mount: it exists

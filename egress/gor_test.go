@@ -1,0 +1,5 @@
+package egress
+
+import "runtime"
+
+func numGoroutine() int { return runtime.NumGoroutine() }

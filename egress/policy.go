@@ -1,0 +1,168 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Policy is what a run may reach.
+type Policy struct {
+	// Allow is the host allowlist (manifest network.allow).
+	Allow []Rule
+	// AllowAddresses are IP prefixes explicitly granted (manifest
+	// network.allow_addresses), e.g. a test server on 127.0.0.1. Only these
+	// may bypass the reserved-address refusal, and only for names that are
+	// also allowed, or for IP-literal requests to exactly these addresses.
+	AllowAddresses []netip.Prefix
+	Limits         Limits
+}
+
+// Limits bound what a run can spend through the proxy. A zero or negative
+// field takes its default.
+type Limits struct {
+	// MaxConns is the number of client connections handled at once
+	// (default 16); more are refused with limit-conns.
+	MaxConns int
+	// MaxBytesOut and MaxBytesIn are the bytes the proxy forwards to
+	// destinations and back to the sandbox over the whole life of the Proxy
+	// (one run): an exfiltration and download budget (defaults 64 MiB and
+	// 512 MiB).
+	MaxBytesOut, MaxBytesIn int64
+	// ConnRate is the number of new connections accepted per second, with a
+	// burst of the same size (default 20); more are refused with limit-rate.
+	ConnRate int
+	// IdleTimeout closes a connection on which nothing moved either way for
+	// this long (default 60s). HandshakeTimeout bounds reading the request
+	// header, resolving, dialing and reading the TLS ClientHello (default
+	// 10s), so a slow client cannot hold a connection slot.
+	IdleTimeout, HandshakeTimeout time.Duration
+	// MaxLogEntries bounds the attempt log (default 10000); attempts past it
+	// are counted (Proxy.DroppedAttempts) but not stored.
+	MaxLogEntries int
+}
+
+// Defaults for Limits.
+const (
+	DefaultMaxConns         = 16
+	DefaultMaxBytesOut      = 64 << 20
+	DefaultMaxBytesIn       = 512 << 20
+	DefaultConnRate         = 20
+	DefaultIdleTimeout      = 60 * time.Second
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultMaxLogEntries    = 10000
+)
+
+// withDefaults returns l with every unset field at its default.
+func (l Limits) withDefaults() Limits {
+	if l.MaxConns <= 0 {
+		l.MaxConns = DefaultMaxConns
+	}
+	if l.MaxBytesOut <= 0 {
+		l.MaxBytesOut = DefaultMaxBytesOut
+	}
+	if l.MaxBytesIn <= 0 {
+		l.MaxBytesIn = DefaultMaxBytesIn
+	}
+	if l.ConnRate <= 0 {
+		l.ConnRate = DefaultConnRate
+	}
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = DefaultIdleTimeout
+	}
+	if l.HandshakeTimeout <= 0 {
+		l.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if l.MaxLogEntries <= 0 {
+		l.MaxLogEntries = DefaultMaxLogEntries
+	}
+	return l
+}
+
+// Validate reports every rule that ParseRule would not have produced and
+// every invalid prefix. New never fails: a rule that does not validate
+// simply never matches (fail closed), so callers that build a Policy by
+// hand should call Validate first.
+func (p Policy) Validate() error {
+	var errs []error
+	for i, r := range p.Allow {
+		if _, ok := compileRule(r); !ok {
+			errs = append(errs, fmt.Errorf("network.allow[%d] %q: not a valid rule; build it with egress.ParseRule", i, r.String()))
+		}
+	}
+	for i, pr := range p.AllowAddresses {
+		if _, ok := canonicalPrefix(pr); !ok {
+			errs = append(errs, fmt.Errorf("network.allow_addresses[%d]: invalid prefix", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// compileRule re-parses r, so a hand-built Rule with an upper-case host, a
+// stray "*." or an IP literal cannot match anything ParseRule would refuse.
+func compileRule(r Rule) (Rule, bool) {
+	if r.Port < 0 || r.Port > 65535 || r.Host == "" {
+		return Rule{}, false
+	}
+	c, err := ParseRule(r.String())
+	if err != nil || c != r {
+		return Rule{}, false
+	}
+	return c, true
+}
+
+// policy is the compiled, immutable form the proxy consults.
+type policy struct {
+	rules  []Rule
+	grants []netip.Prefix
+	limits Limits
+}
+
+func compilePolicy(p Policy) policy {
+	var c policy
+	for _, r := range p.Allow {
+		if cr, ok := compileRule(r); ok {
+			c.rules = append(c.rules, cr)
+		}
+	}
+	for _, pr := range p.AllowAddresses {
+		if cp, ok := canonicalPrefix(pr); ok {
+			c.grants = append(c.grants, cp)
+		}
+	}
+	c.limits = p.Limits.withDefaults()
+	return c
+}
+
+// allowsName reports whether a normalised host and port are allowlisted.
+func (c *policy) allowsName(host string, port int) bool {
+	for _, r := range c.rules {
+		if r.matches(host, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// allowsExplicitPort reports whether a rule naming exactly this port
+// allows host.
+func (c *policy) allowsExplicitPort(host string, port int) bool {
+	for _, r := range c.rules {
+		if r.Port == port && r.matches(host, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// granted reports whether an address is explicitly granted.
+func (c *policy) granted(a netip.Addr) bool {
+	a = a.WithZone("").Unmap()
+	for _, p := range c.grants {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}

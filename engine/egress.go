@@ -1,0 +1,107 @@
+package engine
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/moat-sandbox/moat/egress"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+)
+
+// egressRun is one run's egress proxy: started before the sandbox, closed
+// (every connection and goroutine with it) after the program ended.
+type egressRun struct {
+	proxy  *egress.Proxy
+	socket string
+	done   chan error
+}
+
+// startEgress serves the manifest's allowlist on a Unix socket in the run's
+// private directory. The sandbox reaches it only through the descriptor
+// the tier hands to its init.
+func (e *Engine) startEgress(runDir string, n manifest.Network) (*egressRun, error) {
+	pol, err := egressPolicy(n)
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(runDir, "egress.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("egress: listen on %s: %w", sock, err)
+	}
+	// The run directory is private to root; the socket itself must be
+	// connectable by the sandbox's unprivileged init, through its fd.
+	if err := os.Chmod(sock, 0o666); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	r := &egressRun{proxy: egress.New(pol, egress.Options{}), socket: sock, done: make(chan error, 1)}
+	go func() { r.done <- r.proxy.Serve(l) }()
+	return r, nil
+}
+
+// stop closes the proxy and returns what it logged.
+func (r *egressRun) stop() []result.NetworkAttempt {
+	r.proxy.Close()
+	<-r.done
+	os.Remove(r.socket)
+	var out []result.NetworkAttempt
+	for _, a := range r.proxy.Attempts() {
+		out = append(out, result.NetworkAttempt{
+			Time: a.Time, Method: a.Method, Host: a.Host, Port: a.Port, Address: a.Address,
+			Allowed: a.Allowed, Reason: a.Reason, BytesOut: a.BytesOut, BytesIn: a.BytesIn,
+		})
+	}
+	return out
+}
+
+func egressPolicy(n manifest.Network) (egress.Policy, error) {
+	pol := egress.Policy{Limits: egress.Limits{
+		MaxConns:    n.MaxConnections,
+		ConnRate:    n.ConnectionsPerSecond,
+		MaxBytesOut: int64(n.MaxBytesOut),
+		MaxBytesIn:  int64(n.MaxBytesIn),
+	}}
+	for i, s := range n.Allow {
+		r, err := egress.ParseRule(s)
+		if err != nil {
+			return pol, &manifest.FieldError{Field: fmt.Sprintf("network.allow[%d]", i), Value: s, Problem: err.Error()}
+		}
+		pol.Allow = append(pol.Allow, r)
+	}
+	for i, s := range n.AllowAddresses {
+		p, err := parsePrefix(s)
+		if err != nil {
+			return pol, &manifest.FieldError{Field: fmt.Sprintf("network.allow_addresses[%d]", i), Value: s, Problem: err.Error()}
+		}
+		pol.AllowAddresses = append(pol.AllowAddresses, p)
+	}
+	return pol, nil
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("is not an IP address or prefix (e.g. 127.0.0.1 or 10.0.0.0/24)")
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// proxyEnv points every common client at the in-sandbox end of the proxy.
+func proxyEnv() map[string]string {
+	url := "http://127.0.0.1:" + strconv.Itoa(tier.EgressPort)
+	return map[string]string{
+		"HTTP_PROXY": url, "HTTPS_PROXY": url, "ALL_PROXY": url,
+		"http_proxy": url, "https_proxy": url, "all_proxy": url,
+		"NO_PROXY": "", "no_proxy": "",
+	}
+}
