@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -348,3 +349,5 @@ func goroutinesSettle(t testing.TB, baseline int) int {
 	}
 	return n
 }
+
+func numGoroutine() int { return runtime.NumGoroutine() }

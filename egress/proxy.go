@@ -431,7 +431,10 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel boo
 		return refuse(ReasonBadRequest, http.StatusBadRequest, fmt.Sprintf("%q is not a valid host name", rawHost))
 	}
 	v.host = host
-	if !p.pol.allowsName(host, port) || tunnel && port == 80 && !p.pol.allowsExplicitPort(host, port) {
+	if p.pol.allowsName(host, port) && tunnel && port == 80 && !p.pol.allowsExplicitPort(host, port) {
+		return refuse(ReasonNotAllowlisted, http.StatusForbidden, fmt.Sprintf("tunnels to %s port 80 need the rule %q in network.allow; plain HTTP goes through the proxy as GET http://%s/", host, host+":80", host))
+	}
+	if !p.pol.allowsName(host, port) {
 		return refuse(ReasonNotAllowlisted, http.StatusForbidden, fmt.Sprintf("%s port %d is not in network.allow; add it to the manifest to grant it", host, port))
 	}
 	rctx, cancel := context.WithTimeout(ctx, p.pol.limits.HandshakeTimeout)

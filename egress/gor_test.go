@@ -1,5 +1,0 @@
-package egress
-
-import "runtime"
-
-func numGoroutine() int { return runtime.NumGoroutine() }
