@@ -9,9 +9,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,3 +313,65 @@ func mustAtoi(s string) int {
 }
 
 func newZip(w io.Writer) *zip.Writer { return zip.NewWriter(w) }
+
+// BenchmarkEgressDownload1MB compares, in one run, a 1 MB download from a
+// loopback server through the sandbox's egress path (program -> init's
+// bridge -> the host's proxy -> server) with the same download made
+// directly by the same python on the host (the image's, under chroot):
+//
+//	CGO_ENABLED=0 go test -run '^$' -bench EgressDownload ./tier/native/
+func BenchmarkEgressDownload1MB(b *testing.B) {
+	if skipReason != "" {
+		b.Skip(skipReason)
+	}
+	e, err := newEngine()
+	if err != nil {
+		b.Fatal(err)
+	}
+	img, err := e.Images().Lookup("python")
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := bytes.Repeat([]byte("x"), 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(payload) }))
+	defer srv.Close()
+	n := max(b.N, 20)
+	prog := fmt.Sprintf(`
+import time, urllib.request, sys, os
+url = sys.argv[1]
+opener = urllib.request.build_opener() if os.environ.get("HTTP_PROXY") else urllib.request.build_opener(urllib.request.ProxyHandler({}))
+ts = []
+for _ in range(%d):
+    t = time.perf_counter(); assert len(opener.open(url).read()) == 1 << 20; ts.append(time.perf_counter() - t)
+ts.sort(); print("%%.3f" %% (ts[len(ts)//2] * 1000))
+`, n)
+	url := "http://localhost:" + port(srv) + "/"
+	m := egressManifest("localhost:" + port(srv))
+	m.Network.MaxBytesIn = 4 * manifest.GiB
+	m.Network.ConnectionsPerSecond = 1000
+	m.Resources.Timeout = manifest.Duration(120 * time.Second)
+	m.Resources.CPUTime = m.Resources.Timeout
+	b.ResetTimer()
+	res, err := e.Run(context.Background(), &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog, url}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	direct := exec.Command("/usr/bin/python3", "-c", prog, "http://127.0.0.1:"+port(srv)+"/")
+	direct.SysProcAttr = &syscall.SysProcAttr{Chroot: img.Root}
+	direct.Dir = "/"
+	direct.Env = []string{"PATH=/usr/bin:/bin"}
+	out, err := direct.CombinedOutput()
+	b.StopTimer()
+	if err != nil {
+		b.Fatalf("direct download: %v: %s", err, out)
+	}
+	var proxied, plain float64
+	if _, err := fmt.Sscan(strings.TrimSpace(res.Stdout.Data), &proxied); err != nil {
+		b.Fatalf("sandboxed download: %q %q", res.Stdout.Data, res.Stderr.Data)
+	}
+	fmt.Sscan(strings.TrimSpace(string(out)), &plain)
+	b.ReportMetric(proxied, "egress-ms/MB")
+	b.ReportMetric(plain, "direct-ms/MB")
+	b.ReportMetric(proxied/plain, "egress/direct")
+	b.ReportMetric(proxied-plain, "added-ms")
+}
