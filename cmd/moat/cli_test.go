@@ -465,6 +465,10 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{name: "manifest that does not exist", args: []string{"--manifest", "/does/not/exist.yaml", "--", "true"}, code: exitUsage, wantErr: []string{"/does/not/exist.yaml", "no such file"}},
 		{name: "image that does not exist", args: []string{"--image", "nosuchimage", "--", "true"}, root: true, code: exitUsage, wantErr: []string{`"nosuchimage"`, "unknown image", "python"}},
 		{name: "no command", args: []string{}, code: exitUsage, wantErr: []string{"no command given", "moat run --help"}},
+		{name: "unknown --net form", args: []string{"--net", "open", "--", "true"}, code: exitUsage, wantErr: []string{`--net "open"`, "allow=HOST"}},
+		{name: "--net allow of an IP literal", args: []string{"--net", "allow=10.0.0.1", "--", "true"}, code: exitUsage, wantErr: []string{"network.allow[0]", "10.0.0.1", "allow_addresses"}},
+		{name: "--net allow of a bare star", args: []string{"--net", "allow=*", "--", "true"}, code: exitUsage, wantErr: []string{"network.allow[0]", `"*"`}},
+		{name: "--net allow-address that is not an address", args: []string{"--net", "allow=a.test", "--net", "allow-address=localhost", "--", "true"}, code: exitUsage, wantErr: []string{"network.allow_addresses[0]", "localhost"}},
 		{name: "no command after --", args: []string{"--json", "--"}, code: exitUsage, wantErr: []string{"no command given"}},
 	}
 	for _, tc := range tests {
