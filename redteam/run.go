@@ -271,12 +271,37 @@ func (r *runner) setup(c *Case) (*env, error) {
 	return en, nil
 }
 
+// hostHooks extend one declarative attempt with host-side steps.
+type hostHooks struct {
+	// prepare runs after the declarative setup, before the run: it may add
+	// {vars} and record host state.
+	prepare func(en *env) error
+	// request adjusts the request (stdin, say).
+	request func(req *engine.Request)
+	// onStart is called with the run's id and process lister.
+	onStart func(id string, procs func() ([]int, error))
+	// check judges host state after the run; it runs before the
+	// declarative checks, so its evidence comes first.
+	check func(en *env, res *result.Result) (verdict, evidence string)
+}
+
 // once runs one attempt and judges it.
 func (r *runner) once(ctx context.Context, c *Case) (string, string) {
+	return r.onceWith(ctx, c, hostHooks{})
+}
+
+// onceWith is one attempt with host-side hooks (Go-written cases): setup,
+// the request, the run, then the hooks' check and the declarative checks.
+func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, string) {
 	en, err := r.setup(c)
 	defer en.close()
 	if err != nil {
 		return Error, "host setup: " + err.Error()
+	}
+	if h.prepare != nil {
+		if err := h.prepare(en); err != nil {
+			return Error, "host setup: " + err.Error()
+		}
 	}
 	m := manifest.Default()
 	if c.Manifest != "" {
@@ -307,15 +332,35 @@ func (r *runner) once(ctx context.Context, c *Case) (string, string) {
 	}
 	var procs procWatch
 	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: en.outDir}
-	if c.Expect.HostProcs {
-		req.OnStart = procs.start
+	req.OnStart = func(id string, pl func() ([]int, error)) {
+		if c.Expect.HostProcs {
+			procs.start(id, pl)
+		}
+		if h.onStart != nil {
+			h.onStart(id, pl)
+		}
+	}
+	if h.request != nil {
+		h.request(req)
 	}
 	res, err := r.e.Run(ctx, req)
 	procs.stop()
 	if err != nil {
 		return Error, "run: " + err.Error()
 	}
-	return judge(c, en, res, &procs)
+	var extra string
+	if h.check != nil {
+		v, ev := h.check(en, res)
+		if v != Contained {
+			return v, ev
+		}
+		extra = ev
+	}
+	v, ev := judge(c, en, res, &procs)
+	if v == Contained && extra != "" {
+		ev = strings.Trim(extra+"; "+ev, "; ")
+	}
+	return v, ev
 }
 
 func (c *Case) envKey() string {
