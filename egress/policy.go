@@ -14,7 +14,8 @@ type Policy struct {
 	// AllowAddresses are IP prefixes explicitly granted (manifest
 	// network.allow_addresses), e.g. a test server on 127.0.0.1. Only these
 	// may bypass the reserved-address refusal, and only for names that are
-	// also allowed, or for IP-literal requests to exactly these addresses.
+	// also allowed, or for IP-literal requests to exactly these addresses on
+	// a port some allow rule names.
 	AllowAddresses []netip.Prefix
 	Limits         Limits
 }
@@ -161,6 +162,24 @@ func (c *policy) granted(a netip.Addr) bool {
 	a = a.WithZone("").Unmap()
 	for _, p := range c.grants {
 		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// allowsLiteralPort reports whether an IP-literal request to a granted
+// address may use port: only a port some allow rule names (an explicit
+// port, or 80 and 443 for a rule without one; 80 and 443 when there are no
+// rules at all). An address grant is not a grant of every service on it:
+// with allow [localhost:8080] and allow_addresses [127.0.0.1], a request to
+// 127.0.0.1:22 stays refused.
+func (c *policy) allowsLiteralPort(port int) bool {
+	if len(c.rules) == 0 {
+		return port == 80 || port == 443
+	}
+	for _, r := range c.rules {
+		if r.Port == port || r.Port == 0 && (port == 80 || port == 443) {
 			return true
 		}
 	}

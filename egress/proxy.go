@@ -419,6 +419,9 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel boo
 		if !p.pol.granted(a) {
 			return refuse(ReasonIPLiteral, http.StatusForbidden, fmt.Sprintf("requests to IP addresses (%s) are refused; use a host name from network.allow, or grant the address in network.allow_addresses", a))
 		}
+		if !p.pol.allowsLiteralPort(port) {
+			return refuse(ReasonIPLiteral, http.StatusForbidden, fmt.Sprintf("%s is granted, but port %d is named by no network.allow rule", a, port))
+		}
 		v.addrs = []netip.Addr{a}
 		v.reason = ReasonAllowed
 		return v

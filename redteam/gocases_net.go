@@ -120,10 +120,8 @@ func init() {
 		{
 			ID: "supply-allowlisted-index", Category: "supply-chain", Severity: "high",
 			Threat: "with an allowlisted package index, a request to any other host (or a typosquat served by the allowed index) gets through",
-			Why:    "belongs to the egress proxy: not applicable until network mode allowlist exists",
-			custom: func(context.Context, *runner) (string, string, int) {
-				return NotApplicable, "needs network mode allowlist (egress proxy, not implemented yet)", 0
-			},
+			Why:    "with network mode allowlist granting one index by name (localhost:PORT, allow_addresses 127.0.0.1), pip downloads the granted package through the egress proxy while a second index on another port, asked for the typosquat reqeusts, sees no request (refused not-allowlisted). Package-name allowlists inside an index are not implemented: the granted index serves whatever it hosts, typosquats included",
+			custom: supplyAllowlistedIndex,
 		},
 		{
 			ID: "supply-persist-next-run", Category: "supply-chain", Severity: "critical", Unsandboxed: true,

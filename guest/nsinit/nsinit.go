@@ -166,7 +166,7 @@ func run(st *reporter) (int, error) {
 	// each needing a new OS thread (which the pids limit counts).
 	runtime.UnlockOSThread()
 	if egress != nil {
-		go bridgeEgress(egress)
+		go bridgeEgress(egress, bridgeLimit(cfg.Rlimits.NoFile))
 	}
 	go func() {
 		for sig := range sigs {

@@ -42,3 +42,12 @@ func FuzzReadFrame(f *testing.F) {
 		ReadFrame(bytes.NewReader(b), &s)
 	})
 }
+
+func TestBridgeLimitFitsDescriptorLimit(t *testing.T) {
+	for _, nofile := range []uint64{16, 64, 256, 1024, 65536, 1 << 40} {
+		n := bridgeLimit(nofile)
+		if n < 1 || n > maxBridged || (nofile >= 64 && uint64(n*6+32) > nofile) {
+			t.Errorf("bridgeLimit(%d) = %d: outside 1..%d or over the descriptor limit", nofile, n, maxBridged)
+		}
+	}
+}
