@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -115,58 +114,30 @@ func init() {
 // pidWatch samples the sandbox's program processes (not Moat's init) from
 // the host's /proc while the run lives and records the first finding.
 type pidWatch struct {
+	poller
 	mu      sync.Mutex
-	done    chan struct{}
-	wg      sync.WaitGroup
 	seen    int
 	finding string
 	inspect func(pid int) string // "" when the process is fine
 }
 
 func (w *pidWatch) start(_ string, procs func() ([]int, error)) {
-	w.done = make(chan struct{})
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-w.done:
-				return
-			case <-tick.C:
-			}
-			pids, err := procs()
-			if err != nil {
-				return
-			}
-			for _, pid := range pids {
-				cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-				if err != nil || len(cmdline) == 0 || bytes.HasPrefix(cmdline, []byte("moat-init\x00")) {
-					continue
-				}
-				f := w.inspect(pid)
-				w.mu.Lock()
-				if f == "-" { // could not inspect (exiting): not a sample
-					w.mu.Unlock()
-					continue
-				}
-				w.seen++
-				if w.finding == "" && f != "" {
-					w.finding = fmt.Sprintf("pid %d (%s): %s", pid, clip(strings.Join(strings.Fields(strings.ReplaceAll(string(cmdline), "\x00", " ")), " "), 40), f)
-				}
-				w.mu.Unlock()
-			}
+	w.sample(procs, nil, func(pid int) {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(cmdline) == 0 || bytes.HasPrefix(cmdline, []byte("moat-init\x00")) {
+			return
 		}
-	}()
-}
-
-func (w *pidWatch) stop() {
-	if w.done != nil {
-		close(w.done)
-		w.wg.Wait()
-		w.done = nil
-	}
+		f := w.inspect(pid)
+		if f == "-" { // could not inspect (exiting): not a sample
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.seen++
+		if w.finding == "" && f != "" {
+			w.finding = fmt.Sprintf("pid %d (%s): %s", pid, clip(strings.Join(strings.Fields(strings.ReplaceAll(string(cmdline), "\x00", " ")), " "), 40), f)
+		}
+	})
 }
 
 // verdict: escaped with the finding, error when no program process was

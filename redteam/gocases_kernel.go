@@ -295,8 +295,7 @@ func hostView(pid int) (sandboxProc, bool) {
 
 // sampler calls fn for every process of the run every 5 ms until stopped.
 type sampler struct {
-	done chan struct{}
-	wg   sync.WaitGroup
+	poller
 	mu   sync.Mutex
 	id   string
 	errs []string
@@ -305,43 +304,19 @@ type sampler struct {
 
 func (s *sampler) onStart(fn func(p sandboxProc)) func(string, func() ([]int, error)) {
 	return func(id string, procs func() ([]int, error)) {
-		s.done = make(chan struct{})
 		s.id = id
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			tick := time.NewTicker(5 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-s.done:
-					return
-				case <-tick.C:
-				}
-				pids, err := procs()
-				if err != nil {
-					s.mu.Lock()
-					s.errs = append(s.errs, err.Error())
-					s.mu.Unlock()
-					return
-				}
-				for _, pid := range pids {
-					if p, ok := hostView(pid); ok {
-						s.mu.Lock()
-						s.seen++
-						s.mu.Unlock()
-						fn(p)
-					}
-				}
+		s.sample(procs, func(err error) {
+			s.mu.Lock()
+			s.errs = append(s.errs, err.Error())
+			s.mu.Unlock()
+		}, func(pid int) {
+			if p, ok := hostView(pid); ok {
+				s.mu.Lock()
+				s.seen++
+				s.mu.Unlock()
+				fn(p)
 			}
-		}()
-	}
-}
-
-func (s *sampler) stop() {
-	if s.done != nil {
-		close(s.done)
-		s.wg.Wait()
+		})
 	}
 }
 

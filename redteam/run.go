@@ -599,45 +599,63 @@ func missing(req string) string {
 // procWatch samples the sandbox's processes from the host side while the
 // run lives.
 type procWatch struct {
+	poller
 	mu      sync.Mutex
-	done    chan struct{}
-	wg      sync.WaitGroup
 	threads int
 	bad     string
 	errs    []string
 }
 
-func (w *procWatch) start(id string, procs func() ([]int, error)) {
-	w.done = make(chan struct{})
-	w.wg.Add(1)
+func (w *procWatch) start(_ string, procs func() ([]int, error)) {
+	w.sample(procs, func(err error) {
+		w.mu.Lock()
+		w.errs = append(w.errs, err.Error())
+		w.mu.Unlock()
+	}, w.inspect)
+}
+
+// poller polls a run's host pids every 5 ms while the run lives and hands
+// each to a function; every process watcher of the cases builds on it.
+type poller struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+// sample starts polling; onErr gets the first listing error, which ends
+// the sampling.
+func (s *poller) sample(procs func() ([]int, error), onErr func(error), each func(pid int)) {
+	s.done = make(chan struct{})
+	s.wg.Add(1)
 	go func() {
-		defer w.wg.Done()
+		defer s.wg.Done()
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
-			case <-w.done:
+			case <-s.done:
 				return
 			case <-tick.C:
 			}
 			pids, err := procs()
 			if err != nil {
-				w.mu.Lock()
-				w.errs = append(w.errs, err.Error())
-				w.mu.Unlock()
+				if onErr != nil {
+					onErr(err)
+				}
 				return
 			}
 			for _, pid := range pids {
-				w.inspect(pid)
+				each(pid)
 			}
 		}
 	}()
 }
 
-func (w *procWatch) stop() {
-	if w.done != nil {
-		close(w.done)
-		w.wg.Wait()
+// stop ends the sampling and waits for it; safe to call twice.
+func (s *poller) stop() {
+	if s.done != nil {
+		close(s.done)
+		s.wg.Wait()
+		s.done = nil
 	}
 }
 
