@@ -34,6 +34,9 @@ type Options struct {
 	Moat string
 	// Engine runs the in-process contender.
 	Engine *engine.Engine
+	// Pooled, when set, is an engine with a warm pool for the default
+	// manifest: the moat-pool contender (what 'moat serve' does per run).
+	Pooled *engine.Engine
 	// Progress receives a line per phase; nil discards.
 	Progress io.Writer
 }
@@ -62,8 +65,15 @@ type Report struct {
 	EngineOverheadMS float64 `json:"engine_overhead_ms"`
 	// RatioBwrap is moat run (CLI) over bubblewrap, at the median.
 	RatioBwrap float64 `json:"ratio_bwrap"`
+	// PoolOverheadMS is the in-process engine with a warm pool minus bare.
+	PoolOverheadMS float64 `json:"pool_overhead_ms,omitempty"`
+	// RatioBwrapPool is the pooled engine over bubblewrap.
+	RatioBwrapPool float64 `json:"ratio_bwrap_pool,omitempty"`
 	// RunsPerSecond is sequential /bin/true runs through the engine.
 	RunsPerSecond float64 `json:"runs_per_second"`
+	// PoolRunsPerSecond is the same through the pooled engine (the pool
+	// refills in the background, concurrently).
+	PoolRunsPerSecond float64 `json:"pool_runs_per_second,omitempty"`
 	// CLIRunsPerSecond is the same through the moat binary.
 	CLIRunsPerSecond float64 `json:"cli_runs_per_second"`
 	// CgroupV1MigrationMS is the median time to move a process into a v1
@@ -74,8 +84,10 @@ type Report struct {
 
 type contender struct {
 	name, command string
-	run           func() error
-	times         []time.Duration
+	// before runs untimed ahead of each timed run.
+	before func()
+	run    func() error
+	times  []time.Duration
 }
 
 // Run measures. The contenders are interleaved round-robin so drift in the
@@ -106,16 +118,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	py := []string{"python3", "-c", "pass"}
 
 	m := manifest.Default()
-	engineRun := func(argv []string) error {
-		res, err := opts.Engine.Run(ctx, &engine.Request{Manifest: m, Argv: argv})
-		if err != nil {
-			return err
-		}
-		if res.Termination != result.Exited || res.ExitCode != 0 {
-			return fmt.Errorf("%v: %s exit %d: %s", argv, res.Termination, res.ExitCode, res.Stderr.Data)
-		}
-		return nil
-	}
+	engineRun := func(argv []string) error { return runOn(ctx, opts.Engine, m, argv) }
 	contenders := []*contender{
 		{name: "bare", command: "chroot IMAGE python3 -c pass", run: func() error {
 			return quiet(exec.Command("/usr/bin/python3", "-c", "pass"), func(c *exec.Cmd) {
@@ -128,6 +131,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return quiet(exec.Command(opts.Moat, append([]string{"run", "--no-build", "--"}, py...)...), nil)
 		}},
 		{name: "moat-engine", command: "engine.Run(python3 -c pass) in-process", run: func() error { return engineRun(py) }},
+	}
+	if opts.Pooled != nil {
+		// The pool refills between runs, untimed: each timed run takes a
+		// prepared sandbox, as a server's request does when its pool
+		// keeps up.
+		contenders = append(contenders, &contender{name: "moat-pool", command: "engine.Run(python3 -c pass) from a warm pool",
+			before: func() { opts.Pooled.WaitPools(ctx) },
+			run:    func() error { return runOn(ctx, opts.Pooled, m, py) }})
 	}
 	if bwrap, err := exec.LookPath("bwrap"); err == nil {
 		rep.Bubblewrap = true
@@ -160,6 +171,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return nil, err
 		}
 		for _, c := range contenders {
+			if c.before != nil {
+				c.before()
+			}
 			start := time.Now()
 			if err := c.run(); err != nil {
 				return nil, fmt.Errorf("bench %s: %w", c.name, err)
@@ -178,6 +192,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if rep.Bubblewrap {
 		rep.RatioBwrap = med["moat-cli"] / med["bwrap"]
 	}
+	if opts.Pooled != nil {
+		rep.PoolOverheadMS = med["moat-pool"] - med["bare"]
+		if rep.Bubblewrap {
+			rep.RatioBwrapPool = med["moat-pool"] / med["bwrap"]
+		}
+	}
 
 	fmt.Fprintf(opts.Progress, "bench: %d sequential /bin/true runs through the engine\n", opts.Throughput)
 	start := time.Now()
@@ -187,6 +207,17 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 	}
 	rep.RunsPerSecond = float64(opts.Throughput) / time.Since(start).Seconds()
+	if opts.Pooled != nil {
+		opts.Pooled.WaitPools(ctx)
+		fmt.Fprintf(opts.Progress, "bench: %d sequential /bin/true runs through the pooled engine\n", opts.Throughput)
+		start = time.Now()
+		for i := 0; i < opts.Throughput; i++ {
+			if err := runOn(ctx, opts.Pooled, m, []string{"/bin/true"}); err != nil {
+				return nil, fmt.Errorf("bench pooled throughput: %w", err)
+			}
+		}
+		rep.PoolRunsPerSecond = float64(opts.Throughput) / time.Since(start).Seconds()
+	}
 	n := opts.Throughput / 4
 	fmt.Fprintf(opts.Progress, "bench: %d sequential /bin/true runs through the moat binary\n", n)
 	start = time.Now()
@@ -202,6 +233,17 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		rep.SkipReasons = append(rep.SkipReasons, "cgroup migration not measured: "+err.Error())
 	}
 	return rep, nil
+}
+
+func runOn(ctx context.Context, e *engine.Engine, m *manifest.Manifest, argv []string) error {
+	res, err := e.Run(ctx, &engine.Request{Manifest: m, Argv: argv})
+	if err != nil {
+		return err
+	}
+	if res.Termination != result.Exited || res.ExitCode != 0 {
+		return fmt.Errorf("%v: %s exit %d: %s", argv, res.Termination, res.ExitCode, res.Stderr.Data)
+	}
+	return nil
 }
 
 // MigrationCost measures a cold cgroup v1 migration: the kernel's global
@@ -286,6 +328,9 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\noverhead over bare (median): moat run %.2f ms, in-process engine %.2f ms   (target <= 5 ms)\n", r.OverheadMS, r.EngineOverheadMS)
 	if r.Bubblewrap {
 		fmt.Fprintf(w, "moat run / bubblewrap (median): %.2f   (target <= 1.3)\n", r.RatioBwrap)
+	}
+	if r.PoolOverheadMS != 0 {
+		fmt.Fprintf(w, "warm pool (in-process): overhead %.2f ms, / bubblewrap %.2f, %.0f sequential /bin/true runs/s\n", r.PoolOverheadMS, r.RatioBwrapPool, r.PoolRunsPerSecond)
 	}
 	fmt.Fprintf(w, "sequential /bin/true: %.0f runs/s in-process, %.0f runs/s through the moat binary   (target >= 100)\n", r.RunsPerSecond, r.CLIRunsPerSecond)
 	if r.CgroupV1MigrationMS > 0 {

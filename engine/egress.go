@@ -51,8 +51,17 @@ func (r *egressRun) stop() []result.NetworkAttempt {
 	r.proxy.Close()
 	<-r.done
 	os.Remove(r.socket)
-	var out []result.NetworkAttempt
-	for _, a := range r.proxy.Attempts() {
+	return r.attempts(0)
+}
+
+// attempts returns the proxy's log from entry n on.
+func (r *egressRun) attempts(n int) []result.NetworkAttempt {
+	out := []result.NetworkAttempt{}
+	all := r.proxy.Attempts()
+	if n > len(all) {
+		n = len(all)
+	}
+	for _, a := range all[n:] {
 		out = append(out, result.NetworkAttempt{
 			Time: a.Time, Method: a.Method, Host: a.Host, Port: a.Port, Address: a.Address,
 			Allowed: a.Allowed, Reason: a.Reason, BytesOut: a.BytesOut, BytesIn: a.BytesIn,

@@ -49,6 +49,8 @@ type Options struct {
 	// Tiers adds tiers by name beside the built-in ones (tests use it to
 	// run the red-team corpus against a deliberately unsandboxed runner).
 	Tiers map[string]tier.Tier
+	// Pools are warm pools, filled once StartPools is called.
+	Pools []PoolConfig
 }
 
 // Engine runs sandboxed programs.
@@ -58,6 +60,11 @@ type Engine struct {
 
 	mu    sync.Mutex
 	tiers map[string]tier.Tier
+
+	pools    []*pool
+	poolWG   sync.WaitGroup
+	poolCtx  context.Context
+	poolStop context.CancelFunc
 }
 
 // DefaultHome is $MOAT_HOME, else /var/lib/moat for root, else
@@ -97,6 +104,7 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("create %s: %w", filepath.Join(opts.Home, "runs"), err)
 	}
 	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
+	e.poolCtx, e.poolStop = context.WithCancel(context.Background())
 	for name, t := range opts.Tiers {
 		e.tiers[name] = t
 	}
@@ -142,6 +150,8 @@ type Request struct {
 	LiveStdout, LiveStderr io.Writer
 	// OutputDir, when set, receives the added and modified files.
 	OutputDir string
+	// Files are written into /workspace after the inputs (API uploads).
+	Files []File
 	// OnStart, when set, is called once the sandbox is prepared and the
 	// program is about to start, with a way to list the host pids of the
 	// sandbox's processes (for host-side inspection: the red-team suite
@@ -173,77 +183,38 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 			return nil, fmt.Errorf("%w: --output %s: %w", ErrUsage, req.OutputDir, err)
 		}
 	}
-	t, err := e.Tier(m.Tier)
+	t, img, err := e.resolve(ctx, m, false)
 	if err != nil {
 		return nil, err
 	}
-	img, err := e.image(ctx, m.Image)
-	if errors.Is(err, image.ErrUnknown) {
-		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
-	}
+	p, err := e.take(ctx, t, img, m, false)
 	if err != nil {
 		return nil, err
 	}
-
-	id := newID()
-	release, err := e.claim(id)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
+	defer p.close()
 
 	res := &result.Result{
 		Schema:   result.SchemaVersion,
-		ID:       id,
+		ID:       p.id,
 		Tier:     t.Name(),
 		Image:    result.Image{Name: img.Name, Digest: img.Digest},
 		Manifest: m.Digest(),
 		Command:  req.Argv,
+		Pooled:   p.pooled,
 	}
-	stopEgress := func() {}
-	lim := limits(m)
-	spec := &tier.Spec{
-		ID:           id,
-		ImageRoot:    img.Root,
-		ImageEnv:     img.Env,
-		Limits:       lim,
-		AllowMissing: m.Security.AllowMissing,
-	}
-	env := environment(img.Env, m.Env)
-	res.Network = []result.NetworkAttempt{}
-	if m.Network.Mode == "allowlist" {
-		if !t.Capabilities().NetworkEgress {
-			return nil, &manifest.FieldError{Field: "network.mode", Value: "allowlist", Problem: "is not supported by the " + t.Name() + " tier"}
-		}
-		eg, err := e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network)
-		if err != nil {
-			return nil, err
-		}
-		stopped := false
-		stop := func() {
-			if !stopped {
-				stopped = true
-				res.Network = eg.stop()
-			}
-		}
-		defer stop()
-		spec.EgressSocket = eg.socket
-		// The proxy's variables win over the manifest's: there is no
-		// other way out to configure.
-		env = environment(img.Env, m.Env, proxyEnv())
-		stopEgress = stop
-	}
-	sb, err := t.Prepare(ctx, spec)
-	if err != nil {
-		return nil, fmt.Errorf("prepare sandbox: %w", err)
-	}
-	defer sb.Destroy()
-
+	lim := p.lim
+	sb := p.sb
 	ws := sb.Workspace()
-	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, workspace.Owner{UID: ws.UID, GID: ws.GID},
-		workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles})
+	owner := workspace.Owner{UID: ws.UID, GID: ws.GID}
+	wsLim := workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles, FileBytes: lim.FileSizeBytes}
+	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, owner, wsLim)
 	if err != nil {
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
+	}
+	if len(req.Files) > 0 {
+		if snap, err = writeFiles(ws.Dir, owner, wsLim, req.Files); err != nil {
+			return nil, err
+		}
 	}
 
 	if req.OnStart != nil {
@@ -251,14 +222,14 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		if pl, ok := sb.(tier.ProcessLister); ok {
 			procs = pl.Procs
 		}
-		req.OnStart(id, procs)
+		req.OnStart(p.id, procs)
 	}
 	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
 	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
 	res.StartedAt = time.Now().UTC()
 	out, err := sb.Exec(ctx, &tier.Command{
 		Argv:   req.Argv,
-		Env:    env,
+		Env:    p.env(m, nil),
 		Dir:    "/workspace",
 		Stdin:  req.Stdin,
 		Stdout: stdout,
@@ -270,32 +241,8 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 
 	// The program is gone: close the proxy (and every connection through
 	// it) and take its log.
-	stopEgress()
-	res.Termination = out.Termination
-	res.Error = out.Error
-	res.ExitCode = out.ExitCode
-	res.Signal = out.Signal
-	if out.Signal != 0 {
-		res.SignalName = unix.SignalName(unix.Signal(out.Signal))
-	}
-	res.TimedOut = out.Termination == result.Timeout
-	res.OOMKilled = out.Termination == result.OOM
-	res.DurationMS = float64(out.Duration.Microseconds()) / 1000
-	res.CPUMS = float64(out.CPU.Microseconds()) / 1000
-	res.PeakMemoryBytes = out.PeakMemory
-	res.Stdout = stdout.Stream()
-	res.Stderr = stderr.Stream()
-	res.Violations = append([]result.Violation{}, out.Violations...)
-	res.Degradations = append([]string{}, out.Degradations...)
-	for _, s := range []struct {
-		name string
-		c    *output.Capture
-		lim  manifest.Size
-	}{{"stdout", stdout, m.Resources.StdoutBytes}, {"stderr", stderr, m.Resources.StderrBytes}} {
-		if s.c.Truncated() {
-			res.Violations = append(res.Violations, result.Violation{Kind: "output", Detail: fmt.Sprintf("%s truncated: %d bytes written, %d kept", s.name, s.c.Total(), len(s.c.Bytes())), Limit: fmt.Sprint(int64(s.lim))})
-		}
-	}
+	res.Network = p.stopEgress()
+	fillOutcome(res, out, stdout, stderr, m)
 
 	files, err := workspace.Diff(ws.Dir, snap, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
 	res.Files = files
@@ -321,10 +268,61 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		res.CopyOut = co
 		res.Violations = append(res.Violations, rep.Violations...)
 	}
-	if err := sb.Destroy(); err != nil {
-		return nil, fmt.Errorf("destroy sandbox %s: %w", id, err)
+	if err := p.close(); err != nil {
+		return nil, err
 	}
+
 	return res, nil
+}
+
+// fillOutcome copies what the tier observed, and the captured output, into
+// the result.
+func fillOutcome(res *result.Result, out *tier.Outcome, stdout, stderr *output.Capture, m *manifest.Manifest) {
+	res.Termination = out.Termination
+	res.Error = out.Error
+	res.ExitCode = out.ExitCode
+	res.Signal = out.Signal
+	if out.Signal != 0 {
+		res.SignalName = unix.SignalName(unix.Signal(out.Signal))
+	}
+	res.TimedOut = out.Termination == result.Timeout
+	res.OOMKilled = out.Termination == result.OOM
+	res.DurationMS = float64(out.Duration.Microseconds()) / 1000
+	res.CPUMS = float64(out.CPU.Microseconds()) / 1000
+	res.PeakMemoryBytes = out.PeakMemory
+	res.Stdout = stdout.Stream()
+	res.Stderr = stderr.Stream()
+	res.Violations = append([]result.Violation{}, out.Violations...)
+	res.Degradations = append([]string{}, out.Degradations...)
+	for _, s := range []struct {
+		name string
+		c    *output.Capture
+		lim  manifest.Size
+	}{{"stdout", stdout, m.Resources.StdoutBytes}, {"stderr", stderr, m.Resources.StderrBytes}} {
+		if s.c.Truncated() {
+			res.Violations = append(res.Violations, result.Violation{Kind: "output", Detail: fmt.Sprintf("%s truncated: %d bytes written, %d kept", s.name, s.c.Total(), len(s.c.Bytes())), Limit: fmt.Sprint(int64(s.lim))})
+		}
+	}
+}
+
+// writeFiles writes a caller's uploads into the workspace and returns the
+// workspace's state after them (the diff's baseline).
+func writeFiles(wsDir string, owner workspace.Owner, lim workspace.Limits, files []File) (*workspace.Snapshot, error) {
+	fs, err := workspace.OpenFiles(wsDir, owner, lim)
+	if err != nil {
+		return nil, err
+	}
+	defer fs.Close()
+	for i, f := range files {
+		if _, err := fs.WriteFile(f.Path, f.Data, f.Mode); err != nil {
+			return nil, fmt.Errorf("%w: files[%d] %s: %w", ErrUsage, i, f.Path, err)
+		}
+	}
+	snap, err := workspace.Scan(wsDir, workspace.DiffLimits{MaxEntries: lim.Files + 1, MaxHashBytes: lim.Bytes})
+	if err != nil {
+		return nil, fmt.Errorf("%w: files: %w", ErrUsage, err)
+	}
+	return snap, nil
 }
 
 func (e *Engine) image(ctx context.Context, name string) (*image.Image, error) {

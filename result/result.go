@@ -35,12 +35,14 @@ const SchemaVersion = 1
 // Result is the structured outcome of one run. Its JSON form is documented in
 // docs/RESULT.md and is the same for every tier.
 type Result struct {
-	Schema      int         `json:"schema"`
-	ID          string      `json:"id"`
-	Tier        string      `json:"tier"`
-	Image       Image       `json:"image"`
-	Manifest    string      `json:"manifest_digest"`
-	Command     []string    `json:"command"`
+	Schema   int      `json:"schema"`
+	ID       string   `json:"id"`
+	Tier     string   `json:"tier"`
+	Image    Image    `json:"image"`
+	Manifest string   `json:"manifest_digest"`
+	Command  []string `json:"command"`
+	// Pooled is true when the sandbox came prepared from a warm pool.
+	Pooled      bool        `json:"pooled,omitempty"`
 	Termination Termination `json:"termination"`
 	// ExitCode is the program's exit status (0-255) when it exited, or the
 	// shell convention 128+N when it was killed by signal N, 124 on timeout.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"syscall"
 	"time"
 
 	"github.com/moat-sandbox/moat/result"
@@ -68,6 +69,9 @@ type Spec struct {
 	// socket: the sandbox's only way out. The tier makes it reachable from
 	// inside as an HTTP proxy on 127.0.0.1:EgressPort.
 	EgressSocket string
+	// Session prepares a sandbox that runs many commands: the returned
+	// Sandbox implements Sessioner, and Exec is not used.
+	Session bool
 }
 
 // EgressPort is where a sandbox with an egress grant finds the proxy, on
@@ -99,6 +103,28 @@ type Command struct {
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
+	// Timeout bounds one command of a session (0: Limits.Timeout). A
+	// single-use sandbox's Exec always uses Limits.Timeout.
+	Timeout time.Duration
+}
+
+// Sessioner is implemented by sandboxes prepared with Spec.Session: they
+// run many commands, one after another or at once, in the same
+// namespaces, cgroup and workspace, until Destroy.
+type Sessioner interface {
+	// Start starts one command; ctx bounds only the start. The command
+	// runs until it exits, its timeout passes, it is signalled, or the
+	// sandbox is destroyed.
+	Start(ctx context.Context, cmd *Command) (Process, error)
+}
+
+// Process is one command started in a session sandbox.
+type Process interface {
+	// Signal sends sig to the command's process group.
+	Signal(sig syscall.Signal) error
+	// Wait blocks until the command has ended and its output is drained,
+	// and reports its outcome. It may be called more than once.
+	Wait() (*Outcome, error)
 }
 
 // Outcome is what a tier observed about one Exec. The engine turns it into
@@ -129,6 +155,9 @@ type Capabilities struct {
 	Seccomp       bool
 	Landlock      bool
 	WorkspaceCap  bool
+	// Sessions: the tier prepares sandboxes that run many commands
+	// (Spec.Session, Sessioner).
+	Sessions bool
 	// Missing explains each protection the tier cannot apply here.
 	Missing []string
 }

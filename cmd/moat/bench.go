@@ -10,6 +10,7 @@ import (
 
 	"github.com/moat-sandbox/moat/bench"
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
 )
 
 func cmdBench(args []string) int {
@@ -33,9 +34,19 @@ Flags:
 	if err != nil {
 		return fail(err)
 	}
+	// A second engine keeps a warm pool of the default manifest's
+	// sandboxes, as 'moat serve --pool' does.
+	pooled, err := engine.New(engine.Options{NoAutoBuild: true, Pools: []engine.PoolConfig{{Manifest: manifest.Default(), Size: 4}}})
+	if err != nil {
+		return fail(err)
+	}
+	defer pooled.Close()
+	if err := pooled.StartPools(); err != nil {
+		return fail(err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 	defer stop()
-	rep, err := bench.Run(ctx, bench.Options{Runs: *runs, Throughput: *through, Engine: e, Progress: os.Stderr})
+	rep, err := bench.Run(ctx, bench.Options{Runs: *runs, Throughput: *through, Engine: e, Pooled: pooled, Progress: os.Stderr})
 	if err != nil {
 		return fail(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
@@ -47,10 +48,15 @@ func Main() {
 	os.Exit(code)
 }
 
-type reporter struct{ w *os.File }
+type reporter struct {
+	mu sync.Mutex
+	w  *os.File
+}
 
 func (r *reporter) send(s Status) {
 	b, _ := json.Marshal(s)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.w.Write(append(b, '\n'))
 }
 
@@ -88,7 +94,7 @@ func run(st *reporter) (int, error) {
 	if err != nil {
 		return 1, fmt.Errorf("read command: %w", err)
 	}
-	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+	if !cfg.Serve && (len(cfg.Argv) == 0 || cfg.Argv[0] == "") {
 		return 1, errors.New("command: empty argv")
 	}
 
@@ -100,7 +106,11 @@ func run(st *reporter) (int, error) {
 
 	// Find the program before privileges are dropped, so the error for a
 	// missing command is precise.
-	path, lookErr := lookPath(cfg.Argv[0], cfg.Dir, cfg.Env)
+	var path string
+	var lookErr error
+	if !cfg.Serve {
+		path, lookErr = lookPath(cfg.Argv[0], cfg.Dir, cfg.Env)
+	}
 
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return 1, err
@@ -125,6 +135,11 @@ func run(st *reporter) (int, error) {
 	}
 	if err := seccomp.Install(cfg.Seccomp); err != nil {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
+	}
+	if cfg.Serve {
+		// From here on init is exactly as confined as the commands it
+		// starts: they inherit everything above from this thread.
+		return serve(st, degraded)
 	}
 
 	if lookErr != nil {

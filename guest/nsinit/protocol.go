@@ -56,7 +56,31 @@ const (
 	// of the host's egress proxy socket. Init connects to it through
 	// /proc/self/fd/6: no host path is reachable or mounted inside.
 	EgressFD = 6
+	// SessionFD, present only in session mode, is a SOCK_SEQPACKET socket:
+	// the host sends one Request per message (an exec carries the
+	// command's stdin, stdout and stderr as SCM_RIGHTS), until it closes.
+	SessionFD = 7
 )
+
+// MaxRequestBytes bounds one session Request message.
+const MaxRequestBytes = 1 << 20
+
+// Session requests (Request.Op).
+const (
+	OpExec   = "exec"
+	OpSignal = "signal"
+)
+
+// Request is one message on SessionFD.
+type Request struct {
+	Op string `json:"op"`
+	// Proc is the host's number for the command, echoed in its Status.
+	Proc   int      `json:"proc"`
+	Argv   []string `json:"argv,omitempty"`
+	Env    []string `json:"env,omitempty"`
+	Dir    string   `json:"dir,omitempty"`
+	Signal int      `json:"signal,omitempty"`
+}
 
 // MaxConfigBytes bounds the Config message.
 const MaxConfigBytes = 4 << 20
@@ -76,6 +100,10 @@ type Command struct {
 	Argv []string `json:"argv"`
 	Env  []string `json:"env"`
 	Dir  string   `json:"dir"`
+	// Serve, instead of Argv, makes init confine itself exactly as it
+	// would before running a program and then start commands sent on
+	// SessionFD until the host closes it (session mode).
+	Serve bool `json:"serve,omitempty"`
 }
 
 // Setup is the sandbox's shape, the first frame.
@@ -118,6 +146,9 @@ type Rlimits struct {
 
 // Status is one message from init to the host.
 type Status struct {
+	// Proc, in session mode, names the command this status is about
+	// (0: the session itself: Started means ready to serve).
+	Proc    int  `json:"proc,omitempty"`
 	Started bool `json:"started,omitempty"`
 	// Exited is true when the program ended; Exit or Signal says how.
 	Exited bool `json:"exited,omitempty"`

@@ -88,7 +88,7 @@ func New(opts Options) (*Native, error) {
 	}
 	return &Native{exe: opts.Exe, cg: cg, filter: filter, caps: tier.Capabilities{
 		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true, NetworkEgress: true,
-		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true,
+		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true,
 	}}, nil
 }
 
@@ -128,6 +128,9 @@ type sandbox struct {
 	stdoutR *os.File
 	stderrR *os.File
 	ran     bool
+	// sess is set in session mode (Spec.Session).
+	sess     *session
+	degraded []string
 
 	destroyOnce sync.Once
 	destroyErr  error
@@ -198,6 +201,18 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		childEnds = append(childEnds, f)
 		extra = append(extra, f) // fd 6
 	}
+	if spec.Session {
+		host, child, err := newSessionSocket()
+		if err != nil {
+			return nil, err
+		}
+		s.sess = &session{sock: host, initDone: make(chan struct{}), ready: make(chan string, 1), procs: map[int]*process{}}
+		childEnds = append(childEnds, child)
+		if len(extra) == 3 {
+			extra = append(extra, nil) // fd 6 stays closed without egress
+		}
+		extra = append(extra, child) // fd 7
+	}
 	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
 
 	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: idRange}}
@@ -261,6 +276,14 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 			return nil, fmt.Errorf("move init into cgroup: %w", err)
 		}
 	}
+	if s.sess != nil {
+		// The session's program is init itself, serving commands: it is
+		// inside the cgroup, so it may confine itself and start.
+		s.stdinW.Close()
+		if err = s.serveSession(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -320,8 +343,8 @@ var _ tier.ProcessLister = (*sandbox)(nil)
 
 // Exec implements tier.Sandbox.
 func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
-	if s.ran {
-		return nil, errors.New("sandbox already used: sandboxes are single-use")
+	if s.ran || s.sess != nil {
+		return nil, errors.New("sandbox already used: sandboxes are single-use (a session's commands go through Start)")
 	}
 	s.ran = true
 	lim := s.spec.Limits
@@ -366,6 +389,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		timedOut  bool
 		cancelled bool
 		grace     <-chan time.Time
+		startWait <-chan time.Time
 		setupErr  string
 	)
 	handle := func(st nsinit.Status) {
@@ -375,6 +399,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		case st.Exited:
 			final = &st
 			ended = time.Now()
+
 		case st.Started:
 			started = time.Now()
 			for _, d := range st.Degraded {
@@ -413,6 +438,18 @@ loop:
 			done = nil
 			cancelled = true
 			if started.IsZero() {
+				// Init reports the start right after forking, but that
+				// message may still be in flight (the program's own output
+				// can overtake it): give it a moment before treating the
+				// program as never started.
+				startWait = time.After(100 * time.Millisecond)
+				break
+			}
+			s.init.Process.Signal(unix.SIGTERM)
+			grace = time.After(CancelGrace)
+		case <-startWait:
+			startWait = nil
+			if started.IsZero() {
 				s.cg.Kill()
 				break
 			}
@@ -435,6 +472,7 @@ loop:
 	if ended.IsZero() {
 		ended = time.Now()
 	}
+
 	// Init is gone, and with it every process of its PID namespace; the
 	// pipes' last writers are dead. Kill the cgroup anyway (a process that
 	// left the namespace is impossible, but cheap to be sure of) and let
@@ -560,6 +598,14 @@ func readStatus(r io.Reader, out chan<- nsinit.Status) {
 func (s *sandbox) Destroy() error {
 	s.destroyOnce.Do(func() {
 		var errs []error
+		if s.sess != nil {
+			s.sess.mu.Lock()
+			s.sess.destroyed = true
+			s.sess.mu.Unlock()
+			// Closing our end makes a serving init return, which ends
+			// its whole PID namespace; the cgroup kill below makes sure.
+			s.sess.sock.Close()
+		}
 		if s.cg != nil {
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
@@ -572,7 +618,10 @@ func (s *sandbox) Destroy() error {
 			// Reached only when Exec never ran (or did not finish):
 			// the cgroup kill above already ended init.
 			s.init.Process.Kill()
-			if s.init.ProcessState == nil {
+			switch {
+			case s.sess != nil && s.init.Process != nil && s.sess.started():
+				<-s.sess.initDone // its waiter goroutine reaps it
+			case s.init.ProcessState == nil:
 				s.init.Wait()
 			}
 		}

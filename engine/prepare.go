@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	"github.com/moat-sandbox/moat/image"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+)
+
+// prepared is a sandbox with everything the engine set up around it: its
+// run-directory claim (for GC), its egress proxy, its environment. Run,
+// Session and the warm pools hold sandboxes in this form.
+type prepared struct {
+	id      string
+	tier    tier.Tier
+	img     *image.Image
+	lim     tier.Limits
+	spec    *tier.Spec
+	sb      tier.Sandbox
+	egress  *egressRun
+	release func()
+	pooled  bool
+
+	closeOnce sync.Once
+	closeErr  error
+	network   []result.NetworkAttempt
+}
+
+// resolve picks the tier and the image of a manifest, refusing what the
+// tier cannot honour.
+func (e *Engine) resolve(ctx context.Context, m *manifest.Manifest, session bool) (tier.Tier, *image.Image, error) {
+	t, err := e.Tier(m.Tier)
+	if err != nil {
+		return nil, nil, err
+	}
+	caps := t.Capabilities()
+	if m.Network.Mode == "allowlist" && !caps.NetworkEgress {
+		return nil, nil, &manifest.FieldError{Field: "network.mode", Value: "allowlist", Problem: "is not supported by the " + t.Name() + " tier"}
+	}
+	if session && !caps.Sessions {
+		return nil, nil, &manifest.FieldError{Field: "tier", Value: t.Name(), Problem: "cannot run sandboxes with sessions (many commands); use one-shot runs"}
+	}
+	img, err := e.image(ctx, m.Image)
+	if errors.Is(err, image.ErrUnknown) {
+		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, img, nil
+}
+
+// prepare builds a new sandbox for m: claim, egress, tier Prepare. On error
+// nothing is left.
+func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool) (_ *prepared, err error) {
+	id := newID()
+	release, err := e.claim(id)
+	if err != nil {
+		return nil, err
+	}
+	p := &prepared{id: id, tier: t, img: img, lim: limits(m), release: release}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	p.spec = &tier.Spec{
+		ID:           id,
+		ImageRoot:    img.Root,
+		ImageEnv:     img.Env,
+		Limits:       p.lim,
+		AllowMissing: m.Security.AllowMissing,
+		Session:      session,
+	}
+	if m.Network.Mode == "allowlist" {
+		if p.egress, err = e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network); err != nil {
+			return nil, err
+		}
+		p.spec.EgressSocket = p.egress.socket
+	}
+	if p.sb, err = t.Prepare(ctx, p.spec); err != nil {
+		return nil, fmt.Errorf("prepare sandbox: %w", err)
+	}
+	return p, nil
+}
+
+// env is the program's environment in this sandbox.
+func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
+	if p.egress != nil {
+		// The proxy's variables win over the manifest's: there is no
+		// other way out to configure.
+		return environment(p.img.Env, m.Env, extra, proxyEnv())
+	}
+	return environment(p.img.Env, m.Env, extra)
+}
+
+// stopEgress closes the proxy (and every connection through it) and keeps
+// its log.
+func (p *prepared) stopEgress() []result.NetworkAttempt {
+	if p.egress != nil {
+		p.network = p.egress.stop()
+		p.egress = nil
+	}
+	if p.network == nil {
+		return []result.NetworkAttempt{}
+	}
+	return p.network
+}
+
+// close destroys the sandbox and releases everything around it.
+func (p *prepared) close() error {
+	p.closeOnce.Do(func() {
+		var errs []error
+		if p.sb != nil {
+			if err := p.sb.Destroy(); err != nil {
+				errs = append(errs, fmt.Errorf("destroy sandbox %s: %w", p.id, err))
+			}
+		}
+		p.stopEgress()
+		if p.release != nil {
+			p.release()
+		}
+		p.closeErr = errors.Join(errs...)
+	})
+	return p.closeErr
+}

@@ -1,0 +1,403 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/output"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/workspace"
+)
+
+// File is one file a caller hands a sandbox (an API upload): written into
+// /workspace, owned by the sandbox's user.
+type File struct {
+	// Path is relative to /workspace: no "..", no leading "/", no NUL.
+	Path string
+	// Mode is the permission bits; 0 means 0644.
+	Mode fs.FileMode
+	Data io.Reader
+}
+
+// SessionRequest creates a sandbox that runs many commands.
+type SessionRequest struct {
+	Manifest *manifest.Manifest
+	// Files are written into the workspace before the first command.
+	Files []File
+}
+
+// SessionInfo describes a session.
+type SessionInfo struct {
+	ID             string
+	Tier           string
+	Image          result.Image
+	ManifestDigest string
+	Created        time.Time
+	Pooled         bool
+}
+
+// ExecRequest is one command in a session.
+type ExecRequest struct {
+	Argv []string
+	// Env is added to the manifest's environment.
+	Env map[string]string
+	// Dir is the working directory; default /workspace.
+	Dir string
+	// Timeout bounds this command; 0 or more than the manifest's
+	// resources.timeout means the manifest's.
+	Timeout time.Duration
+	// Stdin is the program's input when StdinOpen is false (nil: empty).
+	Stdin io.Reader
+	// StdinOpen keeps stdin open for Process.Stdin writes.
+	StdinOpen bool
+	// Stdout and Stderr, when set, receive the captured output as it
+	// arrives (never more than the manifest's caps).
+	Stdout, Stderr io.Writer
+}
+
+// FileInfo describes one workspace entry.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"` // relative to /workspace
+	Type    string    `json:"type"` // file, dir, symlink, other
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // octal permission bits, "0644"
+	ModTime time.Time `json:"modified"`
+	Target  string    `json:"target,omitempty"` // a symlink's target, never followed
+}
+
+// ErrSessionClosed is returned by a session's methods after Close.
+var ErrSessionClosed = errors.New("sandbox is closed")
+
+// ErrNotFound is returned (wrapped) for a workspace path that does not exist.
+var ErrNotFound = fs.ErrNotExist
+
+// Session is a sandbox that runs many commands until Close: one task's
+// workspace, namespaces and cgroup, never handed to another.
+type Session struct {
+	e     *Engine
+	p     *prepared
+	m     *manifest.Manifest
+	sess  tier.Sessioner
+	files *workspace.Files
+	info  SessionInfo
+
+	mu     sync.Mutex
+	closed bool
+	next   int
+	wg     sync.WaitGroup
+}
+
+// NewSession prepares a session sandbox (from a warm pool when one
+// matches), copies the manifest's inputs and the request's files in, and
+// returns it ready for commands. The caller must Close it.
+func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Session, err error) {
+	if req == nil || req.Manifest == nil {
+		return nil, fmt.Errorf("%w: no manifest", ErrUsage)
+	}
+	m := req.Manifest
+	t, img, err := e.resolve(ctx, m, true)
+	if err != nil {
+		return nil, err
+	}
+	p, err := e.take(ctx, t, img, m, true)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	sess, ok := p.sb.(tier.Sessioner)
+	if !ok {
+		return nil, fmt.Errorf("tier %s prepared a sandbox without sessions", t.Name())
+	}
+	ws := p.sb.Workspace()
+	owner := workspace.Owner{UID: ws.UID, GID: ws.GID}
+	wsLim := workspace.Limits{Bytes: p.lim.WorkspaceBytes, Files: p.lim.WorkspaceFiles, FileBytes: p.lim.FileSizeBytes}
+	if _, err := workspace.CopyIn(ws.Dir, m.Inputs, owner, wsLim); err != nil {
+		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
+	}
+	if len(req.Files) > 0 {
+		if _, err := writeFiles(ws.Dir, owner, wsLim, req.Files); err != nil {
+			return nil, err
+		}
+	}
+	files, err := workspace.OpenFiles(ws.Dir, owner, wsLim)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{e: e, p: p, m: m, sess: sess, files: files, info: SessionInfo{
+		ID: p.id, Tier: t.Name(), Image: result.Image{Name: img.Name, Digest: img.Digest},
+		ManifestDigest: m.Digest(), Created: time.Now().UTC(), Pooled: p.pooled,
+	}}, nil
+}
+
+// ID is the session's id (also its sandbox's).
+func (s *Session) ID() string { return s.info.ID }
+
+// Info describes the session.
+func (s *Session) Info() SessionInfo { return s.info }
+
+// Manifest is the session's manifest.
+func (s *Session) Manifest() *manifest.Manifest { return s.m }
+
+func (s *Session) open() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	return nil
+}
+
+// Start starts one command; ctx bounds only the start.
+func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error) {
+	if req == nil || len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, fmt.Errorf("%w: no command given", ErrUsage)
+	}
+	for k := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, &manifest.FieldError{Field: "env", Value: k, Problem: "is not a valid variable name"}
+		}
+	}
+	dir := req.Dir
+	if dir == "" {
+		dir = "/workspace"
+	}
+	if !strings.HasPrefix(dir, "/") || strings.IndexByte(dir, 0) >= 0 {
+		return nil, &manifest.FieldError{Field: "dir", Value: dir, Problem: "must be an absolute path inside the sandbox, e.g. /workspace"}
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrSessionClosed
+	}
+	s.next++
+	n := s.next
+	s.wg.Add(1)
+	s.mu.Unlock()
+
+	m := s.m
+	lim := s.p.lim
+	ws := s.p.sb.Workspace()
+	before, err := workspace.Scan(ws.Dir, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
+	if err != nil && len(workspace.Violations(err)) == 0 {
+		s.wg.Done()
+		return nil, fmt.Errorf("scan workspace: %w", err)
+	}
+	netFrom := 0
+	if s.p.egress != nil {
+		netFrom = len(s.p.egress.proxy.Attempts())
+	}
+	pr := &Process{id: fmt.Sprintf("e%d", n), argv: slices.Clone(req.Argv), done: make(chan struct{})}
+	stdin := req.Stdin
+	if req.StdinOpen {
+		r, w := io.Pipe()
+		stdin, pr.stdin = r, w
+	}
+	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.Stdout)
+	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.Stderr)
+	res := &result.Result{
+		Schema:    result.SchemaVersion,
+		ID:        s.info.ID + "-" + pr.id,
+		Tier:      s.info.Tier,
+		Image:     s.info.Image,
+		Manifest:  s.info.ManifestDigest,
+		Command:   pr.argv,
+		Pooled:    s.info.Pooled,
+		StartedAt: time.Now().UTC(),
+	}
+	tp, err := s.sess.Start(ctx, &tier.Command{
+		Argv:    pr.argv,
+		Env:     s.p.env(m, req.Env),
+		Dir:     dir,
+		Stdin:   stdin,
+		Stdout:  stdout,
+		Stderr:  stderr,
+		Timeout: req.Timeout,
+	})
+	if err != nil {
+		s.wg.Done()
+		if pr.stdin != nil {
+			pr.stdin.Close()
+		}
+		return nil, fmt.Errorf("start command: %w", err)
+	}
+	pr.tp = tp
+	go func() {
+		defer s.wg.Done()
+		defer close(pr.done)
+		out, err := tp.Wait()
+		if pr.stdin != nil {
+			pr.stdin.CloseWithError(errors.New("the command has ended"))
+		}
+		if err != nil {
+			out = &tier.Outcome{Termination: result.InfraError, ExitCode: 125, Error: err.Error()}
+		}
+		fillOutcome(res, out, stdout, stderr, m)
+		res.Network = []result.NetworkAttempt{}
+		if eg := s.p.egress; eg != nil {
+			res.Network = eg.attempts(netFrom)
+		}
+		res.Files = []result.FileChange{}
+		if s.open() == nil {
+			files, err := workspace.Diff(ws.Dir, before, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
+			if files != nil {
+				res.Files = files
+			}
+			res.Violations = append(res.Violations, workspace.Violations(err)...)
+		}
+		pr.res.Store(res)
+	}()
+	return pr, nil
+}
+
+// WriteFile writes r to path in the workspace (see workspace.Files).
+func (s *Session) WriteFile(path string, r io.Reader, mode fs.FileMode) (int64, error) {
+	if err := s.open(); err != nil {
+		return 0, err
+	}
+	n, err := s.files.WriteFile(path, r, mode)
+	return n, usage(err)
+}
+
+// Open opens a regular file of the workspace for reading.
+func (s *Session) Open(path string) (*os.File, FileInfo, error) {
+	if err := s.open(); err != nil {
+		return nil, FileInfo{}, err
+	}
+	f, in, err := s.files.Open(path)
+	return f, fileInfo(in), usage(err)
+}
+
+// ReadDir lists a workspace directory.
+func (s *Session) ReadDir(path string) ([]FileInfo, error) {
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	ins, err := s.files.ReadDir(path)
+	out := make([]FileInfo, 0, len(ins))
+	for _, in := range ins {
+		out = append(out, fileInfo(in))
+	}
+	return out, usage(err)
+}
+
+// Stat describes a workspace path without following a final symlink.
+func (s *Session) Stat(path string) (FileInfo, error) {
+	if err := s.open(); err != nil {
+		return FileInfo{}, err
+	}
+	in, err := s.files.Stat(path)
+	return fileInfo(in), usage(err)
+}
+
+// MakeDir creates a workspace directory and its parents.
+func (s *Session) MakeDir(path string) error {
+	if err := s.open(); err != nil {
+		return err
+	}
+	return usage(s.files.MakeDir(path))
+}
+
+// Rename moves a workspace path.
+func (s *Session) Rename(from, to string) error {
+	if err := s.open(); err != nil {
+		return err
+	}
+	return usage(s.files.Rename(from, to))
+}
+
+// Remove removes a workspace path (a directory recursively).
+func (s *Session) Remove(path string) error {
+	if err := s.open(); err != nil {
+		return err
+	}
+	return usage(s.files.Remove(path))
+}
+
+// Close destroys the sandbox: every command still running is killed. It is
+// safe to call more than once.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.p.close()
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.files.Close()
+	err := s.p.close()
+	s.wg.Wait()
+	return err
+}
+
+// usage marks the caller's mistakes (bad paths, limits) as ErrUsage.
+func usage(err error) error {
+	var le *workspace.LimitError
+	if errors.Is(err, workspace.ErrBadPath) || errors.As(err, &le) {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return err
+}
+
+func fileInfo(in workspace.Info) FileInfo {
+	return FileInfo{Name: in.Name, Path: in.Path, Type: in.Type, Size: in.Size, Mode: fmt.Sprintf("%04o", uint32(in.Mode)),
+		ModTime: time.Unix(0, in.ModTime).UTC(), Target: in.Target}
+}
+
+// Process is one command of a session.
+type Process struct {
+	id    string
+	argv  []string
+	tp    tier.Process
+	stdin *io.PipeWriter
+	done  chan struct{}
+	res   atomic.Pointer[result.Result]
+}
+
+// ID names the command within its session ("e1", "e2", ...).
+func (p *Process) ID() string { return p.id }
+
+// Argv is the command.
+func (p *Process) Argv() []string { return p.argv }
+
+// Stdin is the command's standard input when ExecRequest.StdinOpen was
+// set, else nil. Close it to send EOF.
+func (p *Process) Stdin() io.WriteCloser {
+	if p.stdin == nil {
+		return nil
+	}
+	return p.stdin
+}
+
+// Signal sends sig to the command's process group.
+func (p *Process) Signal(sig unix.Signal) error {
+	select {
+	case <-p.done:
+		return errors.New("the command has ended")
+	default:
+	}
+	return p.tp.Signal(sig)
+}
+
+// Done is closed when the command has ended and its Result is ready.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Result is the command's outcome, nil until Done is closed.
+func (p *Process) Result() *result.Result { return p.res.Load() }

@@ -1,0 +1,163 @@
+package nsinit
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// serve is session mode: init, already as confined as any program it will
+// start, runs the commands the host sends on SessionFD, reports each one's
+// start and end on StatusFD, reaps every process that ends up as its child,
+// and returns (ending the whole PID namespace) when the host closes the
+// socket. It runs on the main goroutine, locked to the thread whose
+// bounding set was emptied: every command is forked from that thread.
+func serve(st *reporter, degraded []string) (int, error) {
+	s := &server{st: st, pids: map[int]int{}, procs: map[int]int{}}
+	sigchld := make(chan os.Signal, 64)
+	signal.Notify(sigchld, unix.SIGCHLD)
+	go s.reap(sigchld)
+	st.send(Status{Started: true, Degraded: degraded})
+
+	buf := make([]byte, MaxRequestBytes)
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(SessionFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			// The host closed its end (or died): returning ends PID 1,
+			// and the kernel kills everything left in the namespace.
+			return 0, nil
+		}
+		fds := rights(oob[:oobn])
+		var req Request
+		if json.Unmarshal(buf[:n], &req) == nil {
+			s.handle(&req, fds)
+		}
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+}
+
+type server struct {
+	st *reporter
+	// mu is held across fork so that the reaper, which takes it after
+	// wait4, always finds a command's pid registered.
+	mu    sync.Mutex
+	pids  map[int]int // host-assigned command number -> pid, while running
+	procs map[int]int // pid -> command number
+}
+
+func (s *server) handle(req *Request, fds []int) {
+	switch req.Op {
+	case OpExec:
+		s.exec(req, fds)
+	case OpSignal:
+		s.mu.Lock()
+		pid, ok := s.pids[req.Proc]
+		s.mu.Unlock()
+		if ok && req.Signal > 0 && req.Signal < 65 {
+			// The command's whole process group: what it started in
+			// the foreground goes too.
+			unix.Kill(-pid, unix.Signal(req.Signal))
+		}
+	}
+}
+
+func (s *server) exec(req *Request, fds []int) {
+	if len(fds) != 3 || req.Proc <= 0 || len(req.Argv) == 0 || req.Argv[0] == "" {
+		s.st.send(Status{Proc: req.Proc, Exited: true, Exit: 125, Error: "malformed exec request"})
+		return
+	}
+	stderr := os.NewFile(uintptr(fds[2]), "stderr")
+	fail := func(exit int, notFound bool, format string, a ...any) {
+		fmt.Fprintf(stderr, "moat: "+format+"\n", a...)
+		s.st.send(Status{Proc: req.Proc, Started: true})
+		s.st.send(Status{Proc: req.Proc, Exited: true, Exit: exit, NotFound: notFound, NotExecutable: !notFound})
+	}
+	path, err := lookPath(req.Argv[0], req.Dir, req.Env)
+	if err != nil {
+		nf, _ := err.(*notFoundError)
+		if nf != nil && nf.exists {
+			fail(126, false, "%v", err)
+		} else {
+			fail(127, true, "%v", err)
+		}
+		return
+	}
+	s.mu.Lock()
+	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
+		Dir:   req.Dir,
+		Env:   req.Env,
+		Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err == nil {
+		s.pids[req.Proc] = pid
+		s.procs[pid] = req.Proc
+		s.st.send(Status{Proc: req.Proc, Started: true})
+	}
+	s.mu.Unlock()
+	if err != nil {
+		fail(126, false, "cannot execute %s: %v", req.Argv[0], err)
+	}
+}
+
+// reap collects every child that ends: commands (reported) and orphans
+// re-parented to PID 1 (dropped).
+func (s *server) reap(sigchld <-chan os.Signal) {
+	for range sigchld {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break
+			}
+			s.mu.Lock()
+			proc, ok := s.procs[pid]
+			if ok {
+				delete(s.procs, pid)
+				delete(s.pids, proc)
+			}
+			s.mu.Unlock()
+			if !ok {
+				continue
+			}
+			st := Status{Proc: proc, Exited: true}
+			switch {
+			case ws.Exited():
+				st.Exit = ws.ExitStatus()
+			case ws.Signaled():
+				st.Signal = int(ws.Signal())
+				st.Exit = 128 + st.Signal
+			}
+			s.st.send(st)
+		}
+	}
+}
+
+// rights extracts the descriptors of an SCM_RIGHTS control message.
+func rights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if f, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
