@@ -106,6 +106,17 @@ func (e *Engine) fill(p *pool) {
 				if err != nil {
 					break
 				}
+				if r, ok := s.sb.(tier.Readier); ok {
+					// Offer only what has nothing left to set up.
+					wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					err = r.WaitReady(wctx)
+					cancel()
+					if err != nil {
+						s.close()
+						err = fmt.Errorf("sandbox did not become ready: %w", err)
+						break
+					}
+				}
 				s.pooled = true
 				p.ready <- s
 			}

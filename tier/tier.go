@@ -51,6 +51,14 @@ type Workspace struct {
 	UID, GID int
 }
 
+// Readier is implemented by sandboxes whose Prepare returns before the
+// sandbox is completely set up (the rest happens while the caller copies
+// inputs in). WaitReady blocks until it is; warm pools call it before
+// offering a sandbox.
+type Readier interface {
+	WaitReady(ctx context.Context) error
+}
+
 // ProcessLister is implemented by sandboxes whose processes are host
 // processes: it lists their host pids while the sandbox lives.
 type ProcessLister interface {

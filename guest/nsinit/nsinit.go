@@ -86,16 +86,12 @@ func run(st *reporter) (int, error) {
 		}
 	}
 
-	// Wait for the command. The host sends it once we are inside the
+	// Wait for the start frame. The host sends it once we are inside the
 	// run's cgroup; a closed pipe means the sandbox is being destroyed
 	// unused.
-	err := ReadFrame(cfgPipe, &cfg.Command)
-	cfgPipe.Close()
-	if err != nil {
-		return 1, fmt.Errorf("read command: %w", err)
-	}
-	if !cfg.Serve && (len(cfg.Argv) == 0 || cfg.Argv[0] == "") {
-		return 1, errors.New("command: empty argv")
+	var start Start
+	if err := ReadFrame(cfgPipe, &start); err != nil {
+		return 1, fmt.Errorf("read start: %w", err)
 	}
 
 	// A cgroup namespace rooted at the run's cgroup: /proc/self/cgroup
@@ -103,15 +99,6 @@ func run(st *reporter) (int, error) {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return 1, fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
-
-	// Find the program before privileges are dropped, so the error for a
-	// missing command is precise.
-	var path string
-	var lookErr error
-	if !cfg.Serve {
-		path, lookErr = lookPath(cfg.Argv[0], cfg.Dir, cfg.Env)
-	}
-
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return 1, err
 	}
@@ -128,19 +115,37 @@ func run(st *reporter) (int, error) {
 		return 1, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
 	}
 
-	// Seccomp goes last, as close to the program's execve as possible, so
-	// that as few of our own syscalls as possible run under it.
+	// Seccomp goes last. Init confines itself completely before it even
+	// knows the command, so that a prepared sandbox (a warm pool's) has
+	// only the fork and exec left to do; what init does after this line
+	// (read one frame, stat the program, fork, wait, report) is what any
+	// program may do under the same filter.
 	if len(cfg.Seccomp) == 0 {
 		return 1, errors.New("no seccomp filter in the config: refusing to run unfiltered")
 	}
 	if err := seccomp.Install(cfg.Seccomp); err != nil {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
 	}
-	if cfg.Serve {
+	if egress != nil {
+		go bridgeEgress(egress, bridgeLimit(cfg.Rlimits.NoFile))
+	}
+	if start.Serve {
 		// From here on init is exactly as confined as the commands it
 		// starts: they inherit everything above from this thread.
+		cfgPipe.Close()
 		return serve(st, degraded)
 	}
+
+	st.send(Status{Ready: true})
+	err = ReadFrame(cfgPipe, &cfg.Command)
+	cfgPipe.Close()
+	if err != nil {
+		return 1, fmt.Errorf("read command: %w", err)
+	}
+	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+		return 1, errors.New("command: empty argv")
+	}
+	path, lookErr := lookPath(cfg.Argv[0], cfg.Dir, cfg.Env)
 
 	if lookErr != nil {
 		st.send(Status{Started: true, Degraded: degraded})
@@ -180,9 +185,6 @@ func run(st *reporter) (int, error) {
 	// more. Unlocking lets the few goroutines below share it instead of
 	// each needing a new OS thread (which the pids limit counts).
 	runtime.UnlockOSThread()
-	if egress != nil {
-		go bridgeEgress(egress, bridgeLimit(cfg.Rlimits.NoFile))
-	}
 	go func() {
 		for sig := range sigs {
 			unix.Kill(-pid, sig.(syscall.Signal))

@@ -13,18 +13,25 @@
 //	clone(CLONE_NEW*) + uid/gid maps  --->  starts, blocks reading fd 3
 //	send Setup frame on fd 3          --->  mounts, pivot_root, hostname, loopback;
 //	(v1) move init into the cgroup          then blocks reading fd 3 again
+//	send Start frame                  --->  unshare cgroupns, rlimits, drop caps,
+//	                                        setuid, Landlock, seccomp;
+//	(a warm pool's sandbox waits here)      then blocks reading fd 3 again
 //	copy inputs into the workspace
-//	send Command frame, close fd 3    --->  unshare cgroupns, rlimits, drop caps,
-//	                                        setuid, Landlock, seccomp, start program
+//	send Command frame, close fd 3    --->  start program
 //	read status (fd 4)                <---  {"started":true}
 //	                                  <---  {"exited":true,"exit":N,"signal":N} or {"error":"..."}
 //	wait for init to exit
 //
+// In session mode the Start frame says serve: init reports
+// {"started":true} once confined, closes fd 3 and starts each command the
+// host sends on SessionFD (see session.go), reporting {"proc":N,...}.
+//
 // Frames are a 4-byte little-endian length and that many bytes of JSON.
 // Setup happens while the host is still migrating init into its cgroup
-// (on cgroup v1 a migration waits for an RCU grace period); nothing of the
-// program runs before the Command frame, which the host sends only once
-// init is inside the cgroup.
+// (on cgroup v1 a migration waits for an RCU grace period); nothing runs
+// confined, and no program at all, before the Start frame, which the host
+// sends only once init is inside the cgroup. Init confines itself before it
+// knows the command, so a prepared sandbox has only fork and exec left.
 //
 // Everything this package sends back is read by the host as hostile input:
 // the host bounds the size of each message and trusts nothing in it beyond
@@ -88,8 +95,8 @@ const MaxConfigBytes = 4 << 20
 // MaxStatusBytes bounds everything init may send back.
 const MaxStatusBytes = 64 << 10
 
-// Config is everything init needs, sent by the host over ConfigFD as two
-// frames: Setup, then Command.
+// Config is everything init needs, sent by the host over ConfigFD as
+// frames: Setup, Start, then (one-shot mode) Command.
 type Config struct {
 	Setup
 	Command
@@ -100,9 +107,13 @@ type Command struct {
 	Argv []string `json:"argv"`
 	Env  []string `json:"env"`
 	Dir  string   `json:"dir"`
-	// Serve, instead of Argv, makes init confine itself exactly as it
-	// would before running a program and then start commands sent on
-	// SessionFD until the host closes it (session mode).
+}
+
+// Start is the second frame, sent once init is inside the run's cgroup:
+// init confines itself completely and then waits for the Command frame.
+type Start struct {
+	// Serve, instead of a Command frame, makes init start the commands
+	// sent on SessionFD until the host closes it (session mode).
 	Serve bool `json:"serve,omitempty"`
 }
 
@@ -148,7 +159,9 @@ type Rlimits struct {
 type Status struct {
 	// Proc, in session mode, names the command this status is about
 	// (0: the session itself: Started means ready to serve).
-	Proc    int  `json:"proc,omitempty"`
+	Proc int `json:"proc,omitempty"`
+	// Ready (one-shot mode): confined, waiting for the Command frame.
+	Ready   bool `json:"ready,omitempty"`
 	Started bool `json:"started,omitempty"`
 	// Exited is true when the program ended; Exit or Signal says how.
 	Exited bool `json:"exited,omitempty"`

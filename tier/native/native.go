@@ -128,6 +128,11 @@ type sandbox struct {
 	stdoutR *os.File
 	stderrR *os.File
 	ran     bool
+	// statuses carries init's reports in one-shot mode; ready is closed
+	// when init is confined and waits for the command (or is gone).
+	statuses chan nsinit.Status
+	ready    chan struct{}
+	notReady string // why ready was closed without init being ready
 	// sess is set in session mode (Spec.Session).
 	sess     *session
 	degraded []string
@@ -276,9 +281,43 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 			return nil, fmt.Errorf("move init into cgroup: %w", err)
 		}
 	}
+	// Init is inside the cgroup: it may confine itself now, while the
+	// caller copies the inputs in (or while the sandbox waits in a pool).
+	if err = nsinit.WriteFrame(s.cfgW, &nsinit.Start{Serve: s.sess != nil}); err != nil {
+		return nil, fmt.Errorf("send start to init: %w", err)
+	}
+	if s.sess == nil {
+		// One-shot: init's reports are read from now on, so that a
+		// pool can wait for it to be confined (WaitReady).
+		raw := make(chan nsinit.Status, 4)
+		s.statuses = make(chan nsinit.Status, 4)
+		s.ready = make(chan struct{})
+		go readStatus(s.statusR, raw)
+		go func() {
+			defer close(s.statuses)
+			readyOnce := sync.Once{}
+			defer readyOnce.Do(func() {
+				s.notReady = "init ended before it was ready"
+				close(s.ready)
+			})
+			for st := range raw {
+				if st.Ready {
+					readyOnce.Do(func() { close(s.ready) })
+					continue
+				}
+				if st.Error != "" {
+					readyOnce.Do(func() {
+						s.notReady = st.Error
+						close(s.ready)
+					})
+				}
+				s.statuses <- st
+			}
+		}()
+	}
 	if s.sess != nil {
-		// The session's program is init itself, serving commands: it is
-		// inside the cgroup, so it may confine itself and start.
+		// The session's program is init itself, serving commands.
+		s.cfgW.Close()
 		s.stdinW.Close()
 		if err = s.serveSession(ctx); err != nil {
 			return nil, err
@@ -326,6 +365,26 @@ func newWorkspace(bytes int64, files int) (*os.File, error) {
 	return os.NewFile(uintptr(mfd), "workspace"), nil
 }
 
+// WaitReady implements tier.Readier: it returns once init has confined
+// itself and waits for the command, so that a pool hands out sandboxes
+// with nothing left to do but fork and exec.
+func (s *sandbox) WaitReady(ctx context.Context) error {
+	if s.sess != nil {
+		return nil // Prepare waited already
+	}
+	select {
+	case <-s.ready:
+		if s.notReady != "" {
+			return fmt.Errorf("sandbox setup: %s", s.notReady)
+		}
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+var _ tier.Readier = (*sandbox)(nil)
+
 // Workspace implements tier.Sandbox.
 func (s *sandbox) Workspace() tier.Workspace {
 	return tier.Workspace{
@@ -368,8 +427,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		s.stdinW.Close()
 	}()
 
-	statuses := make(chan nsinit.Status, 4)
-	go readStatus(s.statusR, statuses)
+	statuses := s.statuses
 
 	start := time.Now()
 	err := nsinit.WriteFrame(s.cfgW, &nsinit.Command{Argv: c.Argv, Env: c.Env, Dir: c.Dir})

@@ -50,15 +50,10 @@ func newSessionSocket() (host, child *os.File, err error) {
 	return os.NewFile(uintptr(fds[0]), "session"), os.NewFile(uintptr(fds[1]), "session-init"), nil
 }
 
-// serveSession tells init (already inside its cgroup) to confine itself and
-// wait for commands, and waits until it says it does.
+// serveSession waits until init, told to serve, says it is confined and
+// waiting for commands.
 func (s *sandbox) serveSession(ctx context.Context) error {
 	ss := s.sess
-	err := nsinit.WriteFrame(s.cfgW, &nsinit.Command{Serve: true})
-	s.cfgW.Close()
-	if err != nil {
-		return fmt.Errorf("send serve to init: %w", err)
-	}
 	ss.mu.Lock()
 	ss.waiting = true
 	ss.mu.Unlock()
