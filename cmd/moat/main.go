@@ -42,6 +42,9 @@ func init() {
 		{"gc", "remove what killed runs left behind", cmdGC},
 		{"redteam", "attack this host's sandbox with Moat's red-team corpus", cmdRedteam},
 		{"bench", "measure per-run overhead against the bare command and bubblewrap", cmdBench},
+		{"keys", "create, list and revoke API keys of moat serve (moat keys create --name NAME)", cmdKeys},
+		{"audit", "list what ran, or report what it attempted and cost (moat audit report)", cmdAudit},
+		{"policy", "suggest the tightest manifest from the audit log (moat policy suggest)", cmdPolicy},
 		{"doctor", "explain what this host supports and which tiers can run", cmdDoctor},
 		{"version", "print the version and the kernel features Moat uses", cmdVersion},
 	}
