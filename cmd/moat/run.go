@@ -7,19 +7,24 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"net/http"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/workspace"
 )
 
 const runUsage = `Usage: moat run [FLAGS] [--] COMMAND [ARG...]
@@ -33,6 +38,16 @@ exits with the program's status: 124 on timeout, 128+N when killed by signal N,
 127 when the command does not exist, 2 for invalid flags or manifest, 125 when
 moat itself failed. With --json, one result object is printed on stdout (see
 docs/RESULT.md) and moat exits 0 whenever the run took place.
+
+With --server URL (or MOAT_SERVER), the run takes place on a Moat server
+(moat serve) instead of this host, with the same manifest, output (printed
+when the run ends) and exit statuses. Inputs are read here, with the same
+symlink rules, and sent as files; a symlink inside an input is sent as a
+copy of the file it leads to. The API key comes from --api-key or, better
+(flags are visible to other users in ps), MOAT_API_KEY. A request the server
+refuses as invalid (HTTP 400, 401, 403, 413) exits 2, any other failure 125.
+--output and --no-build are refused with --server. --server "" runs locally
+even when MOAT_SERVER is set.
 
 Flags (override the manifest's fields):
 `
@@ -52,6 +67,8 @@ func cmdRun(args []string) int {
 		outDir       = fs.String("output", "", "copy added and modified workspace files into `DIR` (must be empty or absent)")
 		stdin        = fs.Bool("stdin", false, "forward moat's standard input to the program (default: empty input)")
 		noBuild      = fs.Bool("no-build", false, "fail instead of building a missing image")
+		serverURL    = fs.String("server", "", "run on the Moat server at `URL` instead of locally (default $MOAT_SERVER)")
+		apiKey       = fs.String("api-key", "", "API `KEY` for --server (default $MOAT_API_KEY, which is safer: flags show in ps)")
 	)
 	var inputs []manifest.Input
 	var envs [][2]string
@@ -175,6 +192,27 @@ func cmdRun(args []string) int {
 	if err := m.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "moat: invalid manifest:\n%v\n", err)
 		return exitUsage
+	}
+
+	server := os.Getenv("MOAT_SERVER")
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "server" {
+			server = *serverURL // explicit, even "": run locally
+		}
+	})
+	if server == "" && *apiKey != "" {
+		fmt.Fprintln(os.Stderr, "moat run: --api-key is for a run on a server: add --server URL (or set MOAT_SERVER)")
+		return exitUsage
+	}
+	if server != "" {
+		key := *apiKey
+		if key == "" {
+			key = os.Getenv("MOAT_API_KEY")
+		}
+		return runRemote(remoteRun{
+			server: server, key: key, m: m, argv: argv,
+			stdin: *stdin, jsonOut: *jsonOut, outDir: *outDir, noBuild: *noBuild,
+		})
 	}
 
 	e, err := engine.New(engine.Options{Progress: progressWriter(), NoAutoBuild: *noBuild})
@@ -303,3 +341,293 @@ func isTerminal(f *os.File) bool {
 
 // progressWriter is where long operations (image builds) report progress.
 func progressWriter() io.Writer { return os.Stderr }
+
+// remoteRun is a `moat run --server`: the manifest built from the flags,
+// run by a Moat server through its HTTP API instead of on this host.
+type remoteRun struct {
+	server, key string
+	m           *manifest.Manifest
+	argv        []string
+	stdin       bool
+	jsonOut     bool
+	outDir      string
+	noBuild     bool
+}
+
+// maxRemoteStdin bounds what --stdin sends to a server: the whole input
+// travels in the request, whose default limit (--max-body) is 64 MiB.
+const maxRemoteStdin = 64 << 20
+
+// runRemote sends r as POST /v1/runs and prints the result and exits as a
+// local run does.
+func runRemote(r remoteRun) int {
+	switch {
+	case r.outDir != "":
+		fmt.Fprintln(os.Stderr, "moat run: --output cannot be used with --server: a one-shot run on a server has no file download.\n"+
+			"Drop --output, or use a sandbox of the HTTP API (POST /v1/sandboxes, then GET .../files?path=P) to fetch files.")
+		return exitUsage
+	case r.noBuild:
+		fmt.Fprintln(os.Stderr, "moat run: --no-build cannot be used with --server: the server builds (or refuses) images by its own configuration")
+		return exitUsage
+	case r.key == "":
+		fmt.Fprintln(os.Stderr, "moat run: --server needs an API key: set MOAT_API_KEY (or pass --api-key KEY);\n"+
+			"create one on the server's host with: moat keys create --name NAME")
+		return exitUsage
+	}
+	c, err := client.New(r.server, r.key, client.WithUserAgent("moat/"+versionString()))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "moat run: --server: %v\n", strings.TrimPrefix(err.Error(), "moat client: "))
+		return exitUsage
+	}
+
+	// The server refuses host paths: the inputs travel as files.
+	m := *r.m
+	m.Inputs = []manifest.Input{}
+	req := &client.RunRequest{Manifest: &m, Argv: r.argv}
+	if r.stdin {
+		// Read before signals are caught, so ^C still ends a wait for
+		// input at once.
+		data, err := io.ReadAll(io.LimitReader(os.Stdin, maxRemoteStdin+1))
+		if err != nil {
+			return fail(fmt.Errorf("read standard input: %w", err))
+		}
+		if len(data) > maxRemoteStdin {
+			fmt.Fprintf(os.Stderr, "moat run: --stdin: more than %d MiB on standard input; a run on a server gets its whole input in one request\n", maxRemoteStdin>>20)
+			return exitUsage
+		}
+		req.Stdin = data
+	}
+
+	// Caught from here on, so an interrupted run still removes the
+	// temporary copy of the inputs.
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM, unix.SIGHUP)
+	defer stop()
+	files, err := inputFiles(r.m)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "moat: %v\n", err)
+		return exitUsage
+	}
+	req.Files = files
+	resp, err := c.Run(ctx, req)
+	if err != nil {
+		var apiErr *client.Error
+		switch {
+		case errors.As(err, &apiErr):
+			msg := apiErr.Message
+			if apiErr.Field != "" {
+				msg += " (field: " + apiErr.Field + ")"
+			}
+			fmt.Fprintf(os.Stderr, "moat: %s\n", msg)
+			switch apiErr.Status {
+			case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnauthorized, http.StatusForbidden:
+				// The request as given can never succeed: fix the flags,
+				// the manifest, the inputs or the key.
+				return exitUsage
+			}
+			return exitMoat
+		case ctx.Err() != nil:
+			fmt.Fprintln(os.Stderr, "moat: interrupted; the request to the server was cancelled")
+			return 130
+		}
+		return fail(errors.New(strings.TrimPrefix(err.Error(), "moat client: ")))
+	}
+	res := resp.Result
+	if res == nil {
+		return fail(fmt.Errorf("the server at %s answered run %q without a result", r.server, resp.ID))
+	}
+	if r.jsonOut {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return fail(err)
+		}
+		return 0
+	}
+	// The API returns the output once the run is over; it goes out through
+	// the same writers as a local run's live output.
+	for _, s := range []struct {
+		f      *os.File
+		stream result.Stream
+	}{{os.Stdout, res.Stdout}, {os.Stderr, res.Stderr}} {
+		data, err := client.StreamBytes(s.stream)
+		if err != nil {
+			return fail(fmt.Errorf("the server's result: %w", err))
+		}
+		w := liveWriter(s.f)
+		w.Write(data)
+		w.Flush()
+	}
+	report(res)
+	if ctx.Err() != nil {
+		return 130
+	}
+	return res.ExitCode
+}
+
+// inputFiles reads the manifest's inputs into files for the API. The
+// inputs are first copied into a private temporary directory by
+// workspace.CopyIn, the very code a local run uses, so the same rules hold
+// (no top-level symlink, symlinks only if they resolve inside their input,
+// regular files, directories and symlinks only, setuid bits stripped, the
+// workspace's size and file limits) and the files sent are the snapshot
+// that was checked, not a second read of a tree that may have changed.
+//
+// The API carries regular files only: a symlink is sent as a copy of the
+// regular file it resolves to within its input; one that leads to a
+// directory or to nothing is refused. Empty directories cannot be sent
+// and are reported.
+func inputFiles(m *manifest.Manifest) ([]client.File, error) {
+	if len(m.Inputs) == 0 {
+		return nil, nil
+	}
+	tmp, err := os.MkdirTemp("", "moat-inputs-")
+	if err != nil {
+		return nil, fmt.Errorf("copy inputs: %w", err)
+	}
+	defer removeTree(tmp)
+	owner := workspace.Owner{UID: os.Getuid(), GID: os.Getgid()}
+	lim := workspace.Limits{Bytes: int64(m.Workspace.Size), Files: m.Workspace.Files, FileBytes: int64(m.Resources.FileSize)}
+	snap, err := workspace.CopyIn(tmp, m.Inputs, owner, lim)
+	if err != nil {
+		return nil, fmt.Errorf("copy inputs: %w", err)
+	}
+	root, err := os.OpenRoot(tmp)
+	if err != nil {
+		return nil, fmt.Errorf("copy inputs: %w", err)
+	}
+	defer root.Close()
+	paths := snap.Paths()
+	// The copy keeps the inputs' modes (a 0000 file, a 0500 directory);
+	// it is ours, so open it up to read it. The modes sent come from the
+	// snapshot.
+	for _, p := range paths {
+		switch e, _ := snap.Lookup(p); e.Type {
+		case "dir":
+			err = root.Chmod(p, 0o700)
+		case "file":
+			err = root.Chmod(p, 0o600)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("copy inputs: %w", err)
+		}
+	}
+	hasChild := map[string]bool{}
+	for _, p := range paths {
+		hasChild[path.Dir(p)] = true
+	}
+	var files []client.File
+	for _, p := range paths {
+		e, _ := snap.Lookup(p)
+		src, entry := p, e
+		switch e.Type {
+		case "dir":
+			if !hasChild[p] {
+				fmt.Fprintf(os.Stderr, "moat: warning: empty directory %s is not sent: the HTTP API carries files only\n", p)
+			}
+			continue
+		case "symlink":
+			if src, entry, err = resolveInputLink(snap, inputRoot(m.Inputs, p), p); err != nil {
+				return nil, fmt.Errorf("copy inputs: %w", err)
+			}
+		case "file":
+		default:
+			return nil, fmt.Errorf("copy inputs: %s is a %s: only regular files, directories and symlinks can be inputs", p, e.Type)
+		}
+		data, err := root.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("copy inputs: %w", err)
+		}
+		mode := fs.FileMode(entry.Mode & 0o777)
+		if mode == 0 {
+			// The API's default for a file without a mode is 0644; it
+			// cannot say "no permissions".
+			fmt.Fprintf(os.Stderr, "moat: warning: %s has mode 0000 here and is sent with the server's default mode 0644\n", p)
+		}
+		files = append(files, client.File{Path: p, Content: data, Mode: mode})
+	}
+	return files, nil
+}
+
+// inputRoot returns the dst of the input p belongs to.
+func inputRoot(inputs []manifest.Input, p string) string {
+	for _, in := range inputs {
+		if p == in.Dst || strings.HasPrefix(p, in.Dst+"/") {
+			return in.Dst
+		}
+	}
+	return p
+}
+
+// resolveInputLink follows the symlink at p through the snapshot, as the
+// kernel would, without leaving the input rooted at root (CopyIn has
+// checked that already; this holds on its own all the same), and returns
+// the regular file it leads to.
+func resolveInputLink(snap *workspace.Snapshot, root, p string) (string, workspace.Entry, error) {
+	e, _ := snap.Lookup(p)
+	refuse := func(why string) (string, workspace.Entry, error) {
+		return "", workspace.Entry{}, fmt.Errorf("symlink %s -> %q %s: a run on a server receives regular files only; replace the link with the file", p, e.Target, why)
+	}
+	base := len(strings.Split(root, "/"))
+	stack := strings.Split(path.Dir(p), "/")
+	pending := strings.Split(e.Target, "/")
+	for hops := 1; len(pending) > 0; {
+		comp := pending[0]
+		pending = pending[1:]
+		switch comp {
+		case "", ".":
+			continue
+		case "..":
+			if len(stack) <= base {
+				return refuse("leads outside its input")
+			}
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		stack = append(stack, comp)
+		cur, ok := snap.Lookup(strings.Join(stack, "/"))
+		switch {
+		case !ok:
+			return refuse("leads to nothing")
+		case cur.Type == "symlink":
+			if hops++; hops > 40 {
+				return refuse("has too many levels of symlinks")
+			}
+			if path.IsAbs(cur.Target) {
+				return refuse("leads outside its input")
+			}
+			stack = stack[:len(stack)-1]
+			pending = append(strings.Split(cur.Target, "/"), pending...)
+		case cur.Type != "dir" && len(pending) > 0:
+			return refuse("leads through a file")
+		}
+	}
+	if len(stack) < base {
+		return refuse("leads outside its input")
+	}
+	target := strings.Join(stack, "/")
+	te, ok := snap.Lookup(target)
+	switch {
+	case !ok:
+		return refuse("leads to nothing")
+	case te.Type == "dir":
+		return refuse("leads to a directory")
+	case te.Type != "file":
+		return refuse("does not lead to a regular file")
+	}
+	return target, te, nil
+}
+
+// removeTree removes the temporary copy of the inputs, opening up the
+// directories the inputs' modes closed (a 0500 directory cannot be
+// emptied).
+func removeTree(dir string) {
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "moat: warning: remove the temporary copy of the inputs: %v\n", err)
+	}
+}
