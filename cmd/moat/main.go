@@ -42,6 +42,7 @@ func init() {
 		{"gc", "remove what killed runs left behind", cmdGC},
 		{"redteam", "attack this host's sandbox with Moat's red-team corpus", cmdRedteam},
 		{"bench", "measure per-run overhead against the bare command and bubblewrap", cmdBench},
+		{"serve", "serve the HTTP API with warm pools and an audit log (docs/API.md)", cmdServe},
 		{"keys", "create, list and revoke API keys of moat serve (moat keys create --name NAME)", cmdKeys},
 		{"audit", "list what ran, or report what it attempted and cost (moat audit report)", cmdAudit},
 		{"policy", "suggest the tightest manifest from the audit log (moat policy suggest)", cmdPolicy},

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/server"
+)
+
+const serveUsage = `Usage: moat serve [FLAGS]
+
+Serves Moat's HTTP API (docs/API.md): one-shot runs, sandboxes with
+sessions, file transfer, live output. Every request but GET /v1/health needs
+an API key from 'moat keys create'. Runs and sandboxes are recorded in the
+audit log ('moat audit').
+
+Warm pools keep sandboxes of the default manifest's resource class prepared,
+so that a request that matches takes one instead of building it; each is
+used once and destroyed. A request with another class (or with network
+access) is prepared on demand.
+
+On SIGTERM or SIGINT the server stops taking requests, lets running
+one-shot runs finish (--drain), destroys every sandbox and exits. After a
+crash, the next start destroys what the dead server left and marks its
+unfinished runs failed in the audit log.
+
+Flags:
+`
+
+func cmdServe(args []string) int {
+	fs := newFlags("serve", serveUsage)
+	var (
+		listen        = fs.String("listen", "127.0.0.1:7070", "`ADDR` to listen on; anything but loopback should use --tls-cert")
+		tlsCert       = fs.String("tls-cert", "", "serve HTTPS with this certificate `FILE` (PEM; needs --tls-key)")
+		tlsKey        = fs.String("tls-key", "", "private key `FILE` of --tls-cert (PEM)")
+		dbPath        = fs.String("db", "", "audit database `FILE` (default $MOAT_HOME/audit.db)")
+		pool          = fs.Int("pool", 2, "one-shot sandboxes of the default resource class kept prepared (0: none)")
+		sessionPool   = fs.Int("session-pool", 1, "session sandboxes of the default resource class kept prepared (0: none)")
+		poolManifest  = fs.String("pool-manifest", "", "manifest `FILE` whose resource class the pools prepare (default: the default manifest)")
+		maxBody       = fs.String("max-body", "64MiB", "largest request body `SIZE`")
+		maxFiles      = fs.Int("max-files", 1000, "most files in one request")
+		maxConcurrent = fs.Int("max-concurrent", 0, "programs running at once, server-wide (default 4 per CPU)")
+		maxTTL        = fs.Duration("max-ttl", 24*time.Hour, "longest sandbox TTL a request may ask for")
+		keepRuns      = fs.Int("keep-runs", 1000, "one-shot results kept for GET /v1/runs/{id}")
+		drain         = fs.Duration("drain", 30*time.Second, "how long shutdown waits for running one-shot runs")
+	)
+	if c := parse(fs, args); c >= 0 {
+		return c
+	}
+	if fs.NArg() > 0 {
+		return fail(usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())})
+	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return fail(usageError{errors.New("--tls-cert and --tls-key go together")})
+	}
+	body, err := manifest.ParseSize(*maxBody)
+	if err != nil || body <= 0 {
+		return fail(usageError{fmt.Errorf("--max-body %q: want a size such as 64MiB", *maxBody)})
+	}
+	if *pool < 0 || *pool > 64 || *sessionPool < 0 || *sessionPool > 64 {
+		return fail(usageError{fmt.Errorf("--pool and --session-pool take 0 to 64, got %d and %d", *pool, *sessionPool)})
+	}
+	class := manifest.Default()
+	if *poolManifest != "" {
+		if class, err = manifest.Load(*poolManifest); err != nil {
+			return fail(usageError{fmt.Errorf("--pool-manifest: %w", err)})
+		}
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	var pools []engine.PoolConfig
+	if *pool > 0 {
+		pools = append(pools, engine.PoolConfig{Manifest: class, Size: *pool})
+	}
+	if *sessionPool > 0 {
+		pools = append(pools, engine.PoolConfig{Manifest: class, Size: *sessionPool, Session: true})
+	}
+	// engine.New also destroys what a killed server left behind: its
+	// sandboxes' cgroups and run directories.
+	e, err := engine.New(engine.Options{Progress: os.Stderr, Pools: pools})
+	if err != nil {
+		return fail(err)
+	}
+	defer e.Close()
+	if *dbPath == "" {
+		*dbPath = filepath.Join(e.Home(), "audit.db")
+	}
+	store, err := audit.Open(*dbPath)
+	if err != nil {
+		return fail(err)
+	}
+	defer store.Close()
+	if n, err := store.FailRunning("the server stopped while this ran"); err != nil {
+		return fail(err)
+	} else if n > 0 {
+		log.Warn("marked runs of a previous server failed", "count", n)
+	}
+	if len(pools) > 0 {
+		// Build the image first if needed (with progress), so the pools
+		// fill and the first request does not pay for it.
+		if _, err := e.Images().Lookup(class.Image); err != nil {
+			fmt.Fprintf(os.Stderr, "moat: building image %q for the pools (once per machine)\n", class.Image)
+		}
+		if err := e.StartPools(); err != nil {
+			return fail(err)
+		}
+	}
+
+	srv, err := server.New(server.Config{
+		Backend:       server.NewEngineBackend(e),
+		Auditor:       store,
+		Logger:        log,
+		Version:       versionString(),
+		MaxBodyBytes:  int64(body),
+		MaxFiles:      *maxFiles,
+		MaxConcurrent: *maxConcurrent,
+		MaxTTL:        *maxTTL,
+		KeepRuns:      *keepRuns,
+	})
+	if err != nil {
+		return fail(usageError{err})
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fail(fmt.Errorf("listen on %s: %w", *listen, err))
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); *tlsCert == "" && !isLoopback(host) {
+		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	served := make(chan error, 1)
+	go func() {
+		if *tlsCert != "" {
+			served <- hs.ServeTLS(ln, *tlsCert, *tlsKey)
+		} else {
+			served <- hs.Serve(ln)
+		}
+	}()
+	scheme := "http"
+	if *tlsCert != "" {
+		scheme = "https"
+	}
+	log.Info("moat serve listening", "url", scheme+"://"+ln.Addr().String(), "pools", len(pools), "audit", store.Path())
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String(), "drain", drain.String())
+	case err := <-served:
+		return fail(fmt.Errorf("serve: %w", err))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	go func() {
+		// A second signal: stop waiting for the drain.
+		<-sigs
+		cancel()
+	}()
+	// The API first (new requests get 503 and running runs finish or are
+	// cancelled at the deadline, sessions are destroyed), then the
+	// listener, then the pools.
+	serr := srv.Shutdown(ctx)
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer hcancel()
+	hs.Shutdown(hctx)
+	e.Close()
+	if serr != nil {
+		log.Warn("shutdown", "err", serr)
+	}
+	log.Info("stopped", "sandboxes_left", srv.Sessions())
+	return 0
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,516 @@
+// Package server is Moat's HTTP API (`moat serve`): one-shot runs,
+// long-lived sandboxes with their commands, event streams and files,
+// health and metrics, as docs/API.md and openapi.yaml describe.
+//
+// It authenticates every request but the health check, refuses malformed
+// or oversized requests before any sandbox is touched, enforces per-key and
+// server-wide quotas, and audits every run, sandbox and command. It must
+// never let one key see another's sandbox, never accept a host path from a
+// caller, never let a panic or a client that goes away take the server
+// down or leak a sandbox, and never leave a sandbox behind on Shutdown.
+//
+// The sandboxes themselves come from a Backend (the engine); the keys and
+// the audit log from an Auditor (the audit store). TLS and listening are
+// the caller's: Handler is a plain http.Handler.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/moat-sandbox/moat/audit"
+)
+
+// Config configures a Server. Backend and Auditor are required; every other
+// zero value takes the default named on the field.
+type Config struct {
+	Backend Backend
+	Auditor Auditor
+	// Logger receives errors (with their cause and request id) and
+	// lifecycle events. Nil: slog.Default().
+	Logger *slog.Logger
+	// Version is reported by GET /v1/health.
+	Version string
+
+	// MaxBodyBytes bounds a request body (--max-body). Default 64 MiB.
+	MaxBodyBytes int64
+	// MaxFiles bounds the files of one request (--max-files). Default 1000.
+	MaxFiles int
+	// MaxConcurrent bounds the programs running at once, server-wide:
+	// one-shot runs and session commands (--max-concurrent). Default
+	// 4 × runtime.NumCPU().
+	MaxConcurrent int
+	// QueueWait is how long a request waits for one of MaxConcurrent's
+	// slots before it is refused with 429. Default 10s; negative: no
+	// waiting.
+	QueueWait time.Duration
+	// DefaultTTL is a sandbox's TTL when the request gives none. Default
+	// 10m.
+	DefaultTTL time.Duration
+	// MaxTTL bounds a sandbox's TTL (--max-ttl). Default 24h.
+	MaxTTL time.Duration
+	// KeepRuns is how many one-shot results GET /v1/runs/{id} can return
+	// (--keep-runs). Default 1000.
+	KeepRuns int
+	// KeepExecs is how many ended commands a sandbox remembers (with
+	// their output); running ones are always kept. Default 32.
+	KeepExecs int
+	// ReapInterval is how often expired sandboxes are looked for.
+	// Default 1s.
+	ReapInterval time.Duration
+	// Registry receives the metrics and is what GET /metrics serves. Nil:
+	// a new registry with the Go and process collectors.
+	Registry *prometheus.Registry
+}
+
+func (c *Config) setDefaults() error {
+	if c.Backend == nil {
+		return errors.New("server: Config.Backend is required")
+	}
+	if c.Auditor == nil {
+		return errors.New("server: Config.Auditor is required")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 64 << 20
+	}
+	if c.MaxFiles <= 0 {
+		c.MaxFiles = 1000
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 4 * runtime.NumCPU()
+	}
+	if c.QueueWait == 0 {
+		c.QueueWait = 10 * time.Second
+	}
+	if c.DefaultTTL <= 0 {
+		c.DefaultTTL = 10 * time.Minute
+	}
+	if c.MaxTTL <= 0 {
+		c.MaxTTL = 24 * time.Hour
+	}
+	if c.DefaultTTL > c.MaxTTL {
+		return fmt.Errorf("server: DefaultTTL %s is above MaxTTL %s", c.DefaultTTL, c.MaxTTL)
+	}
+	if c.KeepRuns <= 0 {
+		c.KeepRuns = 1000
+	}
+	if c.KeepExecs <= 0 {
+		c.KeepExecs = 32
+	}
+	if c.ReapInterval <= 0 {
+		c.ReapInterval = time.Second
+	}
+	return nil
+}
+
+// Server is the HTTP API. Create it with New; serve Handler; stop it with
+// Shutdown.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	mux     *http.ServeMux
+	handler http.Handler
+	metrics *metrics
+	// routes lists every pattern registered, for the OpenAPI test.
+	routes []string
+
+	// slots is the server-wide semaphore of MaxConcurrent.
+	slots chan struct{}
+
+	// stop is cancelled when Shutdown gives up waiting: in-flight runs are
+	// killed. stopping is closed when Shutdown starts.
+	stopCtx  context.Context
+	stop     context.CancelFunc
+	stopping chan struct{}
+	reaped   chan struct{}
+
+	mu        sync.Mutex
+	closing   bool
+	sandboxes map[string]*sandbox
+	// held counts, per key, its sandboxes and in-flight runs.
+	held map[string]int
+	// active counts sandboxes and in-flight runs, server-wide.
+	active int
+	runs   runStore
+
+	// inflight counts requests starting work (see enter); tasks counts
+	// what outlives them: command watchers and sandbox destruction.
+	inflight sync.WaitGroup
+	tasks    sync.WaitGroup
+	// streams counts open event streams (the tests check none leak).
+	streams atomic.Int64
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+	shutdownDone chan struct{}
+}
+
+// New returns a Server. It starts the goroutine that destroys expired
+// sandboxes; Shutdown stops it.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:          cfg,
+		log:          cfg.Logger,
+		mux:          http.NewServeMux(),
+		slots:        make(chan struct{}, cfg.MaxConcurrent),
+		stopping:     make(chan struct{}),
+		reaped:       make(chan struct{}),
+		sandboxes:    map[string]*sandbox{},
+		held:         map[string]int{},
+		runs:         runStore{max: cfg.KeepRuns, byID: map[string]*storedRun{}},
+		shutdownDone: make(chan struct{}),
+	}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	m, err := newMetrics(cfg.Registry, s)
+	if err != nil {
+		s.stop()
+		return nil, fmt.Errorf("server: register metrics: %w", err)
+	}
+	s.metrics = m
+	s.routesInit()
+	s.handler = http.HandlerFunc(s.serveHTTP)
+	go s.reap()
+	return s, nil
+}
+
+// Handler is the API's http.Handler.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Sessions is the number of live sandboxes (for tests and metrics).
+func (s *Server) Sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sandboxes)
+}
+
+// handlerFunc is a route's handler: it writes its answer, or returns an
+// error the wrapper turns into the JSON error response.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// routeOpts say what a route needs around it.
+type routeOpts struct {
+	public bool // no API key
+}
+
+func (s *Server) routesInit() {
+	s.handle("GET /v1/health", s.health, routeOpts{public: true})
+	s.handle("GET /metrics", s.serveMetrics, routeOpts{})
+	s.handle("POST /v1/runs", s.createRun, routeOpts{})
+	s.handle("GET /v1/runs/{id}", s.getRun, routeOpts{})
+	s.handle("POST /v1/sandboxes", s.createSandbox, routeOpts{})
+	s.handle("GET /v1/sandboxes", s.listSandboxes, routeOpts{})
+	s.handle("GET /v1/sandboxes/{id}", s.getSandbox, routeOpts{})
+	s.handle("DELETE /v1/sandboxes/{id}", s.deleteSandbox, routeOpts{})
+	s.handle("POST /v1/sandboxes/{id}/timeout", s.setTimeout, routeOpts{})
+	s.handle("POST /v1/sandboxes/{id}/execs", s.createExec, routeOpts{})
+	s.handle("GET /v1/sandboxes/{id}/execs", s.listExecs, routeOpts{})
+	s.handle("GET /v1/sandboxes/{id}/execs/{eid}", s.getExec, routeOpts{})
+	s.handle("GET /v1/sandboxes/{id}/execs/{eid}/events", s.execEvents, routeOpts{})
+	s.handle("POST /v1/sandboxes/{id}/execs/{eid}/stdin", s.execStdin, routeOpts{})
+	s.handle("POST /v1/sandboxes/{id}/execs/{eid}/signal", s.execSignal, routeOpts{})
+	s.handle("PUT /v1/sandboxes/{id}/files", s.putFile, routeOpts{})
+	s.handle("GET /v1/sandboxes/{id}/files", s.getFile, routeOpts{})
+	s.handle("DELETE /v1/sandboxes/{id}/files", s.deleteFile, routeOpts{})
+}
+
+func (s *Server) handle(pattern string, h handlerFunc, o routeOpts) {
+	s.routes = append(s.routes, pattern)
+	s.mux.Handle(pattern, &route{s: s, pattern: pattern, h: h, opts: o})
+}
+
+type ctxKey int
+
+const (
+	keyCtx ctxKey = iota
+	requestIDCtx
+)
+
+// keyOf is the authenticated key of a request.
+func keyOf(r *http.Request) audit.Key {
+	k, _ := r.Context().Value(keyCtx).(audit.Key)
+	return k
+}
+
+func requestID(r *http.Request) string {
+	id, _ := r.Context().Value(requestIDCtx).(string)
+	return id
+}
+
+// serveHTTP is the outermost handler: request id, panic recovery, metrics,
+// and JSON errors for what the mux itself refuses (unknown path, wrong
+// method).
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	id := "r-" + newID(8)
+	r = r.WithContext(context.WithValue(r.Context(), requestIDCtx, id))
+	rw := &responseWriter{ResponseWriter: w}
+	rw.Header().Set("X-Request-Id", id)
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p) // net/http's own way to abort a response
+			}
+			buf := make([]byte, 16<<10)
+			buf = buf[:runtime.Stack(buf, false)]
+			s.writeError(rw, r, internal(fmt.Errorf("panic: %v\n%s", p, buf)))
+		}
+		route := rw.route
+		if route == "" {
+			route = "unmatched"
+		}
+		s.metrics.http.WithLabelValues(route, strconv.Itoa(rw.status())).Inc()
+	}()
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		s.unrouted(rw, r)
+		return
+	}
+	// The route records its pattern in rw for the metric.
+	s.mux.ServeHTTP(rw, r)
+}
+
+// unrouted answers what the mux does not route: 404, 405 with Allow, or
+// the mux's redirect to a cleaned path.
+func (s *Server) unrouted(w *responseWriter, r *http.Request) {
+	h, _ := s.mux.Handler(r)
+	rec := &headerRecorder{h: http.Header{}}
+	h.ServeHTTP(rec, r)
+	switch rec.code {
+	case http.StatusMethodNotAllowed:
+		w.Header().Set("Allow", rec.h.Get("Allow"))
+		s.writeError(w, r, &Error{Status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, rec.h.Get("Allow"))})
+	case http.StatusNotFound:
+		s.writeError(w, r, &Error{Status: http.StatusNotFound, Code: CodeNotFound, Message: "no such endpoint: " + r.URL.Path + " (see docs/API.md)"})
+	default:
+		for k, v := range rec.h {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.code)
+	}
+}
+
+// headerRecorder keeps the status and headers of the mux's own 404, 405
+// and redirect answers, and drops their text bodies.
+type headerRecorder struct {
+	h    http.Header
+	code int
+}
+
+func (h *headerRecorder) Header() http.Header { return h.h }
+func (h *headerRecorder) Write(b []byte) (int, error) {
+	if h.code == 0 {
+		h.code = http.StatusOK
+	}
+	return len(b), nil
+}
+func (h *headerRecorder) WriteHeader(code int) {
+	if h.code == 0 {
+		h.code = code
+	}
+}
+
+// route wraps one handler: authentication, then the handler, then its
+// error.
+type route struct {
+	s       *Server
+	pattern string
+	h       handlerFunc
+	opts    routeOpts
+}
+
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rw, _ := w.(*responseWriter)
+	if rw != nil {
+		rw.route = rt.pattern
+	}
+	if !rt.opts.public {
+		key, err := rt.s.authenticate(r)
+		if err != nil {
+			rt.s.writeError(w, r, err)
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), keyCtx, key))
+	}
+	if err := rt.h(w, r); err != nil {
+		rt.s.writeError(w, r, err)
+	}
+}
+
+// authenticate reads the key from "Authorization: Bearer K" or
+// "X-API-Key: K".
+func (s *Server) authenticate(r *http.Request) (audit.Key, error) {
+	token := r.Header.Get("X-API-Key")
+	if a := r.Header.Get("Authorization"); a != "" {
+		scheme, rest, ok := strings.Cut(a, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return audit.Key{}, unauthenticated()
+		}
+		token = strings.TrimSpace(rest)
+	}
+	if token == "" {
+		return audit.Key{}, unauthenticated()
+	}
+	key, err := s.cfg.Auditor.Authenticate(token)
+	if errors.Is(err, audit.ErrBadKey) {
+		return audit.Key{}, unauthenticated()
+	}
+	if err != nil {
+		return audit.Key{}, internal(fmt.Errorf("authenticate: %w", err))
+	}
+	if key.ID == "" {
+		// Ownership is by key id: an empty one would share sandboxes.
+		return audit.Key{}, internal(errors.New("authenticate: the auditor returned a key without an id"))
+	}
+	return key, nil
+}
+
+func unauthenticated() *Error {
+	return &Error{Status: http.StatusUnauthorized, Code: CodeUnauthenticated,
+		Message: "a valid API key is required: send \"Authorization: Bearer <key>\" or \"X-API-Key: <key>\" (create one with moat keys create)"}
+}
+
+// writeError sends err as the JSON error document and logs its cause. A
+// response already under way (an event stream) cannot change its status:
+// the error is only logged.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = internal(err)
+	}
+	id := requestID(r)
+	attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path, "status", e.Status, "code", e.Code}
+	if k := keyOf(r); k.ID != "" {
+		attrs = append(attrs, "key", k.ID)
+	}
+	if e.Err != nil {
+		attrs = append(attrs, "cause", e.Err.Error())
+	}
+	if e.Status >= 500 {
+		s.log.Error("request failed: "+e.Message, attrs...)
+	} else {
+		s.log.Debug("request refused: "+e.Message, attrs...)
+	}
+	if rw, ok := w.(*responseWriter); ok && rw.wrote {
+		return
+	}
+	msg := e.Message
+	if e.Status == http.StatusInternalServerError {
+		msg += " (request id " + id + "; the server log has the detail)"
+	}
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	writeJSON(w, e.Status, ErrorBody{Error: ErrorDetail{Code: e.Code, Message: msg, Field: e.Field, RequestID: id}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return internal(fmt.Errorf("encode response: %w", err))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+	return nil
+}
+
+// responseWriter records the status for the metrics and whether the
+// answer has begun.
+type responseWriter struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+	route string
+}
+
+func (w *responseWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.code, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.code, w.wrote = http.StatusOK, true
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush lets event streams push each event.
+func (w *responseWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		w.wrote = true
+		if w.code == 0 {
+			w.code = http.StatusOK
+		}
+		f.Flush()
+	}
+}
+
+// Unwrap serves http.ResponseController (write deadlines).
+func (w *responseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *responseWriter) status() int {
+	if w.code == 0 {
+		return http.StatusOK
+	}
+	return w.code
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
+	if s.isClosing() {
+		return writeJSON(w, http.StatusServiceUnavailable, Health{Status: "shutting_down", Version: s.cfg.Version})
+	}
+	return writeJSON(w, http.StatusOK, Health{Status: "ok", Version: s.cfg.Version})
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// newID returns n random bytes in hex.
+func newID(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// goSafe runs f in a goroutine tracked by s.tasks, turning a panic into a
+// logged error: a bug in one watcher must not take the server down.
+func (s *Server) goSafe(what string, f func()) {
+	s.tasks.Add(1)
+	go func() {
+		defer s.tasks.Done()
+		defer func() {
+			if p := recover(); p != nil {
+				buf := make([]byte, 16<<10)
+				buf = buf[:runtime.Stack(buf, false)]
+				s.log.Error("panic in "+what, "panic", fmt.Sprint(p), "stack", string(buf))
+			}
+		}()
+		f()
+	}()
+}

@@ -1,0 +1,167 @@
+package server
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/result"
+)
+
+// The wire types of docs/API.md and openapi.yaml. Requests are decoded
+// strictly (see checkJSON): an unknown or repeated key is refused.
+
+// FileUpload is one file of a request's "files", written into /workspace.
+type FileUpload struct {
+	// Path is relative to /workspace (see checkPath for what is refused).
+	Path    string `json:"path"`
+	Content string `json:"content"`
+	// Encoding is "utf-8" (the default) or "base64".
+	Encoding string `json:"encoding,omitempty"`
+	// Mode is the octal permission, default "0644".
+	Mode string `json:"mode,omitempty"`
+}
+
+// RunRequest is the body of POST /v1/runs.
+type RunRequest struct {
+	// Manifest is the capability manifest in its JSON form; omitted fields
+	// take the defaults.
+	Manifest json.RawMessage `json:"manifest,omitempty"`
+	// Argv, or Code with Language: exactly one.
+	Argv     []string     `json:"argv,omitempty"`
+	Code     string       `json:"code,omitempty"`
+	Language string       `json:"language,omitempty"`
+	Files    []FileUpload `json:"files,omitempty"`
+	Stdin    string       `json:"stdin,omitempty"`
+	// StdinEncoding is "utf-8" (default) or "base64".
+	StdinEncoding string `json:"stdin_encoding,omitempty"`
+}
+
+// RunResponse is the answer to POST /v1/runs and GET /v1/runs/{id}.
+type RunResponse struct {
+	// ID names the run in the API and in the audit log.
+	ID     string         `json:"id"`
+	Pooled bool           `json:"pooled"`
+	Result *result.Result `json:"result"`
+}
+
+// SandboxRequest is the body of POST /v1/sandboxes.
+type SandboxRequest struct {
+	Manifest json.RawMessage `json:"manifest,omitempty"`
+	// TTL is a Go duration ("10m"); default Config.DefaultTTL, at most
+	// Config.MaxTTL.
+	TTL      string            `json:"ttl,omitempty"`
+	Files    []FileUpload      `json:"files,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	TTL string `json:"ttl"`
+}
+
+// Sandbox states.
+const (
+	StateRunning  = "running"
+	StateDeleting = "deleting"
+	StateDeleted  = "deleted"
+)
+
+// Sandbox describes a session.
+type Sandbox struct {
+	ID             string            `json:"id"`
+	State          string            `json:"state"`
+	Tier           string            `json:"tier"`
+	Image          result.Image      `json:"image"`
+	ManifestDigest string            `json:"manifest_digest"`
+	CreatedAt      time.Time         `json:"created_at"`
+	ExpiresAt      time.Time         `json:"expires_at"`
+	Pooled         bool              `json:"pooled"`
+	Metadata       map[string]string `json:"metadata"`
+	// Execs counts the commands started in the sandbox.
+	Execs int `json:"execs"`
+}
+
+// SandboxList is the answer to GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/execs.
+type ExecRequest struct {
+	Argv     []string          `json:"argv,omitempty"`
+	Code     string            `json:"code,omitempty"`
+	Language string            `json:"language,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	// Dir is the absolute working directory; default /workspace.
+	Dir string `json:"dir,omitempty"`
+	// Timeout is a Go duration, at most the manifest's resources.timeout
+	// (the default).
+	Timeout       string `json:"timeout,omitempty"`
+	Stdin         string `json:"stdin,omitempty"`
+	StdinEncoding string `json:"stdin_encoding,omitempty"`
+	// StdinOpen keeps stdin open for POST …/stdin.
+	StdinOpen bool `json:"stdin_open,omitempty"`
+	// Wait, true when omitted, answers with the finished Exec; false
+	// answers 202 at once.
+	Wait *bool `json:"wait,omitempty"`
+}
+
+// Exec states. An ended command is "exited" whatever ended it (its result's
+// termination says how); "failed" means Moat lost it (termination
+// infra-error).
+const (
+	ExecRunning = "running"
+	ExecExited  = "exited"
+	ExecFailed  = "failed"
+)
+
+// Exec describes one command of a sandbox.
+type Exec struct {
+	ID        string     `json:"id"`
+	SandboxID string     `json:"sandbox_id"`
+	State     string     `json:"state"`
+	Argv      []string   `json:"argv"`
+	StdinOpen bool       `json:"stdin_open"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	// Result is present once State is not running.
+	Result *result.Result `json:"result,omitempty"`
+}
+
+// ExecList is the answer to GET /v1/sandboxes/{id}/execs.
+type ExecList struct {
+	Execs []Exec `json:"execs"`
+}
+
+// StdinResult is the answer to POST …/stdin.
+type StdinResult struct {
+	// Written is the number of bytes of the body the program's stdin took.
+	Written int64 `json:"written"`
+	// Closed is true once stdin is closed (?eof=1).
+	Closed bool `json:"closed"`
+}
+
+// SignalRequest is the body of POST …/signal. Signal is a name ("SIGTERM",
+// "TERM") or a number (15 or "15").
+type SignalRequest struct {
+	Signal json.RawMessage `json:"signal"`
+}
+
+// OutputEvent is the data of a stdout or stderr event.
+type OutputEvent struct {
+	Data     string `json:"data"`
+	Encoding string `json:"encoding"`
+}
+
+// DirListing is the answer to GET …/files for a directory.
+type DirListing struct {
+	Path    string            `json:"path"`
+	Entries []engine.FileInfo `json:"entries"`
+}
+
+// Health is the answer to GET /v1/health.
+type Health struct {
+	Status  string `json:"status"`
+	Version string `json:"version"`
+}
