@@ -9,6 +9,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -82,8 +83,8 @@ func DefaultHome() string {
 	return filepath.Join(os.TempDir(), "moat-"+fmt.Sprint(os.Geteuid()))
 }
 
-// New returns an engine. It creates the state directory and removes what
-// runs killed earlier left behind (see GC).
+// New returns an engine. It creates the state directory; callers run GC to
+// remove what runs killed earlier left behind.
 func New(opts Options) (*Engine, error) {
 	if opts.Home == "" {
 		opts.Home = DefaultHome()
@@ -141,6 +142,9 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 
 // Request is one run.
 type Request struct {
+	// ID names the run in its Result; default: its sandbox's id. (A
+	// server names runs before a sandbox is taken from a pool.)
+	ID       string
 	Manifest *manifest.Manifest
 	Argv     []string
 	// Stdin is the program's standard input; nil means empty.
@@ -195,7 +199,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 
 	res := &result.Result{
 		Schema:   result.SchemaVersion,
-		ID:       p.id,
+		ID:       cmp.Or(req.ID, p.id),
 		Tier:     t.Name(),
 		Image:    result.Image{Name: img.Name, Digest: img.Digest},
 		Manifest: m.Digest(),

@@ -54,7 +54,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) error {
 		// Fail closed: nothing runs unaudited.
 		return internal(fmt.Errorf("audit: begin run %s: %w", id, err))
 	}
-	req := &engine.Request{Manifest: m, Argv: spec.argv, Files: engineFiles(spec.files)}
+	req := &engine.Request{ID: id, Manifest: m, Argv: spec.argv, Files: engineFiles(spec.files)}
 	if len(spec.stdin) > 0 {
 		req.Stdin = bytes.NewReader(spec.stdin)
 	}

@@ -88,13 +88,18 @@ func cmdServe(args []string) int {
 	if *sessionPool > 0 {
 		pools = append(pools, engine.PoolConfig{Manifest: class, Size: *sessionPool, Session: true})
 	}
-	// engine.New also destroys what a killed server left behind: its
-	// sandboxes' cgroups and run directories.
 	e, err := engine.New(engine.Options{Progress: os.Stderr, Pools: pools})
 	if err != nil {
 		return fail(err)
 	}
 	defer e.Close()
+	// Destroy what a killed server (or moat run) left behind: its
+	// sandboxes' cgroups and run directories. Their processes died with it.
+	if rep, err := e.GC(); err != nil {
+		log.Warn("collecting what killed runs left behind", "err", err)
+	} else if len(rep.Runs)+len(rep.Cgroups) > 0 {
+		log.Warn("destroyed the leftovers of sandboxes of a previous server", "runs", len(rep.Runs), "cgroups", len(rep.Cgroups))
+	}
 	if *dbPath == "" {
 		*dbPath = filepath.Join(e.Home(), "audit.db")
 	}
