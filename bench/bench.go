@@ -37,6 +37,12 @@ type Options struct {
 	// Pooled, when set, is an engine with a warm pool for the default
 	// manifest: the moat-pool contender (what 'moat serve' does per run).
 	Pooled *engine.Engine
+	// ServerURL and APIKey, when set, add the moat-cli-server contender:
+	// 'moat run --server URL' against a server with a warm pool, so the
+	// run's sandbox is prepared before it is asked for.
+	ServerURL, APIKey string
+	// ServerWait blocks until that server's pool is full.
+	ServerWait func()
 	// Progress receives a line per phase; nil discards.
 	Progress io.Writer
 }
@@ -65,6 +71,10 @@ type Report struct {
 	EngineOverheadMS float64 `json:"engine_overhead_ms"`
 	// RatioBwrap is moat run (CLI) over bubblewrap, at the median.
 	RatioBwrap float64 `json:"ratio_bwrap"`
+	// ServerOverheadMS is 'moat run --server' (warm pool) minus bare, and
+	// RatioBwrapServer the same over bubblewrap.
+	ServerOverheadMS float64 `json:"server_overhead_ms,omitempty"`
+	RatioBwrapServer float64 `json:"ratio_bwrap_server,omitempty"`
 	// PoolOverheadMS is the in-process engine with a warm pool minus bare.
 	PoolOverheadMS float64 `json:"pool_overhead_ms,omitempty"`
 	// RatioBwrapPool is the pooled engine over bubblewrap.
@@ -132,6 +142,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}},
 		{name: "moat-engine", command: "engine.Run(python3 -c pass) in-process", run: func() error { return engineRun(py) }},
 	}
+	if opts.ServerURL != "" {
+		contenders = append(contenders, &contender{name: "moat-cli-srv", command: "moat run --server URL -- python3 -c pass (warm pool)",
+			before: opts.ServerWait,
+			run:    func() error { return serverCLI(opts.Moat, opts.ServerURL, opts.APIKey, py) }})
+	}
 	if opts.Pooled != nil {
 		// The pool refills between runs, untimed: each timed run takes a
 		// prepared sandbox, as a server's request does when its pool
@@ -191,6 +206,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep.EngineOverheadMS = med["moat-engine"] - med["bare"]
 	if rep.Bubblewrap {
 		rep.RatioBwrap = med["moat-cli"] / med["bwrap"]
+	}
+	if opts.ServerURL != "" {
+		rep.ServerOverheadMS = med["moat-cli-srv"] - med["bare"]
+		if rep.Bubblewrap {
+			rep.RatioBwrapServer = med["moat-cli-srv"] / med["bwrap"]
+		}
 	}
 	if opts.Pooled != nil {
 		rep.PoolOverheadMS = med["moat-pool"] - med["bare"]
@@ -321,13 +342,16 @@ func summarize(name, command string, ts []time.Duration) Sample {
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "image %s\n\n", r.Image)
-	fmt.Fprintf(w, "%-12s %9s %9s %9s  %s\n", "contender", "median", "p10", "p90", "command")
+	fmt.Fprintf(w, "%-13s %9s %9s %9s  %s\n", "contender", "median", "p10", "p90", "command")
 	for _, s := range r.Samples {
-		fmt.Fprintf(w, "%-12s %7.2fms %7.2fms %7.2fms  %s\n", s.Name, s.MedianMS, s.P10MS, s.P90MS, s.Command)
+		fmt.Fprintf(w, "%-13s %7.2fms %7.2fms %7.2fms  %s\n", s.Name, s.MedianMS, s.P10MS, s.P90MS, s.Command)
 	}
 	fmt.Fprintf(w, "\noverhead over bare (median): moat run %.2f ms, in-process engine %.2f ms   (target <= 5 ms)\n", r.OverheadMS, r.EngineOverheadMS)
 	if r.Bubblewrap {
 		fmt.Fprintf(w, "moat run / bubblewrap (median): %.2f   (target <= 1.3)\n", r.RatioBwrap)
+	}
+	if r.ServerOverheadMS != 0 {
+		fmt.Fprintf(w, "moat run --server (warm pool): overhead %.2f ms, / bubblewrap %.2f\n", r.ServerOverheadMS, r.RatioBwrapServer)
 	}
 	if r.PoolOverheadMS != 0 {
 		fmt.Fprintf(w, "warm pool (in-process): overhead %.2f ms, / bubblewrap %.2f, %.0f sequential /bin/true runs/s\n", r.PoolOverheadMS, r.RatioBwrapPool, r.PoolRunsPerSecond)

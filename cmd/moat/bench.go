@@ -3,29 +3,42 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/bench"
+	"github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/server"
 )
 
 func cmdBench(args []string) int {
 	fs := newFlags("bench", `Usage: moat bench [--runs N] [--json]
 
 Measures, in one run and interleaved, the wall time of python3 -c pass:
-bare (the image's python under chroot), through 'moat run', through the
-in-process engine, and under bubblewrap with equivalent isolation; then the
-throughput of sequential /bin/true runs. Reports medians and ratios against
-the peers, not absolute claims. Needs root and a built python image.
+bare (the image's python under chroot), through 'moat run', through
+'moat run --server' against a local server with a warm pool, through the
+in-process engine with and without a warm pool, and under bubblewrap with
+equivalent isolation; then the throughput of sequential /bin/true runs;
+then the HTTP API: create-to-result latency of a one-shot run, cold (no
+pool) against warm, and runs per second at concurrency 1, 4 and 16.
+Reports medians and ratios against the peers, not absolute claims. Needs
+root and a built python image.
 
 Flags:
 `)
 	runs := fs.Int("runs", 50, "timed runs of each contender")
 	through := fs.Int("throughput", 200, "sequential /bin/true runs for the runs/s figure")
+	apiRuns := fs.Int("api-runs", 64, "runs at each API concurrency level (0: skip the API benchmark)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	if c := parse(fs, args); c >= 0 {
 		return c
@@ -46,16 +59,80 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 	defer stop()
-	rep, err := bench.Run(ctx, bench.Options{Runs: *runs, Throughput: *through, Engine: e, Pooled: pooled, Progress: os.Stderr})
+	waitPool := func() { pooled.WaitPools(ctx) }
+
+	// Two API servers in this process, on loopback: one on the pooled
+	// engine, one on the plain one, with a throwaway audit log and key.
+	dir, err := os.MkdirTemp("", "moat-bench-")
 	if err != nil {
 		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	store, err := audit.Open(filepath.Join(dir, "audit.db"))
+	if err != nil {
+		return fail(err)
+	}
+	defer store.Close()
+	key, _, err := store.CreateKey("bench", audit.Quota{MaxSandboxes: 64})
+	if err != nil {
+		return fail(err)
+	}
+	warmURL, stopWarm, err := benchServer(pooled, store)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopWarm()
+	coldURL, stopCold, err := benchServer(e, store)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopCold()
+
+	rep, err := bench.Run(ctx, bench.Options{Runs: *runs, Throughput: *through, Engine: e, Pooled: pooled,
+		ServerURL: warmURL, APIKey: key, ServerWait: waitPool, Progress: os.Stderr})
+	if err != nil {
+		return fail(err)
+	}
+	var api *bench.APIReport
+	if *apiRuns > 0 {
+		warm, _ := client.New(warmURL, key)
+		cold, _ := client.New(coldURL, key)
+		api, err = bench.API(ctx, bench.APIOptions{Warm: warm, Cold: cold, WarmWait: waitPool, Runs: *runs, PerLevel: *apiRuns, Progress: os.Stderr})
+		if err != nil {
+			return fail(fmt.Errorf("API benchmark: %w", err))
+		}
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(rep)
+		enc.Encode(struct {
+			*bench.Report
+			API *bench.APIReport `json:"api,omitempty"`
+		}{rep, api})
 		return 0
 	}
 	rep.Print(os.Stdout)
+	if api != nil {
+		api.Print(os.Stdout)
+	}
 	return 0
+}
+
+// benchServer serves the API of e on a loopback port until stop.
+func benchServer(e *engine.Engine, store *audit.Store) (url string, stop func(), err error) {
+	srv, err := server.New(server.Config{Backend: server.NewEngineBackend(e), Auditor: store,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	return "http://" + ln.Addr().String(), func() {
+		srv.Shutdown(context.Background())
+		hs.Close()
+	}, nil
 }
