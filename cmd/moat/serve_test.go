@@ -9,10 +9,19 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -376,9 +385,37 @@ func TestServe(t *testing.T) {
 		t.Errorf("moat run --server: %s", out)
 	}
 
+	// The README's Python example, verbatim but for the address.
+	if py, err := exec.LookPath("python3"); err != nil {
+		t.Errorf("python3 not on the host: the Python client's README example is not checked (scripts/setup installs it)")
+	} else {
+		readme, err := os.ReadFile("../../README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(string(readme), "### Python")
+		_, rest, _ = strings.Cut(rest, "```python\n")
+		example, _, _ := strings.Cut(rest, "```")
+		example = strings.ReplaceAll(example, "http://127.0.0.1:7070", s.url)
+		cmd := exec.Command(py, "-")
+		cmd.Stdin = strings.NewReader(example)
+		cmd.Env = append(os.Environ(), "MOAT_API_KEY="+key, "PYTHONPATH=../../clients/python")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "exited 0 42") || !strings.HasSuffix(strings.TrimSpace(string(out)), "6") {
+			t.Errorf("README Python example: %v\n%s", err, out)
+		}
+	}
+
 	s.terminate(t, 30*time.Second)
 	if left := s.residue(); len(left) > 0 {
 		t.Errorf("after shutdown: %v", left)
+	}
+	for _, args := range [][]string{{"audit", "report"}, {"policy", "suggest"}} {
+		out := moat(t, invocation{args: args, env: []string{"MOAT_HOME=" + home}})
+		out.check(t, 0, nil, nil, nil)
+		if len(out.stdout) < 100 {
+			t.Errorf("moat %s printed little: %s", strings.Join(args, " "), out)
+		}
 	}
 	recs := s.auditRecords(t)
 	kinds := map[audit.Kind]int{}
@@ -388,8 +425,10 @@ func TestServe(t *testing.T) {
 			t.Errorf("record %s still running after shutdown", r.ID)
 		}
 	}
-	if kinds[audit.KindRun] != 2 || kinds[audit.KindSandbox] != 1 || kinds[audit.KindExec] != 3 {
-		t.Errorf("audit kinds %v, want 2 runs, 1 sandbox, 3 execs", kinds)
+	// A run and a sandbox with three execs through the Go client, the
+	// CLI's run, and the README example's run, sandbox and two execs.
+	if kinds[audit.KindRun] != 3 || kinds[audit.KindSandbox] != 2 || kinds[audit.KindExec] != 5 {
+		t.Errorf("audit kinds %v, want 3 runs, 2 sandboxes, 5 execs", kinds)
 	}
 }
 
@@ -641,4 +680,65 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestServeTLS: with --tls-cert and --tls-key the API is HTTPS only.
+func TestServeTLS(t *testing.T) {
+	needRoot(t)
+	home := serverHome(t)
+	key := createKey(t, home)
+	certPEM, keyPEM := selfSigned(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, certPEM, 0o600)
+	os.WriteFile(keyFile, keyPEM, 0o600)
+	s := startServer(t, home, key, "--pool", "0", "--session-pool", "0", "--tls-cert", certFile, "--tls-key", keyFile)
+	if !strings.HasPrefix(s.url, "https://") {
+		t.Fatalf("listening on %s, want https", s.url)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	c, err := client.New(s.url, key, client.WithHTTPClient(hc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := c.Run(context.Background(), &client.RunRequest{Argv: []string{"echo", "over tls"}})
+	if err != nil || run.Result.Stdout.Data != "over tls\n" {
+		t.Fatalf("run over TLS: %v %+v", err, run)
+	}
+	if resp, err := http.Get(strings.Replace(s.url, "https://", "http://", 1) + "/v1/health"); err == nil {
+		if resp.StatusCode == http.StatusOK {
+			t.Errorf("plain HTTP answered 200 on the TLS port")
+		}
+		resp.Body.Close()
+	}
+	s.terminate(t, 20*time.Second)
+}
+
+// selfSigned returns a certificate for 127.0.0.1 and its key, in PEM.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "moat test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
