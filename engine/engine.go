@@ -298,6 +298,7 @@ func fillOutcome(res *result.Result, out *tier.Outcome, stdout, stderr *output.C
 	res.Stderr = stderr.Stream()
 	res.Violations = append([]result.Violation{}, out.Violations...)
 	res.Degradations = append([]string{}, out.Degradations...)
+	res.Runtime = out.Runtime
 	for _, s := range []struct {
 		name string
 		c    *output.Capture

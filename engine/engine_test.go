@@ -511,3 +511,55 @@ func TestRunRefusesBadRequests(t *testing.T) {
 		t.Errorf("refused runs left %d run directories (%v)", len(ents), err)
 	}
 }
+
+func TestUnescapeMountinfo(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"/plain/path", "/plain/path"},
+		{`/with\040space`, "/with space"},
+		{`/tab\011and\134backslash`, "/tab\tand\\backslash"},
+		{`/trailing\04`, `/trailing\04`},
+	}
+	for _, tc := range tests {
+		if got := unescapeMountinfo(tc.in); got != tc.want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestGCUnmounts: a dead run's directory with a mount below it (what a
+// killed gVisor run leaves) is unmounted and removed.
+func TestGCUnmounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a tmpfs")
+	}
+	home := t.TempDir()
+	e, err := New(Options{Home: home})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(home, "runs", "0123456789abcdef")
+	ws := filepath.Join(dir, "work space")
+	if err := os.MkdirAll(ws, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", ws, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(ws, syscall.MNT_DETACH) })
+	rep, err := e.GC()
+	if err != nil {
+		t.Fatalf("gc: %v", err)
+	}
+	if len(rep.Runs) != 1 {
+		t.Errorf("gc removed %v, want the dead run", rep.Runs)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("run directory still there: %v", err)
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mi, []byte(home)) {
+		t.Errorf("a mount below %s is left", home)
+	}
+}

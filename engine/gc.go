@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -73,6 +74,12 @@ func (e *Engine) GC() (GCReport, error) {
 			}
 			rep.Cgroups = append(rep.Cgroups, id)
 		}
+		// A tier that needs a host mount (gVisor's workspace) keeps it
+		// below the run's directory; a killed moat leaves it mounted.
+		if err := unmountBelow(filepath.Join(runsDir, name)); err != nil {
+			errs = append(errs, fmt.Errorf("unmount what run %s left: %w", id, err))
+			continue
+		}
 		if err := os.RemoveAll(filepath.Join(runsDir, name)); err != nil {
 			errs = append(errs, err)
 			continue
@@ -85,6 +92,52 @@ func (e *Engine) GC() (GCReport, error) {
 		rep.Images = removed
 	}
 	return rep, errors.Join(errs...)
+}
+
+// unmountBelow lazily unmounts every mount at or below dir, deepest first.
+func unmountBelow(dir string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		p := unescapeMountinfo(f[4])
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			points = append(points, p)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	var errs []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				out.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String()
 }
 
 // isAlive reports whether some process holds the run's lock.

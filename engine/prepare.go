@@ -77,6 +77,7 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 		Limits:       p.lim,
 		AllowMissing: m.Security.AllowMissing,
 		Session:      session,
+		StateDir:     filepath.Join(e.opts.Home, "runs", id),
 	}
 	if m.Network.Mode == "allowlist" {
 		if p.egress, err = e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network); err != nil {

@@ -74,6 +74,9 @@ type Result struct {
 	CopyOut *CopyOut `json:"copy_out,omitempty"`
 	// Error is set when Termination is infra-error.
 	Error string `json:"error,omitempty"`
+	// Runtime names the runtime and version that ran the program, for
+	// tiers that use one (gvisor: runsc's module version and platform).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Image identifies the immutable root image a run used.

@@ -77,6 +77,12 @@ type Spec struct {
 	// socket: the sandbox's only way out. The tier makes it reachable from
 	// inside as an HTTP proxy on 127.0.0.1:EgressPort.
 	EgressSocket string
+	// StateDir is the run's private directory on the host (mode 0700,
+	// owned by root) for whatever the tier must keep as files (an OCI
+	// bundle, a runtime's state, a mount point). The engine removes it
+	// after Destroy, and its GC lazily unmounts anything mounted below a
+	// dead run's StateDir before removing it.
+	StateDir string
 	// Session prepares a sandbox that runs many commands: the returned
 	// Sandbox implements Sessioner, and Exec is not used.
 	Session bool
@@ -150,6 +156,9 @@ type Outcome struct {
 	Degradations []string
 	// Error explains an infra-error termination.
 	Error string
+	// Runtime names the runtime and its version, when the tier runs the
+	// program through one (gVisor's runsc).
+	Runtime string
 }
 
 // Capabilities declares what a tier can honour on this host.

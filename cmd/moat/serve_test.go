@@ -124,6 +124,17 @@ func startServer(t *testing.T, home, key string, args ...string) *testServer {
 			<-s.done
 		}
 		close(s.stop)
+		// A failed test must not leave cgroups of a home that is about
+		// to be deleted (nobody's GC would find them).
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for id := range s.ids {
+			dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id)
+			more, _ := filepath.Glob("/sys/fs/cgroup/moat/" + id)
+			for _, d := range append(dirs, more...) {
+				os.Remove(d)
+			}
+		}
 	})
 	select {
 	case s.url = <-found:
