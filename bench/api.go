@@ -30,6 +30,11 @@ type APIOptions struct {
 type APIReport struct {
 	Cold Sample `json:"cold"`
 	Warm Sample `json:"warm"`
+	// SessionCold and SessionWarm are create-to-first-byte of a sandbox:
+	// POST /v1/sandboxes, then a command that prints one line, until its
+	// output is back (without and with a session pool).
+	SessionCold Sample `json:"session_cold"`
+	SessionWarm Sample `json:"session_warm"`
 	// WarmPooled is the share of warm runs that came from the pool.
 	WarmPooled float64 `json:"warm_pooled"`
 	// Throughput is runs per second at each concurrency level, against
@@ -103,10 +108,44 @@ func API(ctx context.Context, o APIOptions) (*APIReport, error) {
 			pooled++
 		}
 	}
+	session := func(c *client.Client) (time.Duration, error) {
+		start := time.Now()
+		sb, err := c.CreateSandbox(ctx, &client.SandboxRequest{})
+		if err != nil {
+			return 0, err
+		}
+		defer sb.Delete(context.Background())
+		ex, err := sb.Exec(ctx, &client.ExecRequest{Argv: []string{"echo", "hi"}})
+		d := time.Since(start)
+		if err != nil {
+			return 0, err
+		}
+		if ex.Result == nil || ex.Result.Stdout.Data != "hi\n" {
+			return 0, fmt.Errorf("echo hi in a sandbox: %+v", ex.Result)
+		}
+		return d, nil
+	}
+	var scold, swarm []time.Duration
+	fmt.Fprintf(o.Progress, "bench: %d interleaved sandbox creations with a first command, cold and warm\n", o.Runs)
+	for i := 0; i < o.Runs; i++ {
+		d, err := session(o.Cold)
+		if err != nil {
+			return nil, err
+		}
+		scold = append(scold, d)
+		o.WarmWait()
+		d, err = session(o.Warm)
+		if err != nil {
+			return nil, err
+		}
+		swarm = append(swarm, d)
+	}
 	rep := &APIReport{
-		Cold:       summarize("api-cold", "POST /v1/runs python3 -c pass, no pool", cold),
-		Warm:       summarize("api-warm", "POST /v1/runs python3 -c pass, warm pool", warm),
-		WarmPooled: float64(pooled) / float64(o.Runs),
+		SessionCold: summarize("sandbox-cold", "POST /v1/sandboxes + exec echo hi, no pool", scold),
+		SessionWarm: summarize("sandbox-warm", "POST /v1/sandboxes + exec echo hi, session pool", swarm),
+		Cold:        summarize("api-cold", "POST /v1/runs python3 -c pass, no pool", cold),
+		Warm:        summarize("api-warm", "POST /v1/runs python3 -c pass, warm pool", warm),
+		WarmPooled:  float64(pooled) / float64(o.Runs),
 	}
 	for _, n := range o.Levels {
 		fmt.Fprintf(o.Progress, "bench: %d API runs at concurrency %d\n", o.PerLevel, n)
@@ -146,11 +185,12 @@ func API(ctx context.Context, o APIOptions) (*APIReport, error) {
 // Print writes the API report for humans.
 func (r *APIReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nHTTP API (moat serve), one-shot python3 -c pass, create to result:\n")
-	for _, s := range []Sample{r.Cold, r.Warm} {
+	for _, s := range []Sample{r.Cold, r.Warm, r.SessionCold, r.SessionWarm} {
 		fmt.Fprintf(w, "%-13s %7.2fms %7.2fms %7.2fms  %s\n", s.Name, s.MedianMS, s.P10MS, s.P90MS, s.Command)
 	}
 	if r.Warm.MedianMS > 0 {
-		fmt.Fprintf(w, "warm / cold (median): %.2f; %.0f%% of warm runs came from the pool\n", r.Warm.MedianMS/r.Cold.MedianMS, 100*r.WarmPooled)
+		fmt.Fprintf(w, "warm / cold (median): one-shot run %.2f (%.0f%% of warm runs came from the pool), sandbox create to first byte %.2f\n",
+			r.Warm.MedianMS/r.Cold.MedianMS, 100*r.WarmPooled, r.SessionWarm.MedianMS/r.SessionCold.MedianMS)
 	}
 	for _, l := range r.Throughput {
 		fmt.Fprintf(w, "concurrency %2d: %6.1f runs/s (%d runs, %d from the pool, %d errors)\n", l.Concurrency, l.RunsPerSecond, l.Runs, l.Pooled, l.Errors)

@@ -49,7 +49,10 @@ Flags:
 	}
 	// A second engine keeps a warm pool of the default manifest's
 	// sandboxes, as 'moat serve --pool' does.
-	pooled, err := engine.New(engine.Options{NoAutoBuild: true, Pools: []engine.PoolConfig{{Manifest: manifest.Default(), Size: 4}}})
+	pooled, err := engine.New(engine.Options{NoAutoBuild: true, Pools: []engine.PoolConfig{
+		{Manifest: manifest.Default(), Size: 4},
+		{Manifest: manifest.Default(), Size: 2, Session: true},
+	}})
 	if err != nil {
 		return fail(err)
 	}
