@@ -156,6 +156,11 @@ type Request struct {
 	OutputDir string
 	// Files are written into /workspace after the inputs (API uploads).
 	Files []File
+	// Session runs the command as the only command of a session sandbox
+	// (init serving commands) instead of a one-shot one: the same result,
+	// through the session machinery. The red-team suite uses it to attack
+	// that path too.
+	Session bool
 	// OnStart, when set, is called once the sandbox is prepared and the
 	// program is about to start, with a way to list the host pids of the
 	// sandbox's processes (for host-side inspection: the red-team suite
@@ -187,11 +192,11 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 			return nil, fmt.Errorf("%w: --output %s: %w", ErrUsage, req.OutputDir, err)
 		}
 	}
-	t, img, err := e.resolve(ctx, m, false)
+	t, img, err := e.resolve(ctx, m, req.Session)
 	if err != nil {
 		return nil, err
 	}
-	p, err := e.take(ctx, t, img, m, false)
+	p, err := e.take(ctx, t, img, m, req.Session)
 	if err != nil {
 		return nil, err
 	}
@@ -231,14 +236,20 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
 	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
 	res.StartedAt = time.Now().UTC()
-	out, err := sb.Exec(ctx, &tier.Command{
+	cmd := &tier.Command{
 		Argv:   req.Argv,
 		Env:    p.env(m, nil),
 		Dir:    "/workspace",
 		Stdin:  req.Stdin,
 		Stdout: stdout,
 		Stderr: stderr,
-	})
+	}
+	var out *tier.Outcome
+	if req.Session {
+		out, err = execInSession(ctx, sb, cmd)
+	} else {
+		out, err = sb.Exec(ctx, cmd)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
@@ -277,6 +288,49 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	}
 
 	return res, nil
+}
+
+// execInSession runs cmd as the only command of a session sandbox, with a
+// one-shot run's semantics: a cancelled ctx forwards SIGTERM, then after
+// the grace period the sandbox is destroyed (and the outcome says so).
+func execInSession(ctx context.Context, sb tier.Sandbox, cmd *tier.Command) (*tier.Outcome, error) {
+	sess, ok := sb.(tier.Sessioner)
+	if !ok {
+		return nil, errors.New("the tier prepared a sandbox without sessions")
+	}
+	proc, err := sess.Start(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	type waited struct {
+		out *tier.Outcome
+		err error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		out, err := proc.Wait()
+		done <- waited{out, err}
+	}()
+	select {
+	case w := <-done:
+		return w.out, w.err
+	case <-ctx.Done():
+	}
+	proc.Signal(unix.SIGTERM)
+	select {
+	case w := <-done:
+		if w.out != nil {
+			w.out.Violations = append(w.out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program"})
+		}
+		return w.out, w.err
+	case <-time.After(native.CancelGrace):
+	}
+	sb.Destroy()
+	w := <-done
+	if w.err == nil && w.out != nil {
+		w.out.Violations = append(w.out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program, then the sandbox was destroyed after " + native.CancelGrace.String()})
+	}
+	return w.out, w.err
 }
 
 // fillOutcome copies what the tier observed, and the captured output, into

@@ -28,6 +28,10 @@ bug: fix the tier and keep the case.
 Every case is also run in the test suite against an unsandboxed runner, where
 it must report escaped: that shows each case can fail.
 
+CI also runs the corpus as ` + "`--tier native+session`" + `: every case as the only
+command of a session sandbox (Moat's init serving commands, the path of
+` + "`moat serve`" + `'s sandboxes), judged the same way.
+
 | id | category | severity | threat | why it is contained | fails unsandboxed |
 |---|---|---|---|---|---|
 `)

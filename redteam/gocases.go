@@ -85,7 +85,7 @@ for _ in range(20):
 	var mu sync.Mutex
 	run := func(argv []string, keep bool) {
 		defer wg.Done()
-		res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: argv})
+		res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: argv})
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -112,7 +112,7 @@ for _ in range(20):
 // residue is the host-side check after the whole suite: nothing of any run
 // is left on the machine.
 func (r *runner) residue() Verdict {
-	v := Verdict{Case: "host-residue", Category: "residue", Severity: "high", Tier: r.tier, Runs: 1}
+	v := Verdict{Case: "host-residue", Category: "residue", Severity: "high", Tier: r.label, Runs: 1}
 	var left []string
 	// Runs that hold their lock are alive (another moat on this host, or a
 	// parallel test): what they own is not residue.

@@ -119,7 +119,7 @@ func (r *runner) egressRun(ctx context.Context, allow, addrs []string, tune func
 	}
 	m.Tier = r.tier // after validation, as netRun
 	start := time.Now()
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: argv})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: argv})
 	return res, time.Since(start), err
 }
 

@@ -466,7 +466,7 @@ func ioInputSymlinkRefused(ctx context.Context, r *runner) (string, string, int)
 		}
 		m.Tier = r.tier
 		var started atomic.Bool
-		res, err := r.e.Run(ctx, &engine.Request{Manifest: m,
+		res, err := r.exec(ctx, &engine.Request{Manifest: m,
 			Argv:    []string{"sh", "-c", "cat in/*/secret.txt in/*/shadow in/*/*/*/shadow in/secret.txt 2>&1; echo ran"},
 			OnStart: func(string, func() ([]int, error)) { started.Store(true) }})
 		os.RemoveAll(dir)

@@ -172,7 +172,7 @@ func syscallSweep(ctx context.Context, r *runner) (string, string, int) {
 	}
 	m := manifest.Default()
 	m.Tier = r.tier
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: append([]string{"python3", "-c", sweeper}, nrs...)})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: append([]string{"python3", "-c", sweeper}, nrs...)})
 	if err != nil {
 		return Error, "run: " + err.Error(), 1
 	}
@@ -404,7 +404,7 @@ os.execv("/bin/sleep", ["sleep", "1"])
 	}
 	m := manifest.Default()
 	m.Tier = r.tier
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look)})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look)})
 	s.stop()
 	closePlanted()
 	if err != nil {
@@ -465,7 +465,7 @@ func forkBomb(ctx context.Context, r *runner) (string, string, int) {
 		during, duringErr = hostForkLatency(20)
 	}()
 	var once sync.Once
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"sh", "-c", "b() { b | b & }; b; sleep 10"},
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"sh", "-c", "b() { b | b & }; b; sleep 10"},
 		OnStart: func(string, func() ([]int, error)) { once.Do(func() { close(started) }) }})
 	once.Do(func() { close(started) })
 	wg.Wait()
@@ -518,7 +518,7 @@ print("parent leaves its daemon behind", flush=True)
 	var s sampler
 	m := manifest.Default()
 	m.Tier = r.tier
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog},
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog},
 		OnStart: s.onStart(func(p sandboxProc) {
 			mu.Lock()
 			seen[p.pid] = true
@@ -639,7 +639,7 @@ time.sleep(0.5)
 		return Error, "manifest: " + err.Error(), 0
 	}
 	m.Tier = r.tier
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look)})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look)})
 	s.stop()
 	if err != nil {
 		return Error, "run: " + err.Error(), 1
@@ -678,7 +678,7 @@ func stdoutFlood(ctx context.Context, r *runner) (string, string, int) {
 	}
 	m.Tier = r.tier
 	before := vmHWM()
-	res, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}})
 	if err != nil {
 		return Error, "run: " + err.Error(), 1
 	}

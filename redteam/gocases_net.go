@@ -145,7 +145,7 @@ func (r *runner) netRun(ctx context.Context, argv []string, env map[string]strin
 		}
 	}
 	m.Tier = r.tier // after validation: the test suite's unsandboxed runner is not a tier a manifest may name
-	return r.e.Run(ctx, &engine.Request{Manifest: m, Argv: argv, LiveStdout: live})
+	return r.exec(ctx, &engine.Request{Manifest: m, Argv: argv, LiveStdout: live})
 }
 
 // netCount accepts on a stream listener (tcp, tcp6, unix) and counts every
@@ -655,7 +655,7 @@ func (r *runner) netMoatExe(ctx context.Context) (string, error) {
 	var mu sync.Mutex
 	m := manifest.Default()
 	m.Tier = r.tier
-	_, err := r.e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"sleep", "0.3"}, OnStart: func(_ string, procs func() ([]int, error)) {
+	_, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"sleep", "0.3"}, OnStart: func(_ string, procs func() ([]int, error)) {
 		go func() {
 			for i := 0; i < 40; i++ {
 				time.Sleep(10 * time.Millisecond)

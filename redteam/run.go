@@ -70,11 +70,15 @@ func Run(ctx context.Context, e *engine.Engine, opts Options) ([]Verdict, error)
 		return nil, fmt.Errorf("no case or category named %q (moat redteam --list shows them)", opts.Case)
 	}
 	var out []Verdict
-	for _, tierName := range opts.Tiers {
-		r := &runner{e: e, tier: tierName}
+	for _, label := range opts.Tiers {
+		tierName, mode, _ := strings.Cut(label, "+")
+		r := &runner{e: e, tier: tierName, label: label, session: mode == "session"}
+		if mode != "" && mode != "session" {
+			return nil, fmt.Errorf("tier %q: the only mode is +session (each case as the only command of a session sandbox)", label)
+		}
 		if _, err := e.Tier(tierName); err != nil {
 			for _, c := range selected {
-				v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: tierName, Verdict: NotApplicable, Evidence: "tier unavailable: " + err.Error()}
+				v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: label, Verdict: NotApplicable, Evidence: "tier unavailable: " + err.Error()}
 				out = append(out, v)
 				report(opts, v)
 			}
@@ -127,13 +131,23 @@ func (c *Case) exclusive() bool {
 
 type runner struct {
 	e    *engine.Engine
-	tier string
+	tier string // the manifest's tier
+	// label names the tier in verdicts: "native", or "native+session"
+	// when every case runs as the only command of a session sandbox.
+	label   string
+	session bool
+}
+
+// exec runs one request the way this runner attacks the tier.
+func (r *runner) exec(ctx context.Context, req *engine.Request) (*result.Result, error) {
+	req.Session = r.session
+	return r.e.Run(ctx, req)
 }
 
 // run executes one case (all its repeats) and judges it.
 func (r *runner) run(ctx context.Context, c *Case) Verdict {
 	start := time.Now()
-	v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.tier}
+	v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.label}
 	defer func() { v.Seconds = time.Since(start).Seconds() }()
 	if len(c.Tiers) > 0 && !contains(c.Tiers, r.tier) {
 		v.Verdict, v.Evidence = NotApplicable, "the case does not apply to the "+r.tier+" tier"
@@ -343,7 +357,7 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 	if h.request != nil {
 		h.request(req)
 	}
-	res, err := r.e.Run(ctx, req)
+	res, err := r.exec(ctx, req)
 	procs.stop()
 	if err != nil {
 		return Error, "run: " + err.Error()

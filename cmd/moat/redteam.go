@@ -26,7 +26,7 @@ error. Exit status 0 only if nothing escaped and nothing errored.
 
 Flags:
 `)
-	tiers := fs.String("tier", "native", "comma-separated `TIERS` to attack")
+	tiers := fs.String("tier", "native", "comma-separated `TIERS` to attack; TIER+session runs every case as the only command of a session sandbox (the path moat serve's sandboxes use)")
 	only := fs.String("case", "", "run only this case `ID` or category")
 	jsonOut := fs.Bool("json", false, "print the verdicts as JSON")
 	list := fs.Bool("list", false, "list the cases instead of running them")
