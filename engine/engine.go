@@ -30,6 +30,7 @@ import (
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/tier/gvisor"
 	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/workspace"
 )
@@ -133,8 +134,14 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 			return nil, err
 		}
 		t = n
+	case gvisor.Name:
+		g, err := gvisor.New(gvisor.Options{})
+		if err != nil {
+			return nil, err
+		}
+		t = g
 	default:
-		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native"}
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor"}
 	}
 	e.tiers[name] = t
 	return t, nil

@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/kernel"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/tier/gvisor"
 	"github.com/moat-sandbox/moat/tier/native"
 )
 
@@ -216,7 +217,12 @@ func cmdDoctor(args []string) int {
 			}
 		}
 	}
-	for _, t := range []string{"gvisor", "microvm", "wasm"} {
+	if g, err := gvisor.New(gvisor.Options{}); err != nil {
+		fmt.Printf("  gvisor  unavailable: %v\n", err)
+	} else {
+		fmt.Printf("  gvisor  ready: %s, %s\n", g.Runsc(), g.Version())
+	}
+	for _, t := range []string{"microvm", "wasm"} {
 		fmt.Printf("  %-7s not implemented yet\n", t)
 	}
 	e, err := engine.New(engine.Options{})

@@ -498,9 +498,10 @@ loop:
 			if started.IsZero() {
 				// Init reports the start right after forking, but that
 				// message may still be in flight (the program's own output
-				// can overtake it): give it a moment before treating the
-				// program as never started.
-				startWait = time.After(100 * time.Millisecond)
+				// can overtake it, and a loaded host can delay it): wait for
+				// it up to the grace period before treating the program as
+				// never started.
+				startWait = time.After(CancelGrace)
 				break
 			}
 			s.init.Process.Signal(unix.SIGTERM)
@@ -568,47 +569,18 @@ loop:
 	return out, nil
 }
 
-// classify turns what was observed into the closed termination taxonomy.
+// classify turns what was observed into the closed termination taxonomy
+// (tier.Classify, shared with the other tiers).
 func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.Stats, lim tier.Limits) {
-	if st.OOMKills > 0 {
-		out.Violations = append(out.Violations, result.Violation{Kind: "memory", Detail: fmt.Sprintf("the kernel OOM-killed %d process(es) at the memory limit", st.OOMKills), Limit: fmt.Sprint(lim.MemoryBytes)})
+	obs := tier.Observed{
+		TimedOut: timedOut,
+		Stats:    st,
+		Lost:     "moat's init in the sandbox died without reporting the program's status",
 	}
-	if st.PidsMaxHits > 0 {
-		out.Violations = append(out.Violations, result.Violation{Kind: "pids", Detail: fmt.Sprintf("process creation failed %d time(s) at the pids limit", st.PidsMaxHits), Limit: fmt.Sprint(lim.Pids)})
+	if final != nil {
+		obs.Exit = &tier.Exit{Code: final.Exit, Signal: final.Signal}
 	}
-	switch {
-	case timedOut:
-		out.Termination, out.ExitCode, out.Signal = result.Timeout, 124, int(unix.SIGKILL)
-		out.Violations = append(out.Violations, result.Violation{Kind: "timeout", Detail: "wall-clock timeout reached; the whole sandbox was killed", Limit: lim.Timeout.String()})
-	case final == nil:
-		// Init died without reporting: only the kernel can have done that
-		// (OOM killer on init itself, or a crash).
-		if st.OOMKills > 0 {
-			out.Termination, out.ExitCode, out.Signal = result.OOM, 128+9, 9
-		} else {
-			out.Termination, out.ExitCode = result.InfraError, 125
-			out.Error = "moat's init in the sandbox died without reporting the program's status"
-		}
-	case final.Signal != 0:
-		out.ExitCode, out.Signal = 128+final.Signal, final.Signal
-		switch {
-		case final.Signal == int(unix.SIGKILL) && st.OOMKills > 0:
-			out.Termination = result.OOM
-		case final.Signal == int(unix.SIGXCPU) || (final.Signal == int(unix.SIGKILL) && st.CPU >= lim.CPUTime):
-			out.Termination = result.CPUTime
-			out.Violations = append(out.Violations, result.Violation{Kind: "cpu-time", Detail: "CPU-time limit reached", Limit: lim.CPUTime.String()})
-		case final.Signal == int(unix.SIGSYS):
-			out.Termination = result.Policy
-			out.Violations = append(out.Violations, result.Violation{Kind: "syscall", Detail: "killed by the seccomp filter (SIGSYS)"})
-		default:
-			out.Termination = result.Signaled
-		}
-	default:
-		out.Termination, out.ExitCode = result.Exited, final.Exit
-		if final.Exit != 0 && st.PidsMaxHits > 0 {
-			out.Termination = result.Pids
-		}
-	}
+	tier.Classify(out, obs, lim)
 }
 
 // workspaceFull reports "disk" or "files" when the workspace ran out.

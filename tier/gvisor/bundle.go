@@ -1,0 +1,193 @@
+package gvisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/moat-sandbox/moat/tier"
+)
+
+// The subset of the OCI runtime specification (config.json) Moat writes.
+// Every field runsc reads is set explicitly: what is left out gets runsc's
+// defaults, which are not Moat's (capabilities, rlimits, a sysfs).
+type ociSpec struct {
+	OCIVersion string     `json:"ociVersion"`
+	Root       ociRoot    `json:"root"`
+	Process    ociProcess `json:"process"`
+	Hostname   string     `json:"hostname"`
+	Mounts     []ociMount `json:"mounts"`
+	Linux      ociLinux   `json:"linux"`
+}
+
+type ociRoot struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly"`
+}
+
+type ociProcess struct {
+	Terminal        bool     `json:"terminal"`
+	User            ociUser  `json:"user"`
+	Args            []string `json:"args"`
+	Env             []string `json:"env"`
+	Cwd             string   `json:"cwd"`
+	Capabilities    ociCaps  `json:"capabilities"`
+	Rlimits         []rlimit `json:"rlimits"`
+	NoNewPrivileges bool     `json:"noNewPrivileges"`
+}
+
+type ociUser struct {
+	UID            uint32   `json:"uid"`
+	GID            uint32   `json:"gid"`
+	AdditionalGids []uint32 `json:"additionalGids"`
+}
+
+// ociCaps are the program's capability sets inside the Sentry; Moat's are
+// all empty (never nil: a missing set means runsc's default).
+type ociCaps struct {
+	Bounding    []string `json:"bounding"`
+	Effective   []string `json:"effective"`
+	Inheritable []string `json:"inheritable"`
+	Permitted   []string `json:"permitted"`
+	Ambient     []string `json:"ambient"`
+}
+
+type rlimit struct {
+	Type string `json:"type"`
+	Hard uint64 `json:"hard"`
+	Soft uint64 `json:"soft"`
+}
+
+type ociMount struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options"`
+}
+
+type ociLinux struct {
+	Namespaces  []ociNamespace `json:"namespaces"`
+	Resources   ociResources   `json:"resources"`
+	CgroupsPath string         `json:"cgroupsPath"`
+}
+
+type ociNamespace struct {
+	Type string `json:"type"`
+}
+
+type ociResources struct {
+	Memory ociMemory `json:"memory"`
+	CPU    ociCPU    `json:"cpu"`
+	Pids   ociPids   `json:"pids"`
+}
+
+type ociMemory struct {
+	Limit int64 `json:"limit"`
+	Swap  int64 `json:"swap"`
+}
+
+type ociCPU struct {
+	Quota  int64  `json:"quota"`
+	Period uint64 `json:"period"`
+}
+
+type ociPids struct {
+	Limit int64 `json:"limit"`
+}
+
+// cfsPeriodUs is the CFS period the cgroup package uses.
+const cfsPeriodUs = 100000
+
+// bundleSpec is the sandbox's shape: everything but the command.
+func bundleSpec(spec *tier.Spec, workspace, cgroupsPath string, hostPids int) *ociSpec {
+	lim := spec.Limits
+	empty := []string{}
+	return &ociSpec{
+		OCIVersion: "1.0.2",
+		// The image is shared by every run and never written: read-only,
+		// which also keeps runsc from putting an overlay (and its
+		// filestore file) on it.
+		Root:     ociRoot{Path: spec.ImageRoot, Readonly: true},
+		Hostname: "moat",
+		Process: ociProcess{
+			User:         ociUser{UID: SandboxUID, GID: SandboxGID, AdditionalGids: []uint32{}},
+			Cwd:          "/workspace",
+			Capabilities: ociCaps{Bounding: empty, Effective: empty, Inheritable: empty, Permitted: empty, Ambient: empty},
+			// The Sentry enforces these itself, per task, like Linux.
+			Rlimits: []rlimit{
+				// No core dumps: they would land in the workspace.
+				{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
+				{Type: "RLIMIT_NOFILE", Soft: uint64(lim.OpenFiles), Hard: uint64(lim.OpenFiles)},
+				{Type: "RLIMIT_FSIZE", Soft: uint64(lim.FileSizeBytes), Hard: uint64(lim.FileSizeBytes)},
+				// The program's tasks (processes and threads of uid 1000)
+				// in the Sentry, with the same allowance as the host
+				// cgroup's pids limit (hostPids). Each of the program's
+				// processes also costs the host at least one task (its
+				// systrap stub) beside gVisor's own, so process bombs meet
+				// the host limit first, where it is seen and reported;
+				// threads cost the host nothing while they wait in the
+				// Sentry, and a thread bomb meets this limit (EAGAIN), as
+				// on the native tier, where it is the same backstop.
+				{Type: "RLIMIT_NPROC", Soft: uint64(hostPids), Hard: uint64(hostPids)},
+				// SIGXCPU at the soft limit, SIGKILL one second later.
+				{Type: "RLIMIT_CPU", Soft: cpuSeconds(lim), Hard: cpuSeconds(lim) + 1},
+			},
+			NoNewPrivileges: true,
+		},
+		Mounts: []ociMount{
+			// The Sentry's own procfs: the sandbox's processes only, no
+			// host kernel state behind it.
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			// gVisor's own /dev (null, zero, full, random, urandom, tty,
+			// pts, shm): no host device is reachable.
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "mode=755"}},
+			// runsc mounts a sysfs when the bundle has none; an empty,
+			// read-only tmpfs keeps /sys empty as on the native tier.
+			{Destination: "/sys", Type: "tmpfs", Source: "tmpfs", Options: []string{"ro", "nosuid", "noexec", "nodev", "size=4096", "mode=0555"}},
+			// Sentry memory, charged to the run's cgroup.
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", fmt.Sprintf("size=%d", lim.TmpBytes), "mode=1777"}},
+			// The host tmpfs Moat made for this run: its size and inode
+			// limits are the host kernel's.
+			{Destination: "/workspace", Type: "bind", Source: workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		},
+		Linux: ociLinux{
+			// No user namespace: the Sentry's credentials are its own
+			// (the program is uid 1000 of the Sentry's kernel); no cgroup
+			// namespace: the Sentry's cgroupfs is virtual.
+			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
+			// runsc applies these only to cgroups it creates itself; the
+			// run's cgroup already holds the same limits (package cgroup).
+			// The Sentry also sizes its memory from the cgroup's limit.
+			Resources: ociResources{
+				Memory: ociMemory{Limit: lim.MemoryBytes, Swap: lim.MemoryBytes},
+				CPU:    ociCPU{Quota: int64(lim.CPUs * cfsPeriodUs), Period: cfsPeriodUs},
+				Pids:   ociPids{Limit: int64(hostPids)},
+			},
+			CgroupsPath: cgroupsPath,
+		},
+	}
+}
+
+// cpuSeconds is RLIMIT_CPU for the CPU-time limit: whole seconds, rounded
+// up, as on the native tier.
+func cpuSeconds(lim tier.Limits) uint64 {
+	return uint64((lim.CPUTime + 1e9 - 1) / 1e9)
+}
+
+// writeBundle writes config.json atomically (runsc may read it at any
+// time once it runs; nothing else does before then).
+func writeBundle(dir string, s *ociSpec) error {
+	b, err := json.MarshalIndent(s, "", "\t")
+	if err != nil {
+		return fmt.Errorf("encode OCI bundle: %w", err)
+	}
+	tmp := filepath.Join(dir, ".config.json")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write OCI bundle: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "config.json")); err != nil {
+		return fmt.Errorf("write OCI bundle: %w", err)
+	}
+	return nil
+}
