@@ -62,6 +62,18 @@ func (ex *execution) view() Exec {
 	return v
 }
 
+// programEnded reports whether the program has ended: its process's Done is
+// closed before the server has recorded the end (ex.done), and a signal in
+// between must be a conflict, not a failure.
+func (ex *execution) programEnded() bool {
+	select {
+	case <-ex.proc.Done():
+		return true
+	default:
+		return ex.isDone()
+	}
+}
+
 func (ex *execution) isDone() bool {
 	select {
 	case <-ex.done:
@@ -491,11 +503,11 @@ func (s *Server) execSignal(w http.ResponseWriter, r *http.Request) error {
 	if e != nil {
 		return e
 	}
-	if ex.isDone() {
+	if ex.programEnded() {
 		return conflict("command %s has already ended", ex.id)
 	}
 	if err := ex.proc.Signal(sig); err != nil {
-		if ex.isDone() {
+		if ex.programEnded() {
 			return conflict("command %s has already ended", ex.id)
 		}
 		return backendError(err, "command")

@@ -90,6 +90,9 @@ func startServer(t *testing.T, home, key string, args ...string) *testServer {
 	s := &testServer{t: t, home: home, key: key, done: make(chan struct{}), ids: map[string]bool{}, stop: make(chan struct{})}
 	s.cmd = exec.Command(moatBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	s.cmd.Env = append(os.Environ(), "MOAT_HOME="+home)
+	// A test binary that dies (a panic, a timeout) skips its cleanups:
+	// the server must die with it rather than outlive the test.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := s.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
