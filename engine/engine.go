@@ -32,6 +32,7 @@ import (
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/gvisor"
 	"github.com/moat-sandbox/moat/tier/native"
+	"github.com/moat-sandbox/moat/tier/wasm"
 	"github.com/moat-sandbox/moat/workspace"
 )
 
@@ -140,8 +141,14 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 			return nil, err
 		}
 		t = g
+	case wasm.Name:
+		w, err := wasm.New(wasm.Options{})
+		if err != nil {
+			return nil, err
+		}
+		t = w
 	default:
-		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor"}
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, wasm"}
 	}
 	e.tiers[name] = t
 	return t, nil

@@ -175,6 +175,11 @@ type Capabilities struct {
 	// Sessions: the tier prepares sandboxes that run many commands
 	// (Spec.Session, Sessioner).
 	Sessions bool
+	// OnlyGuests: the tier runs only its own WebAssembly guests (python3,
+	// a JavaScript engine), not Linux programs: no shell, no /proc, no
+	// processes, no raw system calls. Conformance cases that need those
+	// are not applicable to it.
+	OnlyGuests bool
 	// Missing explains each protection the tier cannot apply here.
 	Missing []string
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/tier/gvisor"
 	"github.com/moat-sandbox/moat/tier/native"
+	"github.com/moat-sandbox/moat/tier/wasm"
 )
 
 func newFlags(name, usage string) *flag.FlagSet {
@@ -222,8 +223,15 @@ func cmdDoctor(args []string) int {
 	} else {
 		fmt.Printf("  gvisor  ready: %s, %s\n", g.Runsc(), g.Version())
 	}
-	for _, t := range []string{"microvm", "wasm"} {
+	for _, t := range []string{"microvm"} {
 		fmt.Printf("  %-7s not implemented yet\n", t)
+	}
+	if w, err := wasm.New(wasm.Options{}); err != nil {
+		fmt.Printf("  wasm    unavailable: %v\n", err)
+	} else {
+		g := w.Guests()
+		fmt.Printf("  wasm    ready: %s, guests python sha256:%.12s, js sha256:%.12s\n", w.Version(), g["python"], g["js"])
+		w.Close()
 	}
 	e, err := engine.New(engine.Options{})
 	if err != nil {
