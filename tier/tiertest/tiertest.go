@@ -303,14 +303,16 @@ func Cases() []Case {
 			Argv: py(`
 import socket
 for host, port in [("{host}", {port}), ("169.254.169.254", 80), ("10.0.2.2", 80), ("8.8.8.8", 53)]:
-    s = socket.socket(); s.settimeout(2)
     try:
+        # Inside the try: where there are no sockets at all (the wasm
+        # tier), creating one fails, which is just as unreachable.
+        s = socket.socket(); s.settimeout(2)
         s.connect((host, port)); print("CONNECTED", host, port)
     except OSError as e:
         print("refused", host, port, e.errno)
 try:
     socket.getaddrinfo("example.com", 80); print("RESOLVED")
-except OSError as e:
+except (OSError, AttributeError) as e:  # CPython for WASI has no getaddrinfo
     print("no dns", e)
 `),
 			Check: func(t *testing.T, res *result.Result, _ map[string]string) {

@@ -32,6 +32,12 @@ type rootFS struct {
 	q    *quota
 }
 
+// errLimit is what a guest sees when a write would pass a limit. wazero's
+// Errno set (the only errors its WASI layer can return) has no EFBIG,
+// ENOSPC or EDQUOT, so the refusal is an I/O error; the Result's
+// violations say which limit it was.
+const errLimit = experimentalsys.EIO
+
 // quota counts what the program adds to the workspace.
 type quota struct {
 	mu                   sync.Mutex
@@ -69,7 +75,7 @@ func (q *quota) grow(delta int64) experimentalsys.Errno {
 	defer q.mu.Unlock()
 	if delta > 0 && q.maxBytes > 0 && q.bytes+delta > q.maxBytes {
 		q.hitDisk = true
-		return experimentalsys.Errno(syscall.ENOSPC)
+		return errLimit
 	}
 	q.bytes += delta
 	return 0
@@ -81,7 +87,7 @@ func (q *quota) addFile() experimentalsys.Errno {
 	defer q.mu.Unlock()
 	if q.maxFiles > 0 && q.files+1 > q.maxFiles {
 		q.hitDisk = true
-		return experimentalsys.Errno(syscall.EDQUOT)
+		return errLimit
 	}
 	q.files++
 	return 0
@@ -424,7 +430,7 @@ func (f *file) reserve(off int64, n int) experimentalsys.Errno {
 		f.q.mu.Lock()
 		f.q.hitFileSize = true
 		f.q.mu.Unlock()
-		return experimentalsys.Errno(syscall.EFBIG)
+		return errLimit
 	}
 	if end > size {
 		return f.q.grow(end - size)
