@@ -40,11 +40,12 @@ const errLimit = experimentalsys.EIO
 
 // quota counts what the program adds to the workspace.
 type quota struct {
-	mu                   sync.Mutex
-	bytes, files         int64
-	maxBytes, maxFiles   int64
-	maxFile              int64
-	hitDisk, hitFileSize bool
+	mu                 sync.Mutex
+	bytes, files       int64
+	maxBytes, maxFiles int64
+	maxFile            int64
+	hitDisk, hitFiles  bool
+	hitFileSize        bool
 }
 
 func newQuota(dir string, maxBytes, maxFiles, maxFile int64) (*quota, error) {
@@ -86,7 +87,7 @@ func (q *quota) addFile() experimentalsys.Errno {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.maxFiles > 0 && q.files+1 > q.maxFiles {
-		q.hitDisk = true
+		q.hitFiles = true
 		return errLimit
 	}
 	q.files++

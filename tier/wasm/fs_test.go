@@ -129,7 +129,7 @@ func TestRootFSQuota(t *testing.T) {
 	}
 	f.Close()
 	g, _ := fsys.OpenFile("b", experimentalsys.O_CREAT|experimentalsys.O_WRONLY, 0o644)
-	if _, errno := g.Write(make([]byte, 501)); errno != errLimit || !fsys.q.hitDisk {
+	if _, errno := g.Write(make([]byte, 501)); errno != errLimit || !fsys.q.hitDisk || fsys.q.hitFiles {
 		t.Errorf("write past the 1000-byte workspace: errno %v", errno)
 	}
 	if _, errno := g.Write(make([]byte, 500)); errno != 0 {
@@ -150,6 +150,9 @@ func TestRootFSQuota(t *testing.T) {
 		if i >= 4 && errno != errLimit {
 			t.Errorf("mkdir %d past the 5-file limit: %v", i, errno)
 		}
+	}
+	if !fsys.q.hitFiles {
+		t.Errorf("the file-count refusal was not recorded")
 	}
 	ents, _ := os.ReadDir(ws)
 	if len(ents) != 5 {

@@ -258,16 +258,19 @@ func (s *sandbox) finish(out *tier.Outcome, start time.Time, runCtx context.Cont
 		}
 	}
 	q.mu.Lock()
-	hitDisk, hitFile := q.hitDisk, q.hitFileSize
+	hitDisk, hitFiles, hitFile := q.hitDisk, q.hitFiles, q.hitFileSize
 	q.mu.Unlock()
 	if hitFile {
 		out.Violations = append(out.Violations, result.Violation{Kind: "file-size", Detail: "a write past the file-size limit was refused (EFBIG)", Limit: fmt.Sprint(q.maxFile)})
 	}
 	if hitDisk {
-		out.Violations = append(out.Violations, result.Violation{Kind: "disk", Detail: "a write past the workspace size or file-count limit was refused", Limit: fmt.Sprintf("%d bytes, %d files", q.maxBytes, q.maxFiles)})
-		if out.Termination == result.Exited && out.ExitCode != 0 {
-			out.Termination = result.DiskLimit
-		}
+		out.Violations = append(out.Violations, result.Violation{Kind: "disk", Detail: "a write past the workspace size limit was refused", Limit: fmt.Sprint(q.maxBytes)})
+	}
+	if hitFiles {
+		out.Violations = append(out.Violations, result.Violation{Kind: "files", Detail: "a new file past the workspace file-count limit was refused", Limit: fmt.Sprint(q.maxFiles)})
+	}
+	if (hitDisk || hitFiles) && out.Termination == result.Exited && out.ExitCode != 0 {
+		out.Termination = result.DiskLimit
 	}
 	return out, nil
 }

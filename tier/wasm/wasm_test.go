@@ -316,6 +316,9 @@ func TestLimits(t *testing.T) {
 		if !strings.Contains(r.stdout, "refused 10") {
 			t.Errorf("stdout %q, want the 11th file refused; stderr %q", r.stdout, clip(r.stderr))
 		}
+		if !hasViolation(r.out, "files") {
+			t.Errorf("no files violation: %v", r.out.Violations)
+		}
 	})
 }
 
