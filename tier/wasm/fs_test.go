@@ -176,3 +176,14 @@ func TestNoGoroutineLeft(t *testing.T) {
 		t.Errorf("%d goroutines after 5 runs, %d before", n, before)
 	}
 }
+
+func TestCacheDirMustBePrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cache")
+	if err := checkCacheDir(dir); err != nil {
+		t.Fatalf("a fresh private directory: %v", err)
+	}
+	os.Chmod(dir, 0o777)
+	if err := checkCacheDir(dir); err == nil || !strings.Contains(err.Error(), "chmod 0700") {
+		t.Errorf("a world-writable cache was accepted (%v)", err)
+	}
+}

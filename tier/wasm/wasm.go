@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"sync"
+	"syscall"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
@@ -117,9 +118,15 @@ func New(opts Options) (*WASM, error) {
 	cacheDir := opts.CacheDir
 	if cacheDir == "" {
 		cacheDir = filepath.Join(dir, "cache")
+		if os.Geteuid() != 0 {
+			// Not root: the shared cache is root's; a private one.
+			if uc, err := os.UserCacheDir(); err == nil {
+				cacheDir = filepath.Join(uc, "moat", "wasm")
+			}
+		}
 	}
-	if err := os.MkdirAll(cacheDir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: compilation cache %s: %v", tier.ErrUnavailable, cacheDir, err)
+	if err := checkCacheDir(cacheDir); err != nil {
+		return nil, fmt.Errorf("%w: compilation cache: %v", tier.ErrUnavailable, err)
 	}
 	cache, err := wazero.NewCompilationCacheWithDir(cacheDir)
 	if err != nil {
@@ -232,3 +239,24 @@ func wazeroVersion() string {
 // pinnedWazero is go.mod's wazero version (TestPinnedWazero keeps them
 // equal).
 const pinnedWazero = "v1.12.0"
+
+// checkCacheDir creates the compilation cache directory and refuses one
+// that someone else could write: wazero loads machine code from it and
+// runs it in Moat's process, so a writable cache is code execution as Moat.
+func checkCacheDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%s is owned by uid %d with mode %04o: wazero runs the machine code cached there, so it must belong to uid %d and be private (fix: chown %d %s && chmod 0700 %s)", dir, st.Uid, fi.Mode().Perm(), os.Geteuid(), os.Geteuid(), dir, dir)
+	}
+	return nil
+}
