@@ -365,3 +365,33 @@ func TestPinnedWazero(t *testing.T) {
 		t.Errorf("go.mod does not pin github.com/tetratelabs/wazero %s: update pinnedWazero", pinnedWazero)
 	}
 }
+
+// TestConcurrentRuns: runs share one runtime and compiled modules; each
+// keeps its own memory limit, workspace and output.
+func TestConcurrentRuns(t *testing.T) {
+	testTier(t)
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lim := defaultLimits()
+			argv := []string{"node", "-e", fmt.Sprintf("writeFile('n', '%d'); console.log(readFile('n'))", i)}
+			if i%2 == 1 {
+				lim.MemoryBytes = 32 << 20
+				argv = []string{"python3", "-c", fmt.Sprintf("open('n','w').write('%d'); print(open('n').read())", i)}
+			}
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				r := exec(t, lim, nil, argv...)
+				wantExit(t, r, 0)
+				if r.stdout != fmt.Sprintf("%d\n", i) {
+					t.Errorf("run %d: stdout %q", i, r.stdout)
+				}
+				if lim.MemoryBytes == 32<<20 && r.out.PeakMemory > 32<<20 {
+					t.Errorf("run %d: peak %d past its own limit", i, r.out.PeakMemory)
+				}
+			})
+		}()
+	}
+	wg.Wait()
+}
