@@ -46,6 +46,28 @@ type quota struct {
 	maxFile            int64
 	hitDisk, hitFiles  bool
 	hitFileSize        bool
+	// open counts the guest's open files: each is a descriptor of Moat's
+	// own process, so the open-files limit protects Moat, not the guest.
+	open, maxOpen int
+	hitOpen       bool
+}
+
+// opened accounts for one more open file.
+func (q *quota) opened() experimentalsys.Errno {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.maxOpen > 0 && q.open >= q.maxOpen {
+		q.hitOpen = true
+		return errLimit
+	}
+	q.open++
+	return 0
+}
+
+func (q *quota) closed() {
+	q.mu.Lock()
+	q.open--
+	q.mu.Unlock()
 }
 
 func newQuota(dir string, maxBytes, maxFiles, maxFile int64) (*quota, error) {
@@ -173,8 +195,15 @@ func (r *rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode
 			}
 		}
 	}
+	if e := r.q.opened(); e != 0 {
+		if created {
+			r.q.removed(0)
+		}
+		return nil, e
+	}
 	f, err := r.root.OpenFile(name, toOSFlag(flag), perm&0o777)
 	if err != nil {
+		r.q.closed()
 		if created {
 			r.q.removed(0)
 		}
@@ -342,6 +371,7 @@ type file struct {
 	f      *os.File
 	q      *quota
 	append bool
+	closed bool
 }
 
 func (f *file) Dev() (uint64, experimentalsys.Errno) {
@@ -500,7 +530,14 @@ func (f *file) Utimens(atim, mtim int64) experimentalsys.Errno {
 	return errno(os.Chtimes("/proc/self/fd/"+itoa(int(f.f.Fd())), a, m))
 }
 
-func (f *file) Close() experimentalsys.Errno { return errno(f.f.Close()) }
+func (f *file) Close() experimentalsys.Errno {
+	if f.closed {
+		return 0
+	}
+	f.closed = true
+	f.q.closed()
+	return errno(f.f.Close())
+}
 
 func itoa(n int) string {
 	if n == 0 {

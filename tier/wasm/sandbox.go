@@ -144,6 +144,7 @@ func (s *sandbox) Exec(ctx context.Context, cmd *tier.Command) (_ *tier.Outcome,
 	if err != nil {
 		return nil, fmt.Errorf("measure workspace: %w", err)
 	}
+	q.maxOpen = lim.OpenFiles
 	wsFS := &rootFS{root: wsRoot, q: q}
 	// The workspace is both /workspace and the root: wasi-libc resolves a
 	// relative path against "/" (WASI has no working directory), so "/"
@@ -258,8 +259,11 @@ func (s *sandbox) finish(out *tier.Outcome, start time.Time, runCtx context.Cont
 		}
 	}
 	q.mu.Lock()
-	hitDisk, hitFiles, hitFile := q.hitDisk, q.hitFiles, q.hitFileSize
+	hitDisk, hitFiles, hitFile, hitOpen := q.hitDisk, q.hitFiles, q.hitFileSize, q.hitOpen
 	q.mu.Unlock()
+	if hitOpen {
+		out.Violations = append(out.Violations, result.Violation{Kind: "open-files", Detail: "an open past the open-files limit was refused", Limit: fmt.Sprint(q.maxOpen)})
+	}
 	if hitFile {
 		out.Violations = append(out.Violations, result.Violation{Kind: "file-size", Detail: "a write past the file-size limit was refused (EFBIG)", Limit: fmt.Sprint(q.maxFile)})
 	}

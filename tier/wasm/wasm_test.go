@@ -46,7 +46,7 @@ type run struct {
 }
 
 func defaultLimits() tier.Limits {
-	return tier.Limits{MemoryBytes: 256 << 20, Timeout: 20 * time.Second, FileSizeBytes: 64 << 20, WorkspaceBytes: 64 << 20, WorkspaceFiles: 1000}
+	return tier.Limits{MemoryBytes: 256 << 20, Timeout: 20 * time.Second, FileSizeBytes: 64 << 20, WorkspaceBytes: 64 << 20, WorkspaceFiles: 1000, OpenFiles: 256}
 }
 
 // exec prepares a sandbox, lets setup fill the workspace, runs argv and
@@ -259,7 +259,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("deep recursion fails cleanly", func(t *testing.T) {
-		r := exec(t, defaultLimits(), nil, "python3", "-c", "import sys\nsys.setrecursionlimit(10**6)\ndef f(n): return f(n+1)\nf(0)")
+		r := exec(t, defaultLimits(), nil, "python3", "-c", "import sys\nsys.setrecursionlimit(200000)\ndef f(n): return f(n+1)\nf(0)")
 		if r.out.Termination == result.Exited && r.out.ExitCode == 0 {
 			t.Errorf("runaway recursion exited 0")
 		}
@@ -307,6 +307,19 @@ func TestLimits(t *testing.T) {
 		}
 		if !hasViolation(r.out, "disk") {
 			t.Errorf("no disk violation: %v", r.out.Violations)
+		}
+	})
+	t.Run("open-files limit", func(t *testing.T) {
+		lim := defaultLimits()
+		lim.OpenFiles = 20
+		before, _ := os.ReadDir("/proc/self/fd")
+		r := exec(t, lim, nil, "python3", "-c", "fs = []\ntry:\n  while True: fs.append(open('/workspace/x', 'w'))\nexcept OSError as e: print('refused after', len(fs))")
+		if !strings.Contains(r.stdout, "refused after") || !hasViolation(r.out, "open-files") {
+			t.Errorf("stdout %q violations %v: the open-files limit was not enforced; stderr %q", r.stdout, r.out.Violations, clip(r.stderr))
+		}
+		after, _ := os.ReadDir("/proc/self/fd")
+		if len(after) > len(before)+2 {
+			t.Errorf("%d descriptors open after the run, %d before", len(after), len(before))
 		}
 	})
 	t.Run("file-count limit", func(t *testing.T) {
