@@ -39,7 +39,7 @@ import (
 	"bytes"
 	"context"
 	"debug/buildinfo"
-	"errors"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -94,6 +94,7 @@ var _ tier.Tier = (*GVisor)(nil)
 type GVisor struct {
 	runsc   string
 	version string
+	guest   string
 	cg      *cgroup.Host
 	caps    tier.Capabilities
 
@@ -109,6 +110,10 @@ type Options struct {
 	// Runsc is the path of gVisor's runsc. Default: $MOAT_RUNSC, else
 	// DefaultRunsc, else runsc on PATH.
 	Runsc string
+	// Guest is the moat binary that runs inside the sandbox as its init
+	// and at the start of every command (package gvinit): statically
+	// linked, dispatching gvinit.Arg. Default: the running executable.
+	Guest string
 }
 
 // New checks that this host can run the tier and returns it. The error
@@ -125,6 +130,10 @@ func New(opts Options) (*GVisor, error) {
 	if err != nil {
 		return nil, err
 	}
+	guest, err := findGuest(opts.Guest)
+	if err != nil {
+		return nil, err
+	}
 	cg, err := cgroup.Detect()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
@@ -137,15 +146,15 @@ func New(opts Options) (*GVisor, error) {
 			return nil, fmt.Errorf("%w: runsc expects cgroup v2 mounted at %s, which it is not", tier.ErrUnavailable, cgroupRoot)
 		}
 	}
-	g := &GVisor{runsc: path, version: version, cg: cg, caps: tier.Capabilities{
-		MemoryLimit:  true,
-		PidsLimit:    true,
-		CPULimit:     true,
-		NetworkNone:  true,
-		WorkspaceCap: true,
+	g := &GVisor{runsc: path, version: version, guest: guest, cg: cg, caps: tier.Capabilities{
+		MemoryLimit:   true,
+		PidsLimit:     true,
+		CPULimit:      true,
+		NetworkNone:   true,
+		NetworkEgress: true,
+		WorkspaceCap:  true,
+		Sessions:      true,
 		Missing: []string{
-			"network egress (network.mode: allowlist) is not implemented for the gvisor tier",
-			"sessions are not implemented for the gvisor tier",
 			"seccomp, landlock: the native tier's filters are not used; the program's system calls go to gVisor's Sentry, itself confined by gVisor's seccomp filter",
 		},
 	}}
@@ -261,4 +270,34 @@ func validID(id string) bool {
 	return true
 }
 
-var errSession = errors.New("the gvisor tier cannot run sessions (many commands in one sandbox) yet; use one-shot runs")
+// findGuest resolves Options.Guest and checks that it can run inside the
+// sandbox: a regular, statically linked executable (the image's libc is
+// not Moat's). The host never runs it.
+func findGuest(p string) (string, error) {
+	if p == "" || p == "/proc/self/exe" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("%w: the moat binary to run inside the sandbox: %v", tier.ErrUnavailable, err)
+		}
+		p = exe
+	}
+	abs, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: the moat binary to run inside the sandbox: %v", tier.ErrUnavailable, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%w: the moat binary to run inside the sandbox, %s, is not an executable file", tier.ErrUnavailable, abs)
+	}
+	f, err := elf.Open(abs)
+	if err != nil {
+		return "", fmt.Errorf("%w: the moat binary to run inside the sandbox, %s: %v", tier.ErrUnavailable, abs, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("%w: the moat binary %s is dynamically linked; the gvisor tier runs it inside the sandbox, where the image's libraries are not its own: build it with CGO_ENABLED=0", tier.ErrUnavailable, abs)
+		}
+	}
+	return abs, nil
+}
