@@ -91,9 +91,12 @@ func initMain(args []string) {
 	default:
 		fail(2, "moat guest init: want no arguments or SOCKET PORT")
 	}
-	// The host reads this line and nothing else from init's stdout; it
-	// then closes its end, so init's stdout and stderr go nowhere.
+	// The host reads this line and nothing else from init's stdout. Then
+	// init lets go of its standard descriptors, the only host files it
+	// had: the program can list /proc/1/fd (gVisor shows it to other
+	// users), and must find nothing of the host there.
 	os.Stdout.WriteString(Ready + "\n")
+	os.Stdin.Close()
 	os.Stdout.Close()
 	os.Stderr.Close()
 	reap()

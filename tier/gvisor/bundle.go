@@ -105,7 +105,10 @@ const cfsPeriodUs = 100000
 // the sandbox: on the Sentry's /dev tmpfs, since the image root is
 // read-only and has no place of Moat's own.
 const (
-	guestPath  = "/dev/.moat/guest"
+	guestPath = "/dev/.moat/guest"
+	// initUID is init's user and group in the Sentry: "nobody", which
+	// owns nothing and is not the program's (SandboxUID).
+	initUID    = 65534
 	egressPath = "/dev/.moat/egress.sock"
 )
 
@@ -124,9 +127,11 @@ func bundleSpec(spec *tier.Spec, guest, workspace, cgroupsPath string, hostPids 
 		Process: ociProcess{
 			Args: initArgs(spec),
 			// Init needs nothing from the environment.
-			Env:          []string{"PATH=/usr/bin:/bin"},
-			User:         ociUser{UID: SandboxUID, GID: SandboxGID, AdditionalGids: []uint32{}},
-			Cwd:          "/workspace",
+			Env: []string{"PATH=/usr/bin:/bin"},
+			// Init is not the program's user: the program can neither
+			// signal it (ending the sandbox) nor trace or read it.
+			User:         ociUser{UID: initUID, GID: initUID, AdditionalGids: []uint32{}},
+			Cwd:          "/",
 			Capabilities: ociCaps{Bounding: empty, Effective: empty, Inheritable: empty, Permitted: empty, Ambient: empty},
 			// init's (and its relay's); the Sentry enforces them itself, per
 			// task, like Linux. Commands get theirs from the guest.
