@@ -139,11 +139,8 @@ func New(opts Options) (*GVisor, error) {
 		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 	}
 	if cg.Version == cgroup.V2 {
-		// runsc assumes the unified hierarchy is mounted at /sys/fs/cgroup
-		// when it is the only one.
-		var sfs syscall.Statfs_t
-		if err := syscall.Statfs(cgroupRoot, &sfs); err != nil || sfs.Type != cgroup2Magic {
-			return nil, fmt.Errorf("%w: runsc expects cgroup v2 mounted at %s, which it is not", tier.ErrUnavailable, cgroupRoot)
+		if err := checkUnified(cgroupRoot); err != nil {
+			return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 		}
 	}
 	g := &GVisor{runsc: path, version: version, guest: guest, cg: cg, caps: tier.Capabilities{

@@ -504,7 +504,7 @@ func (s *sandbox) Destroy() error {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
 			}
 			s.g.cg.Prune()
-			if err := removeForeign(s.g.cg, s.spec.ID); err != nil {
+			if err := removeForeign(cgroupRoot, s.g.cg.Version, s.spec.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
