@@ -7,9 +7,12 @@
 //
 // Moat drives runsc, gVisor's OCI runtime, as a child process: it writes
 // an OCI bundle and keeps runsc's state directory under the run's private
-// Spec.StateDir, mounts the workspace tmpfs there, and runs `runsc run`.
-// The program gets the same image, inputs, limits and structured result as
-// on the native tier:
+// Spec.StateDir, mounts the workspace tmpfs there, and boots the sandbox
+// (`runsc run`) with Moat's guest as its init (package gvinit, the moat
+// binary bound in read-only). Every command, a one-shot run's as well as a
+// session's, is then started by `runsc exec`, so a warm pool holds booted
+// sandboxes that wait only for the command. The program gets the same
+// image, inputs, limits and structured result as on the native tier:
 //
 //   - memory, CPU and pids: the run's cgroup (package cgroup), which runsc
 //     is pointed at (linux.cgroupsPath) and joins before it forks the
@@ -17,17 +20,21 @@
 //     kills and pids-limit hits, all of gVisor's own use included (the
 //     Sentry and the gofer take ~20-50 MiB and ~20 host tasks; the pids
 //     limit allows 64 more tasks for that);
-//   - open files, file size, CPU time, tasks: rlimits the Sentry enforces;
+//   - open files, file size, CPU time, tasks: rlimits the Sentry enforces,
+//     set on each command by the guest (runsc exec sets none);
 //   - workspace size and files: a host tmpfs, bound into the sandbox;
 //   - /tmp: a tmpfs of the Sentry's, sized (its inodes are bounded by
 //     memory only: gVisor's tmpfs has no nr_inodes);
-//   - network none: the Sentry's own stack with loopback only.
+//   - network none: the Sentry's own stack with loopback only; an
+//     allowlist: the same, plus the egress proxy's host socket bound into
+//     the sandbox (runsc --host-uds=open) and the guest's relay from
+//     127.0.0.1:tier.EgressPort to it. Never runsc's host network.
 //
-// Not provided: Moat's egress proxy (network allowlists), sessions, and
-// the native tier's seccomp and Landlock layers, which gVisor replaces.
-// The Sentry and the gofer run as host root (in an identity-mapped user
-// namespace) with few capabilities, chrooted and seccomp-confined: that is
-// gVisor's model, in which the Sentry's seccomp filter is the boundary.
+// Not provided: the native tier's seccomp and Landlock layers, which
+// gVisor replaces. The Sentry and the gofer run as host root (in an
+// identity-mapped user namespace) with few capabilities, chrooted and
+// seccomp-confined: that is gVisor's model, in which the Sentry's seccomp
+// filter is the boundary.
 //
 // This package must never run untrusted code itself, never signal a
 // process it did not start (it signals only its own runsc children, and
