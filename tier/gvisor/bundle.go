@@ -114,7 +114,7 @@ const (
 
 // bundleSpec is the sandbox's shape: its init is the guest (gvinit), and
 // commands are started in it later (runsc exec).
-func bundleSpec(spec *tier.Spec, guest, workspace, cgroupsPath string, hostPids int) *ociSpec {
+func bundleSpec(spec *tier.Spec, guest, workspace, tmp, cgroupsPath string, hostPids int) *ociSpec {
 	lim := spec.Limits
 	empty := []string{}
 	return &ociSpec{
@@ -160,8 +160,10 @@ func bundleSpec(spec *tier.Spec, guest, workspace, cgroupsPath string, hostPids 
 			// runsc mounts a sysfs when the bundle has none; an empty,
 			// read-only tmpfs keeps /sys empty as on the native tier.
 			{Destination: "/sys", Type: "tmpfs", Source: "tmpfs", Options: []string{"ro", "nosuid", "noexec", "nodev", "size=4096", "mode=0555"}},
-			// Sentry memory, charged to the run's cgroup.
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", fmt.Sprintf("size=%d", lim.TmpBytes), "mode=1777"}},
+			// A host tmpfs Moat made for this run (size and inodes
+			// bounded by the host kernel), not the Sentry's: that one
+			// lets the program create device nodes.
+			{Destination: "/tmp", Type: "bind", Source: tmp, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 			// The host tmpfs Moat made for this run: its size and inode
 			// limits are the host kernel's.
 			{Destination: "/workspace", Type: "bind", Source: workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},

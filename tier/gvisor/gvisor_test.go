@@ -716,3 +716,26 @@ func TestConcurrentRuns(t *testing.T) {
 		t.Errorf("after the last run: %v", left)
 	}
 }
+
+// TestNoDeviceNodes: the program cannot create device nodes where it can
+// write (the Sentry's own tmpfs would let it, despite nodev, and then open
+// gVisor's tun and FUSE devices; /tmp and /workspace are host tmpfs
+// through the gofer, which refuses).
+func TestNoDeviceNodes(t *testing.T) {
+	e := newEngine(t, need(t))
+	res := runGV(t, e, nil, "", "python3", "-c", `
+import os, stat
+for d in ["/tmp", "/workspace", "/dev/shm"]:
+    for name, dev in [("zero", (1, 5)), ("tun", (10, 200)), ("fuse", (10, 229))]:
+        try:
+            os.mknod(d + "/" + name, stat.S_IFCHR | 0o666, os.makedev(*dev)); print("CREATED", d, name)
+        except OSError as e:
+            print("denied", d, name, e.errno)
+`)
+	if res.Termination != result.Exited || res.ExitCode != 0 {
+		t.Fatalf("termination=%s exit=%d stderr=%q", res.Termination, res.ExitCode, res.Stderr.Data)
+	}
+	if strings.Contains(res.Stdout.Data, "CREATED") || strings.Count(res.Stdout.Data, "denied") != 9 {
+		t.Errorf("device nodes: %q", res.Stdout.Data)
+	}
+}

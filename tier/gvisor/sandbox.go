@@ -30,11 +30,13 @@ import (
 //	logs/errors.json    runsc's fatal errors (--log)
 //	logs/panic.log      the Sentry's and the gofer's Go runtime messages
 //	workspace/          the workspace tmpfs is mounted here
+//	tmp/                the sandbox's /tmp, a host tmpfs too
 const (
 	bundleDir    = "bundle"
 	stateDir     = "runsc"
 	logsDir      = "logs"
 	workspaceDir = "workspace"
+	tmpDir       = "tmp"
 )
 
 // sandboxTasks is how many host tasks gVisor needs beside the program's:
@@ -66,10 +68,10 @@ type sandbox struct {
 	oci  *ociSpec
 	cg   *cgroup.Cgroup
 
-	bundle, state, logs, ws string
-	hostPids                int
-	mounted                 bool
-	counted                 bool // g.live counts this sandbox
+	bundle, state, logs, ws, tmp string
+	hostPids                     int
+	mounted, tmpMounted          bool
+	counted                      bool // g.live counts this sandbox
 
 	boot     *exec.Cmd     // `runsc run` of the guest's init
 	bootDone chan struct{} // closed once boot is reaped
@@ -106,6 +108,7 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		state:  filepath.Join(spec.StateDir, stateDir),
 		logs:   filepath.Join(spec.StateDir, logsDir),
 		ws:     filepath.Join(spec.StateDir, workspaceDir),
+		tmp:    filepath.Join(spec.StateDir, tmpDir),
 		procs:  map[int]*process{},
 	}
 	g.mu.Lock()
@@ -118,7 +121,7 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 	}()
 
-	for _, d := range []string{s.bundle, s.state, s.logs, s.ws} {
+	for _, d := range []string{s.bundle, s.state, s.logs, s.ws, s.tmp} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
@@ -137,7 +140,14 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		return nil, err
 	}
 	s.mounted = true
-	s.oci = bundleSpec(spec, g.guest, s.ws, cgPath, s.hostPids)
+	// /tmp is a host tmpfs as well, not the Sentry's: the Sentry's tmpfs
+	// lets an unprivileged program mknod device nodes despite nodev (and
+	// has no inode limit); through the gofer, mknod fails as on the host.
+	if err := mountTmpfs(s.tmp, fmt.Sprintf("size=%d,nr_inodes=%d,mode=1777", lim.TmpBytes, tmpFiles)); err != nil {
+		return nil, fmt.Errorf("/tmp: %w", err)
+	}
+	s.tmpMounted = true
+	s.oci = bundleSpec(spec, g.guest, s.ws, s.tmp, cgPath, s.hostPids)
 	if spec.EgressSocket != "" {
 		s.oci.Mounts = append(s.oci.Mounts, egressMount(spec.EgressSocket))
 	}
@@ -273,20 +283,31 @@ func checkSpec(spec *tier.Spec) error {
 	return nil
 }
 
+// tmpFiles bounds /tmp's inodes, as on the native tier.
+const tmpFiles = 4096
+
 // mountWorkspace mounts the workspace tmpfs at dir. gVisor's gofer can bind
 // only an attached mount (a detached fsmount, as the native tier uses,
 // makes its bind fail with EINVAL), so it lives below the run's private
 // directory, where the engine's GC unmounts it if moat dies.
 func mountWorkspace(dir string, bytes int64, files int) error {
 	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d", bytes, files, SandboxUID, SandboxGID)
+	if err := mountTmpfs(dir, data); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// mountTmpfs mounts a private tmpfs with the given options at dir.
+func mountTmpfs(dir, data string) error {
 	if err := unix.Mount("moat-workspace", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
-		return fmt.Errorf("workspace: mount tmpfs (%s) at %s: %w", data, dir, err)
+		return fmt.Errorf("mount tmpfs (%s) at %s: %w", data, dir, err)
 	}
 	// Private: nothing mounted below it propagates to other mount
 	// namespaces, and nothing from them to it.
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
 		unix.Unmount(dir, unix.MNT_DETACH)
-		return fmt.Errorf("workspace: make %s private: %w", dir, err)
+		return fmt.Errorf("make %s private: %w", dir, err)
 	}
 	return nil
 }
@@ -508,16 +529,22 @@ func (s *sandbox) Destroy() error {
 				errs = append(errs, err)
 			}
 		}
-		if s.mounted {
-			if err := unix.Unmount(s.ws, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && err != unix.EINVAL && err != unix.ENOENT {
-				errs = append(errs, fmt.Errorf("unmount workspace %s: %w", s.ws, err))
+		for _, m := range []struct {
+			dir     string
+			mounted *bool
+		}{{s.ws, &s.mounted}, {s.tmp, &s.tmpMounted}} {
+			if !*m.mounted {
+				continue
+			}
+			if err := unix.Unmount(m.dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m.dir, err))
 			} else {
-				s.mounted = false
+				*m.mounted = false
 			}
 		}
-		for _, d := range []string{s.bundle, s.state, s.logs, s.ws} {
-			if d == s.ws && s.mounted {
-				continue // never descend into a workspace still mounted
+		for _, d := range []string{s.bundle, s.state, s.logs, s.ws, s.tmp} {
+			if d == s.ws && s.mounted || d == s.tmp && s.tmpMounted {
+				continue // never descend into a tmpfs still mounted
 			}
 			if err := os.RemoveAll(d); err != nil {
 				errs = append(errs, err)
