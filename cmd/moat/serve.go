@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/server/e2b"
 )
 
 const serveUsage = `Usage: moat serve [FLAGS]
@@ -56,6 +57,8 @@ func cmdServe(args []string) int {
 		maxTTL        = fs.Duration("max-ttl", 24*time.Hour, "longest sandbox TTL a request may ask for")
 		keepRuns      = fs.Int("keep-runs", 1000, "one-shot results kept for GET /v1/runs/{id}")
 		drain         = fs.Duration("drain", 30*time.Second, "how long shutdown waits for running one-shot runs")
+		e2bAPI        = fs.Bool("e2b", false, "also serve E2B's API on the same listener, for the unmodified E2B SDKs (E2B_API_URL and E2B_SANDBOX_URL = this server's URL; see README)")
+		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
 		return c
@@ -145,7 +148,13 @@ func cmdServe(args []string) int {
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); *tlsCert == "" && !isLoopback(host) {
 		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	handler := srv.Handler()
+	if *e2bAPI {
+		handler = e2b.New(e2b.Config{API: srv, Auditor: store, Domain: *e2bDomain, Logger: log}).Wrap(handler)
+	} else if *e2bDomain != "" {
+		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	served := make(chan error, 1)
 	go func() {
 		if *tlsCert != "" {

@@ -1,0 +1,116 @@
+package e2b
+
+import (
+	"net/http"
+	"path"
+	"strings"
+
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/server"
+)
+
+// envd, the data plane, served on the host side. A request reaches a
+// sandbox only with that sandbox's access token (X-Access-Token), issued
+// at creation and known only to the creator.
+
+// home is the user's home in E2B's sandboxes; Moat's workspace stands in
+// for it (and for /workspace).
+const home = "/home/user"
+
+// envdCall is one data-plane request for a sandbox whose token checked.
+type envdCall struct {
+	h    *Handler
+	b    *box
+	key  audit.Key
+	sess server.Session
+}
+
+func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port string) {
+	if port != "" && port != EnvdPort {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "port": port, "code": 502,
+			"message": "The sandbox is running but port " + port + " is not open: Moat serves only envd (" + EnvdPort + ")"})
+		return
+	}
+	b, ok := h.boxByToken(id, r.Header.Get("X-Access-Token"))
+	if b == nil {
+		// What E2B's proxy answers for a sandbox that is not running; the
+		// SDKs' isRunning reads it as false.
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "code": 502, "message": "The sandbox was not found"})
+		return
+	}
+	if !ok {
+		rpcOrREST(w, r, http.StatusUnauthorized, rpcErr("unauthenticated", "X-Access-Token is missing or is not this sandbox's access token"))
+		return
+	}
+	sess, alive := h.cfg.API.SessionOf(b.keyID, id)
+	if !alive {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "code": 502, "message": "The sandbox was not found"})
+		return
+	}
+	// Moat's handlers read the quota from the key they are given: the box
+	// keeps the key as authenticated at creation.
+	if r.URL.Path == "/health" {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	c := &envdCall{h: h, b: b, key: b.key, sess: sess}
+	switch {
+	case r.URL.Path == "/files":
+		switch r.Method {
+		case http.MethodGet:
+			c.download(w, r)
+		case http.MethodPost:
+			c.upload(w, r)
+		default:
+			w.Header().Set("Allow", "GET, POST")
+			writeJSON(w, http.StatusMethodNotAllowed, apiError{http.StatusMethodNotAllowed, r.Method + " is not allowed on /files"})
+		}
+	case strings.HasPrefix(r.URL.Path, "/process.Process/"):
+		c.process(w, r, strings.TrimPrefix(r.URL.Path, "/process.Process/"))
+	case strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
+		c.filesystem(w, r, strings.TrimPrefix(r.URL.Path, "/filesystem.Filesystem/"))
+	default:
+		writeJSON(w, http.StatusNotFound, apiError{http.StatusNotFound, "envd on Moat has no " + r.URL.Path})
+	}
+}
+
+func rpcOrREST(w http.ResponseWriter, r *http.Request, status int, e *rpcError) {
+	if strings.HasPrefix(r.URL.Path, "/files") || r.URL.Path == "/health" {
+		writeJSON(w, status, apiError{status, e.Message})
+		return
+	}
+	writeUnaryError(w, e)
+}
+
+// workspacePath maps an E2B path (absolute, or relative to the home) onto
+// the workspace; "." is the workspace itself. Anything outside /home/user
+// and /workspace is refused: a Moat sandbox exposes only its workspace.
+func workspacePath(field, p string) (string, *rpcError) {
+	if p == "" {
+		return "", rpcErr("invalid_argument", "%s is empty: give a path under %s", field, home)
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", rpcErr("invalid_argument", "%s contains a NUL byte", field)
+	}
+	if !strings.HasPrefix(p, "/") {
+		p = home + "/" + p
+	}
+	clean := path.Clean(p)
+	for _, root := range []string{home, "/workspace"} {
+		if clean == root {
+			return ".", nil
+		}
+		if rest, ok := strings.CutPrefix(clean, root+"/"); ok {
+			return rest, nil
+		}
+	}
+	return "", rpcErr("permission_denied", "%s %q is outside the sandbox's workspace: Moat exposes only %s (the same directory as /workspace)", field, p, home)
+}
+
+// e2bPath is the E2B path of a workspace path.
+func e2bPath(rel string) string {
+	if rel == "." || rel == "" {
+		return home
+	}
+	return home + "/" + rel
+}
