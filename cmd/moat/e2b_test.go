@@ -204,3 +204,4 @@ func e2bCall(t *testing.T, base, key, method, path, body string) (int, []byte) {
 	buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes()
 }
+
