@@ -204,4 +204,3 @@ func e2bCall(t *testing.T, base, key, method, path, body string) (int, []byte) {
 	buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes()
 }
-
