@@ -216,7 +216,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	}
 	mdata, _ := json.Marshal(m)
 	h.sweep()
-	status, body := h.moatCall(r, key, http.MethodPost, "/v1/sandboxes", server.SandboxRequest{
+	status, body := h.moatCall(r.Context(), key, http.MethodPost, "/v1/sandboxes", server.SandboxRequest{
 		Manifest: mdata, TTL: strconv.FormatInt(int64(ttl/time.Second), 10) + "s", Metadata: req.Metadata,
 	})
 	if status != http.StatusCreated {
@@ -273,7 +273,7 @@ func (h *Handler) listedView(sb server.Sandbox) listed {
 
 // moatSandboxes is the key's live sandboxes, oldest first.
 func (h *Handler) moatSandboxes(r *http.Request, key audit.Key) ([]server.Sandbox, *apiError) {
-	status, body := h.moatCall(r, key, http.MethodGet, "/v1/sandboxes", nil)
+	status, body := h.moatCall(r.Context(), key, http.MethodGet, "/v1/sandboxes", nil)
 	if status != http.StatusOK {
 		return nil, fromMoat(status, body)
 	}
@@ -409,7 +409,7 @@ func notFound(id string) *apiError {
 }
 
 func (h *Handler) moatSandbox(r *http.Request, key audit.Key, id string) (server.Sandbox, *apiError) {
-	status, body := h.moatCall(r, key, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil)
+	status, body := h.moatCall(r.Context(), key, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil)
 	if status == http.StatusNotFound {
 		return server.Sandbox{}, notFound(id)
 	}
@@ -446,7 +446,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, key audit.Key) *ap
 
 func (h *Handler) kill(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {
 	id := r.PathValue("id")
-	status, body := h.moatCall(r, key, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil)
+	status, body := h.moatCall(r.Context(), key, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil)
 	switch status {
 	case http.StatusOK:
 		h.forget(id)
@@ -463,7 +463,7 @@ type timeoutBody struct {
 }
 
 func (h *Handler) extend(r *http.Request, key audit.Key, id string, seconds int) *apiError {
-	status, body := h.moatCall(r, key, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/timeout",
+	status, body := h.moatCall(r.Context(), key, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/timeout",
 		server.TimeoutRequest{TTL: strconv.Itoa(seconds) + "s"})
 	switch status {
 	case http.StatusOK:

@@ -18,6 +18,7 @@ package e2b
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -59,6 +60,7 @@ type Handler struct {
 	cfg     Config
 	log     *slog.Logger
 	control *http.ServeMux
+	rpc     *http.ServeMux
 
 	mu    sync.Mutex
 	boxes map[string]*box // by sandbox id
@@ -84,7 +86,7 @@ func New(cfg Config) *Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), boxes: map[string]*box{}}
+	h := &Handler{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), rpc: newRPCMux(), boxes: map[string]*box{}}
 	h.routes()
 	return h
 }
@@ -217,7 +219,7 @@ func newToken() string {
 
 // moatCall sends one request to Moat's API as key and returns its status
 // and body. Bodies of these calls are small JSON documents.
-func (h *Handler) moatCall(r *http.Request, key audit.Key, method, path string, body any) (int, []byte) {
+func (h *Handler) moatCall(ctx context.Context, key audit.Key, method, path string, body any) (int, []byte) {
 	var rd *bytes.Reader
 	if body != nil {
 		data, _ := json.Marshal(body)
@@ -225,7 +227,7 @@ func (h *Handler) moatCall(r *http.Request, key audit.Key, method, path string, 
 	} else {
 		rd = bytes.NewReader(nil)
 	}
-	req := httptest.NewRequestWithContext(r.Context(), method, path, rd)
+	req := httptest.NewRequestWithContext(ctx, method, path, rd)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

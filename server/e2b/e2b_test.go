@@ -457,7 +457,7 @@ func TestFilesystem(t *testing.T) {
 	}
 	call("Remove", map[string]any{"path": "/home/user"}, 403)
 	call("Move", map[string]any{"source": "/etc/passwd", "destination": "x"}, 403)
-	call("Nope", map[string]any{}, 501)
+	call("Nope", map[string]any{}, 404)
 }
 
 func TestFilesREST(t *testing.T) {
@@ -726,4 +726,19 @@ func TestWatchDir(t *testing.T) {
 	if err != nil || !strings.Contains(string(ev), `"name":"new.txt"`) || !strings.Contains(string(ev), "EVENT_TYPE_CREATE") {
 		t.Errorf("event %s %v", ev, err)
 	}
+}
+
+const flagEndStream = 0x02
+
+// readEnvelope reads one enveloped Connect stream message.
+func readEnvelope(r io.Reader) (flags byte, msg []byte, err error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	msg = make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return 0, nil, err
+	}
+	return hdr[0], msg, nil
 }

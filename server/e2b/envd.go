@@ -1,9 +1,12 @@
 package e2b
 
 import (
+	"context"
 	"net/http"
 	"path"
 	"strings"
+
+	"connectrpc.com/connect"
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/server"
@@ -39,7 +42,12 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		return
 	}
 	if !ok {
-		rpcOrREST(w, r, http.StatusUnauthorized, rpcErr("unauthenticated", "X-Access-Token is missing or is not this sandbox's access token"))
+		e := rpcErr(connect.CodeUnauthenticated, "X-Access-Token is missing or is not this sandbox's access token")
+		if strings.HasPrefix(r.URL.Path, "/files") || r.URL.Path == "/health" {
+			writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, e.Message()})
+		} else {
+			writeRPCError(w, http.StatusUnauthorized, e)
+		}
 		return
 	}
 	sess, alive := h.cfg.API.SessionOf(b.keyID, id)
@@ -65,32 +73,22 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 			w.Header().Set("Allow", "GET, POST")
 			writeJSON(w, http.StatusMethodNotAllowed, apiError{http.StatusMethodNotAllowed, r.Method + " is not allowed on /files"})
 		}
-	case strings.HasPrefix(r.URL.Path, "/process.Process/"):
-		c.process(w, r, strings.TrimPrefix(r.URL.Path, "/process.Process/"))
-	case strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
-		c.filesystem(w, r, strings.TrimPrefix(r.URL.Path, "/filesystem.Filesystem/"))
+	case strings.HasPrefix(r.URL.Path, "/process.Process/"), strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
+		h.rpc.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	default:
 		writeJSON(w, http.StatusNotFound, apiError{http.StatusNotFound, "envd on Moat has no " + r.URL.Path})
 	}
 }
 
-func rpcOrREST(w http.ResponseWriter, r *http.Request, status int, e *rpcError) {
-	if strings.HasPrefix(r.URL.Path, "/files") || r.URL.Path == "/health" {
-		writeJSON(w, status, apiError{status, e.Message})
-		return
-	}
-	writeUnaryError(w, e)
-}
-
 // workspacePath maps an E2B path (absolute, or relative to the home) onto
 // the workspace; "." is the workspace itself. Anything outside /home/user
 // and /workspace is refused: a Moat sandbox exposes only its workspace.
-func workspacePath(field, p string) (string, *rpcError) {
+func workspacePath(field, p string) (string, *connect.Error) {
 	if p == "" {
-		return "", rpcErr("invalid_argument", "%s is empty: give a path under %s", field, home)
+		return "", rpcErr(connect.CodeInvalidArgument, "%s is empty: give a path under %s", field, home)
 	}
 	if strings.IndexByte(p, 0) >= 0 {
-		return "", rpcErr("invalid_argument", "%s contains a NUL byte", field)
+		return "", rpcErr(connect.CodeInvalidArgument, "%s contains a NUL byte", field)
 	}
 	if !strings.HasPrefix(p, "/") {
 		p = home + "/" + p
@@ -104,7 +102,7 @@ func workspacePath(field, p string) (string, *rpcError) {
 			return rest, nil
 		}
 	}
-	return "", rpcErr("permission_denied", "%s %q is outside the sandbox's workspace: Moat exposes only %s (the same directory as /workspace)", field, p, home)
+	return "", rpcErr(connect.CodePermissionDenied, "%s %q is outside the sandbox's workspace: Moat exposes only %s (the same directory as /workspace)", field, p, home)
 }
 
 // e2bPath is the E2B path of a workspace path.

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,185 +17,152 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/moat-sandbox/moat/engine"
+	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
+	"github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem/filesystemconnect"
 )
 
 // filesystem.Filesystem and REST /files over the sandbox's workspace. The
 // session resolves every path beneath /workspace without following links.
 
-type entryInfo struct {
-	Name          string  `json:"name"`
-	Type          string  `json:"type"`
-	Path          string  `json:"path"`
-	Size          string  `json:"size"`
-	Mode          uint32  `json:"mode"`
-	Permissions   string  `json:"permissions"`
-	Owner         string  `json:"owner"`
-	Group         string  `json:"group"`
-	ModifiedTime  string  `json:"modifiedTime"`
-	SymlinkTarget *string `json:"symlinkTarget,omitempty"`
+type filesystemService struct {
+	// The polling watchers (CreateWatcher…) are not served: the
+	// JavaScript SDK uses the WatchDir stream.
+	filesystemconnect.UnimplementedFilesystemHandler
 }
 
-func entryOf(fi engine.FileInfo) entryInfo {
+var _ filesystemconnect.FilesystemHandler = filesystemService{}
+
+func entryOf(fi engine.FileInfo) *pb.EntryInfo {
 	mode, _ := strconv.ParseUint(fi.Mode, 8, 32)
-	e := entryInfo{Name: fi.Name, Path: e2bPath(fi.Path), Size: strconv.FormatInt(fi.Size, 10), Mode: uint32(mode),
-		Permissions: fs.FileMode(mode).String(), Owner: "user", Group: "user", ModifiedTime: fi.ModTime.UTC().Format(time.RFC3339Nano)}
+	e := &pb.EntryInfo{Name: fi.Name, Path: e2bPath(fi.Path), Size: fi.Size, Mode: uint32(mode),
+		Permissions: fs.FileMode(mode).String(), Owner: "user", Group: "user", ModifiedTime: timestamppb.New(fi.ModTime)}
 	switch fi.Type {
 	case "file":
-		e.Type = "FILE_TYPE_FILE"
+		e.Type = pb.FileType_FILE_TYPE_FILE
 	case "dir":
-		e.Type = "FILE_TYPE_DIRECTORY"
+		e.Type = pb.FileType_FILE_TYPE_DIRECTORY
 		e.Permissions = "d" + e.Permissions[1:]
 	case "symlink":
-		e.Type = "FILE_TYPE_SYMLINK"
+		e.Type = pb.FileType_FILE_TYPE_SYMLINK
 		t := fi.Target
 		e.SymlinkTarget = &t
-	default:
-		e.Type = "FILE_TYPE_UNSPECIFIED"
 	}
 	return e
 }
 
 // fsError maps a session error onto a Connect error.
-func fsError(err error, p string) *rpcError {
+func fsError(err error, p string) *connect.Error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return rpcErr("not_found", "path '%s' does not exist", p)
+		return rpcErr(connect.CodeNotFound, "path '%s' does not exist", p)
 	case errors.Is(err, fs.ErrExist):
-		return rpcErr("already_exists", "path '%s' already exists", p)
+		return rpcErr(connect.CodeAlreadyExists, "path '%s' already exists", p)
 	case errors.Is(err, engine.ErrSessionClosed):
-		return rpcErr("unavailable", "the sandbox was destroyed")
+		return rpcErr(connect.CodeUnavailable, "the sandbox was destroyed")
 	}
-	return rpcErr("invalid_argument", "%s: %v", p, err)
+	return rpcErr(connect.CodeInvalidArgument, "%s: %v", p, err)
 }
 
-func (c *envdCall) filesystem(w http.ResponseWriter, r *http.Request, method string) {
-	if method == "WatchDir" {
-		c.watchDir(w, r)
-		return
+func (filesystemService) Stat(ctx context.Context, req *connect.Request[pb.StatRequest]) (*connect.Response[pb.StatResponse], error) {
+	c := callOf(ctx)
+	p, e := workspacePath("path", req.Msg.GetPath())
+	if e != nil {
+		return nil, e
 	}
-	var req struct {
-		Path        string `json:"path"`
-		Depth       uint32 `json:"depth"`
-		Source      string `json:"source"`
-		Destination string `json:"destination"`
+	fi, err := c.sess.Stat(p)
+	if err != nil {
+		return nil, fsError(err, req.Msg.GetPath())
 	}
-	if e := readUnary(r, &req); e != nil {
-		writeUnaryError(w, e)
-		return
+	return connect.NewResponse(&pb.StatResponse{Entry: entryOf(fi)}), nil
+}
+
+func (filesystemService) MakeDir(ctx context.Context, req *connect.Request[pb.MakeDirRequest]) (*connect.Response[pb.MakeDirResponse], error) {
+	c, shown := callOf(ctx), req.Msg.GetPath()
+	p, e := workspacePath("path", shown)
+	if e != nil {
+		return nil, e
 	}
-	reply := func(v any, e *rpcError) {
-		if e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		writeJSON(w, http.StatusOK, v)
+	if p == "." {
+		return nil, rpcErr(connect.CodeAlreadyExists, "directory '%s' already exists", shown)
 	}
-	switch method {
-	case "Stat":
-		p, e := workspacePath("path", req.Path)
-		if e != nil {
-			reply(nil, e)
-			return
-		}
-		fi, err := c.sess.Stat(p)
-		if err != nil {
-			reply(nil, fsError(err, req.Path))
-			return
-		}
-		reply(map[string]any{"entry": entryOf(fi)}, nil)
-	case "MakeDir":
-		p, e := workspacePath("path", req.Path)
-		if e != nil {
-			reply(nil, e)
-			return
-		}
-		if p == "." {
-			reply(nil, rpcErr("already_exists", "directory '%s' already exists", req.Path))
-			return
-		}
-		if _, err := c.sess.Stat(p); err == nil {
-			reply(nil, rpcErr("already_exists", "directory '%s' already exists", req.Path))
-			return
-		}
-		if err := c.sess.MakeDir(p); err != nil {
-			reply(nil, fsError(err, req.Path))
-			return
-		}
-		fi, err := c.sess.Stat(p)
-		if err != nil {
-			reply(nil, fsError(err, req.Path))
-			return
-		}
-		reply(map[string]any{"entry": entryOf(fi)}, nil)
-	case "Move":
-		from, e := workspacePath("source", req.Source)
-		if e != nil {
-			reply(nil, e)
-			return
-		}
-		to, e := workspacePath("destination", req.Destination)
-		if e != nil {
-			reply(nil, e)
-			return
-		}
-		if from == "." || to == "." {
-			reply(nil, rpcErr("invalid_argument", "the workspace itself cannot be moved or replaced"))
-			return
-		}
-		if err := c.sess.Rename(from, to); err != nil {
-			reply(nil, fsError(err, req.Source))
-			return
-		}
-		fi, err := c.sess.Stat(to)
-		if err != nil {
-			reply(nil, fsError(err, req.Destination))
-			return
-		}
-		reply(map[string]any{"entry": entryOf(fi)}, nil)
-	case "ListDir":
-		p, e := workspacePath("path", req.Path)
-		if e != nil {
-			reply(nil, e)
-			return
-		}
-		depth := max(int(req.Depth), 1)
-		entries := []entryInfo{}
-		if e := c.listDir(p, req.Path, depth, &entries); e != nil {
-			reply(nil, e)
-			return
-		}
-		reply(map[string]any{"entries": entries}, nil)
-	case "Remove":
-		p, e := workspacePath("path", req.Path)
-		if e != nil {
-			reply(nil, e)
-			return
-		}
-		if p == "." {
-			reply(nil, rpcErr("permission_denied", "the workspace itself cannot be removed"))
-			return
-		}
-		if err := c.sess.Remove(p); err != nil {
-			reply(nil, fsError(err, req.Path))
-			return
-		}
-		reply(struct{}{}, nil)
-	default:
-		reply(nil, rpcErr("unimplemented", "filesystem.Filesystem/%s is not a method Moat serves", method))
+	if _, err := c.sess.Stat(p); err == nil {
+		return nil, rpcErr(connect.CodeAlreadyExists, "directory '%s' already exists", shown)
 	}
+	if err := c.sess.MakeDir(p); err != nil {
+		return nil, fsError(err, shown)
+	}
+	fi, err := c.sess.Stat(p)
+	if err != nil {
+		return nil, fsError(err, shown)
+	}
+	return connect.NewResponse(&pb.MakeDirResponse{Entry: entryOf(fi)}), nil
+}
+
+func (filesystemService) Move(ctx context.Context, req *connect.Request[pb.MoveRequest]) (*connect.Response[pb.MoveResponse], error) {
+	c := callOf(ctx)
+	from, e := workspacePath("source", req.Msg.GetSource())
+	if e != nil {
+		return nil, e
+	}
+	to, e := workspacePath("destination", req.Msg.GetDestination())
+	if e != nil {
+		return nil, e
+	}
+	if from == "." || to == "." {
+		return nil, rpcErr(connect.CodeInvalidArgument, "the workspace itself cannot be moved or replaced")
+	}
+	if err := c.sess.Rename(from, to); err != nil {
+		return nil, fsError(err, req.Msg.GetSource())
+	}
+	fi, err := c.sess.Stat(to)
+	if err != nil {
+		return nil, fsError(err, req.Msg.GetDestination())
+	}
+	return connect.NewResponse(&pb.MoveResponse{Entry: entryOf(fi)}), nil
+}
+
+func (filesystemService) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRequest]) (*connect.Response[pb.ListDirResponse], error) {
+	c := callOf(ctx)
+	p, e := workspacePath("path", req.Msg.GetPath())
+	if e != nil {
+		return nil, e
+	}
+	out := &pb.ListDirResponse{Entries: []*pb.EntryInfo{}}
+	if e := c.listDir(p, req.Msg.GetPath(), max(int(req.Msg.GetDepth()), 1), &out.Entries); e != nil {
+		return nil, e
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (filesystemService) Remove(ctx context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
+	c := callOf(ctx)
+	p, e := workspacePath("path", req.Msg.GetPath())
+	if e != nil {
+		return nil, e
+	}
+	if p == "." {
+		return nil, rpcErr(connect.CodePermissionDenied, "the workspace itself cannot be removed")
+	}
+	if err := c.sess.Remove(p); err != nil {
+		return nil, fsError(err, req.Msg.GetPath())
+	}
+	return connect.NewResponse(&pb.RemoveResponse{}), nil
 }
 
 // maxListed bounds a recursive listing.
 const maxListed = 10000
 
-func (c *envdCall) listDir(p, shown string, depth int, out *[]entryInfo) *rpcError {
+func (c *envdCall) listDir(p, shown string, depth int, out *[]*pb.EntryInfo) *connect.Error {
 	fi, err := c.sess.Stat(p)
 	if err != nil {
 		return fsError(err, shown)
 	}
 	if fi.Type != "dir" {
-		return rpcErr("invalid_argument", "path '%s' is not a directory", shown)
+		return rpcErr(connect.CodeInvalidArgument, "path '%s' is not a directory", shown)
 	}
 	list, err := c.sess.ReadDir(p)
 	if err != nil {
@@ -202,7 +170,7 @@ func (c *envdCall) listDir(p, shown string, depth int, out *[]entryInfo) *rpcErr
 	}
 	for _, f := range list {
 		if len(*out) >= maxListed {
-			return rpcErr("resource_exhausted", "more than %d entries under '%s'; list with a smaller depth", maxListed, shown)
+			return rpcErr(connect.CodeResourceExhausted, "more than %d entries under '%s'; list with a smaller depth", maxListed, shown)
 		}
 		*out = append(*out, entryOf(f))
 		if f.Type == "dir" && depth > 1 {
@@ -214,88 +182,87 @@ func (c *envdCall) listDir(p, shown string, depth int, out *[]entryInfo) *rpcErr
 	return nil
 }
 
-// watchDir polls the directory (the session's files live on the host
+// watchState is what a watched entry looked like.
+type watchState struct {
+	typ  pb.FileType
+	size int64
+	mod  time.Time
+}
+
+// WatchDir polls the directory (the session's files live on the host
 // side, where no inotify of the guest reaches) and reports what changed
 // between two looks: create, write, remove.
-func (c *envdCall) watchDir(w http.ResponseWriter, r *http.Request) {
-	st := newStream(w)
-	var req struct {
-		Path               string `json:"path"`
-		Recursive          bool   `json:"recursive"`
-		IncludeEntry       bool   `json:"includeEntry"`
-		AllowNetworkMounts bool   `json:"allowNetworkMounts"`
+func (filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], st *connect.ServerStream[pb.WatchDirResponse]) error {
+	c := callOf(ctx)
+	if req.Msg.GetIncludeEntry() {
+		return rpcErr(connect.CodeUnimplemented, "includeEntry is not supported")
 	}
-	if e := readStreamRequest(r, &req); e != nil {
-		st.end(e)
-		return
-	}
-	p, e := workspacePath("path", req.Path)
+	p, e := workspacePath("path", req.Msg.GetPath())
 	if e != nil {
-		st.end(e)
-		return
+		return e
 	}
 	depth := 1
-	if req.Recursive {
+	if req.Msg.GetRecursive() {
 		depth = 32
 	}
-	snap := func() (map[string]engine.FileInfo, *rpcError) {
-		var list []entryInfo
-		if e := c.listDir(p, req.Path, depth, &list); e != nil {
+	snap := func() (map[string]watchState, *connect.Error) {
+		var list []*pb.EntryInfo
+		if e := c.listDir(p, req.Msg.GetPath(), depth, &list); e != nil {
 			return nil, e
 		}
-		m := make(map[string]engine.FileInfo, len(list))
+		m := make(map[string]watchState, len(list))
 		for _, en := range list {
-			m[en.Path] = engine.FileInfo{Size: mustInt(en.Size), Type: en.Type, Mode: en.ModifiedTime}
+			m[en.Path] = watchState{en.Type, en.Size, en.ModifiedTime.AsTime()}
 		}
 		return m, nil
 	}
 	prev, e := snap()
 	if e != nil {
-		st.end(e)
-		return
+		return e
 	}
-	if st.send(map[string]any{"start": struct{}{}}) != nil {
-		return
+	if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
 	}
 	base := e2bPath(p)
+	send := func(p string, typ pb.EventType) error {
+		name := strings.TrimPrefix(strings.TrimPrefix(p, base), "/")
+		return st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: &pb.FilesystemEvent{Name: name, Type: typ}}})
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	keep := time.NewTicker(30 * time.Second)
 	defer keep.Stop()
 	for {
 		select {
-		case <-r.Context().Done():
-			return
+		case <-ctx.Done():
+			return nil
 		case <-keep.C:
-			if st.send(map[string]any{"keepalive": struct{}{}}) != nil {
-				return
+			if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Keepalive{Keepalive: &pb.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
 			}
 		case <-tick.C:
 			cur, e := snap()
 			if e != nil {
-				st.end(e)
-				return
+				return e
 			}
-			send := func(p, typ string) bool {
-				name := strings.TrimPrefix(strings.TrimPrefix(p, base), "/")
-				return st.send(map[string]any{"filesystem": map[string]any{"name": name, "type": typ}}) == nil
-			}
-			for p, fi := range cur {
+			for p, now := range cur {
 				old, ok := prev[p]
 				switch {
 				case !ok:
-					if !send(p, "EVENT_TYPE_CREATE") {
-						return
+					if err := send(p, pb.EventType_EVENT_TYPE_CREATE); err != nil {
+						return err
 					}
-				case old != fi && fi.Type == "FILE_TYPE_FILE":
-					if !send(p, "EVENT_TYPE_WRITE") {
-						return
+				case old != now && now.typ == pb.FileType_FILE_TYPE_FILE:
+					if err := send(p, pb.EventType_EVENT_TYPE_WRITE); err != nil {
+						return err
 					}
 				}
 			}
 			for p := range prev {
-				if _, ok := cur[p]; !ok && !send(p, "EVENT_TYPE_REMOVE") {
-					return
+				if _, ok := cur[p]; !ok {
+					if err := send(p, pb.EventType_EVENT_TYPE_REMOVE); err != nil {
+						return err
+					}
 				}
 			}
 			prev = cur
@@ -303,23 +270,18 @@ func (c *envdCall) watchDir(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func mustInt(s string) int64 {
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n
-}
-
 // restError answers /files in envd's REST form.
 func restError(w http.ResponseWriter, status int, format string, a ...any) {
 	writeJSON(w, status, apiError{status, fmt.Sprintf(format, a...)})
 }
 
-func restStatus(e *rpcError) int {
-	switch e.Code {
-	case "not_found":
+func restStatus(e *connect.Error) int {
+	switch e.Code() {
+	case connect.CodeNotFound:
 		return http.StatusNotFound
-	case "permission_denied":
+	case connect.CodePermissionDenied:
 		return http.StatusForbidden
-	case "resource_exhausted":
+	case connect.CodeResourceExhausted:
 		return http.StatusRequestEntityTooLarge
 	}
 	return http.StatusBadRequest
@@ -331,13 +293,13 @@ func restStatus(e *rpcError) int {
 func (c *envdCall) download(w http.ResponseWriter, r *http.Request) {
 	p, e := workspacePath("path", r.URL.Query().Get("path"))
 	if e != nil {
-		restError(w, restStatus(e), "%s", e.Message)
+		restError(w, restStatus(e), "%s", e.Message())
 		return
 	}
 	fi, err := c.sess.Stat(p)
 	if err != nil {
 		e := fsError(err, r.URL.Query().Get("path"))
-		restError(w, restStatus(e), "%s", e.Message)
+		restError(w, restStatus(e), "%s", e.Message())
 		return
 	}
 	if fi.Type != "file" {
@@ -412,7 +374,7 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request) {
 	put := func(name string, data io.Reader) bool {
 		p, e := workspacePath("path", name)
 		if e != nil {
-			restError(w, restStatus(e), "%s", e.Message)
+			restError(w, restStatus(e), "%s", e.Message())
 			return false
 		}
 		if p == "." {

@@ -14,153 +14,43 @@ import (
 	"strconv"
 	"strings"
 
+	"connectrpc.com/connect"
+
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/server"
+	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/process"
+	"github.com/moat-sandbox/moat/server/e2b/envdpb/process/processconnect"
 )
 
 // process.Process: each E2B process is a command of the Moat sandbox
 // (POST /v1/sandboxes/{id}/execs); its pid is the command's number
 // ("e-7" is pid 7), its output the command's event stream.
 
-type processConfig struct {
-	Cmd  string            `json:"cmd"`
-	Args []string          `json:"args"`
-	Envs map[string]string `json:"envs"`
-	Cwd  *string           `json:"cwd,omitempty"`
-}
+type processService struct{}
 
-type selector struct {
-	Pid *uint32 `json:"pid,omitempty"`
-	Tag *string `json:"tag,omitempty"`
-}
+var _ processconnect.ProcessHandler = processService{}
 
-type startRequest struct {
-	Process processConfig   `json:"process"`
-	Pty     json.RawMessage `json:"pty"`
-	Tag     *string         `json:"tag"`
-	Stdin   *bool           `json:"stdin"`
-}
-
-type processInput struct {
-	Stdin []byte `json:"stdin,omitempty"`
-	Pty   []byte `json:"pty,omitempty"`
-}
-
-type dataEvent struct {
-	Stdout []byte `json:"stdout,omitempty"`
-	Stderr []byte `json:"stderr,omitempty"`
-}
-
-type endEvent struct {
-	ExitCode int    `json:"exitCode"`
-	Exited   bool   `json:"exited"`
-	Status   string `json:"status"`
-	Error    string `json:"error,omitempty"`
-}
-
-type processEvent struct {
-	Start *struct {
-		Pid uint32 `json:"pid"`
-	} `json:"start,omitempty"`
-	Data      *dataEvent `json:"data,omitempty"`
-	End       *endEvent  `json:"end,omitempty"`
-	Keepalive *struct{}  `json:"keepalive,omitempty"`
-}
-
-func (c *envdCall) process(w http.ResponseWriter, r *http.Request, method string) {
-	switch method {
-	case "Start":
-		c.start(w, r)
-	case "Connect":
-		var req struct {
-			Process selector `json:"process"`
-		}
-		st := newStream(w)
-		if e := readStreamRequest(r, &req); e != nil {
-			st.end(e)
-			return
-		}
-		pid, e := c.pid(req.Process)
-		if e != nil {
-			st.end(e)
-			return
-		}
-		c.follow(r.Context(), st, pid)
-	case "List":
-		c.list(w, r)
-	case "SendInput":
-		var req struct {
-			Process selector     `json:"process"`
-			Input   processInput `json:"input"`
-		}
-		if e := readUnary(r, &req); e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		if e := c.input(r, req.Process, req.Input, false); e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		writeJSON(w, http.StatusOK, struct{}{})
-	case "StreamInput":
-		c.streamInput(w, r)
-	case "CloseStdin":
-		var req struct {
-			Process selector `json:"process"`
-		}
-		if e := readUnary(r, &req); e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		if e := c.input(r, req.Process, processInput{}, true); e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		writeJSON(w, http.StatusOK, struct{}{})
-	case "SendSignal":
-		c.signal(w, r)
-	case "Update":
-		var req struct {
-			Process selector        `json:"process"`
-			Pty     json.RawMessage `json:"pty"`
-		}
-		if e := readUnary(r, &req); e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		if _, e := c.pid(req.Process); e != nil {
-			writeUnaryError(w, e)
-			return
-		}
-		if isSet(req.Pty) {
-			writeUnaryError(w, rpcErr("unimplemented", "PTY sessions are not supported by Moat's tiers yet: start the process without pty"))
-			return
-		}
-		writeJSON(w, http.StatusOK, struct{}{})
-	default:
-		writeUnaryError(w, rpcErr("unimplemented", "process.Process/%s is not a method Moat serves", method))
-	}
-}
+var errNoPTY = rpcErr(connect.CodeUnimplemented, "PTY sessions are not supported by Moat's tiers yet: start the process without pty")
 
 // moat sends one request to the sandbox's routes of Moat's API.
-func (c *envdCall) moat(r *http.Request, method, sub string, body any) (int, []byte) {
-	return c.h.moatCall(r, c.key, method, "/v1/sandboxes/"+url.PathEscape(c.b.id)+sub, body)
+func (c *envdCall) moat(ctx context.Context, method, sub string, body any) (int, []byte) {
+	return c.h.moatCall(ctx, c.key, method, "/v1/sandboxes/"+url.PathEscape(c.b.id)+sub, body)
 }
 
-func (c *envdCall) pid(s selector) (uint32, *rpcError) {
-	switch {
-	case s.Pid != nil:
-		return *s.Pid, nil
-	case s.Tag != nil:
+func (c *envdCall) pid(s *pb.ProcessSelector) (uint32, *connect.Error) {
+	switch sel := s.GetSelector().(type) {
+	case *pb.ProcessSelector_Pid:
+		return sel.Pid, nil
+	case *pb.ProcessSelector_Tag:
 		c.b.mu.Lock()
-		pid, ok := c.b.tags[*s.Tag]
+		pid, ok := c.b.tags[sel.Tag]
 		c.b.mu.Unlock()
 		if !ok {
-			return 0, rpcErr("not_found", "process with tag %q not found", *s.Tag)
+			return 0, rpcErr(connect.CodeNotFound, "process with tag %q not found", sel.Tag)
 		}
 		return pid, nil
 	}
-	return 0, rpcErr("invalid_argument", "process: give a pid or a tag")
+	return 0, rpcErr(connect.CodeInvalidArgument, "process: give a pid or a tag")
 }
 
 func pidOf(execID string) uint32 {
@@ -168,31 +58,24 @@ func pidOf(execID string) uint32 {
 	return uint32(n)
 }
 
-func (c *envdCall) start(w http.ResponseWriter, r *http.Request) {
-	st := newStream(w)
-	var req startRequest
-	if e := readStreamRequest(r, &req); e != nil {
-		st.end(e)
-		return
+func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], st *connect.ServerStream[pb.StartResponse]) error {
+	c, m := callOf(ctx), req.Msg
+	if m.Pty != nil {
+		return errNoPTY
 	}
-	if isSet(req.Pty) {
-		st.end(rpcErr("unimplemented", "PTY sessions are not supported by Moat's tiers yet: start the process without pty"))
-		return
-	}
-	if req.Process.Cmd == "" {
-		st.end(rpcErr("invalid_argument", "process.cmd is empty"))
-		return
+	cfg := m.GetProcess()
+	if cfg.GetCmd() == "" {
+		return rpcErr(connect.CodeInvalidArgument, "process.cmd is empty")
 	}
 	ex := server.ExecRequest{
-		Argv:      append([]string{req.Process.Cmd}, req.Process.Args...),
-		Env:       req.Process.Envs,
-		StdinOpen: req.Stdin != nil && *req.Stdin,
+		Argv:      append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
+		Env:       cfg.GetEnvs(),
+		StdinOpen: m.GetStdin(),
 	}
-	if req.Process.Cwd != nil && *req.Process.Cwd != "" {
-		dir, e := workspacePath("process.cwd", *req.Process.Cwd)
+	if cfg.Cwd != nil && *cfg.Cwd != "" {
+		dir, e := workspacePath("process.cwd", *cfg.Cwd)
 		if e != nil {
-			st.end(e)
-			return
+			return e
 		}
 		if dir != "." {
 			ex.Dir = dir
@@ -200,23 +83,30 @@ func (c *envdCall) start(w http.ResponseWriter, r *http.Request) {
 	}
 	wait := false
 	ex.Wait = &wait
-	status, body := c.moat(r, http.MethodPost, "/execs", ex)
+	status, body := c.moat(ctx, http.MethodPost, "/execs", ex)
 	if status != http.StatusAccepted {
-		st.end(rpcErr(codeOf(status), "%s", moatMessage(body)))
-		return
+		return rpcErr(codeOf(status), "%s", moatMessage(body))
 	}
 	var view server.Exec
 	if err := json.Unmarshal(body, &view); err != nil {
-		st.end(rpcErr("internal", "decode Moat's command: %v", err))
-		return
+		return rpcErr(connect.CodeInternal, "decode Moat's command: %v", err)
 	}
 	pid := pidOf(view.ID)
-	if req.Tag != nil {
+	if m.Tag != nil {
 		c.b.mu.Lock()
-		c.b.tags[*req.Tag] = pid
+		c.b.tags[*m.Tag] = pid
 		c.b.mu.Unlock()
 	}
-	c.follow(r.Context(), st, pid)
+	return c.follow(ctx, pid, func(ev *pb.ProcessEvent) error { return st.Send(&pb.StartResponse{Event: ev}) })
+}
+
+func (processService) Connect(ctx context.Context, req *connect.Request[pb.ConnectRequest], st *connect.ServerStream[pb.ConnectResponse]) error {
+	c := callOf(ctx)
+	pid, e := c.pid(req.Msg.GetProcess())
+	if e != nil {
+		return e
+	}
+	return c.follow(ctx, pid, func(ev *pb.ProcessEvent) error { return st.Send(&pb.ConnectResponse{Event: ev}) })
 }
 
 // sseWriter carries the Moat event stream of a command into a pipe.
@@ -231,9 +121,12 @@ func (s *sseWriter) WriteHeader(code int)        { s.st = code }
 func (s *sseWriter) Write(b []byte) (int, error) { return s.pw.Write(b) }
 func (s *sseWriter) Flush()                      {}
 
-// follow streams command pid's events as process events: start, output,
-// end. A client that goes away ends the stream, not the command.
-func (c *envdCall) follow(ctx context.Context, st *stream, pid uint32) {
+// follow sends command pid's events as process events: start, output,
+// end. A client that goes away ends the stream, not the command. The
+// events are read from Moat's own event stream (GET …/events), from the
+// command's first event: a Connect to a running process replays what it
+// has printed so far.
+func (c *envdCall) follow(ctx context.Context, pid uint32, send func(*pb.ProcessEvent) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pr, pw := io.Pipe()
@@ -252,23 +145,20 @@ func (c *envdCall) follow(ctx context.Context, st *stream, pid uint32) {
 		line, err := br.ReadBytes('\n')
 		if err != nil {
 			if first {
-				// The stream never began: Moat refused (unknown pid).
-				st.end(rpcErr("not_found", "process with pid %d not found", pid))
-			} else {
-				st.end(rpcErr("unavailable", "the process's event stream ended early"))
+				return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 			}
-			return
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return rpcErr(connect.CodeUnavailable, "the process's event stream ended early (the sandbox was destroyed?)")
 		}
 		if first {
 			first = false
 			if sw.st != 0 && sw.st != http.StatusOK {
-				st.end(rpcErr(codeOf(sw.st), "process with pid %d: %s", pid, strings.TrimSpace(string(line))))
-				return
+				return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 			}
-			if err := st.send(map[string]any{"event": processEvent{Start: &struct {
-				Pid uint32 `json:"pid"`
-			}{pid}}}); err != nil {
-				return
+			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: pid}}}); err != nil {
+				return err
 			}
 		}
 		line = bytes.TrimRight(line, "\r\n")
@@ -277,26 +167,26 @@ func (c *envdCall) follow(ctx context.Context, st *stream, pid uint32) {
 			if event == "" {
 				continue
 			}
-			done, err := c.translate(st, event, data.Bytes())
+			done, err := translate(send, event, data.Bytes())
 			event = ""
 			data.Reset()
 			if err != nil || done {
-				return
+				return err
 			}
 		case bytes.HasPrefix(line, []byte("event: ")):
 			event = string(line[7:])
 		case bytes.HasPrefix(line, []byte("data: ")):
 			data.Write(line[6:])
 		case bytes.HasPrefix(line, []byte(": keepalive")):
-			if st.send(map[string]any{"event": processEvent{Keepalive: &struct{}{}}}) != nil {
-				return
+			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}); err != nil {
+				return err
 			}
 		}
 	}
 }
 
 // translate sends one Moat event; done after the exit.
-func (c *envdCall) translate(st *stream, event string, data []byte) (done bool, err error) {
+func translate(send func(*pb.ProcessEvent) error, event string, data []byte) (done bool, err error) {
 	switch event {
 	case "stdout", "stderr":
 		var out server.OutputEvent
@@ -309,29 +199,28 @@ func (c *envdCall) translate(st *stream, event string, data []byte) (done bool, 
 				return false, nil
 			}
 		}
-		d := &dataEvent{Stdout: b}
+		d := &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
 		if event == "stderr" {
-			d = &dataEvent{Stderr: b}
+			d = &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
 		}
-		return false, st.send(map[string]any{"event": processEvent{Data: d}})
+		return false, send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: d}})
 	case "exit":
 		var ex server.Exec
 		json.Unmarshal(data, &ex)
-		st.send(map[string]any{"event": processEvent{End: endOf(ex.Result)}})
-		st.end(nil)
-		return true, nil
+		return true, send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: endOf(ex.Result)}})
 	}
 	return false, nil
 }
 
-// endOf is envd's end event for a Moat result: a signal is "signal: N"
+// endOf is envd's end event for a Moat result: a signal is "signal: …"
 // with exited false, as Go's os.ProcessState reports it in envd; Moat's
 // own terminations (timeout, oom…) are in error.
-func endOf(res *result.Result) *endEvent {
+func endOf(res *result.Result) *pb.ProcessEvent_EndEvent {
 	if res == nil {
-		return &endEvent{ExitCode: -1, Status: "unknown", Error: "Moat reported no result"}
+		msg := "Moat reported no result"
+		return &pb.ProcessEvent_EndEvent{ExitCode: -1, Status: "unknown", Error: &msg}
 	}
-	e := &endEvent{ExitCode: res.ExitCode, Exited: true, Status: fmt.Sprintf("exit status %d", res.ExitCode)}
+	e := &pb.ProcessEvent_EndEvent{ExitCode: int32(res.ExitCode), Exited: true, Status: fmt.Sprintf("exit status %d", res.ExitCode)}
 	switch res.Termination {
 	case result.Exited:
 	case result.Signaled:
@@ -342,10 +231,11 @@ func endOf(res *result.Result) *endEvent {
 		}
 		e.Exited = false
 		e.Status = string(res.Termination)
-		e.Error = fmt.Sprintf("the command ended by Moat's %s limit", res.Termination)
+		msg := fmt.Sprintf("the command ended by Moat's %s limit", res.Termination)
 		if res.Error != "" {
-			e.Error = res.Error
+			msg = res.Error
 		}
+		e.Error = &msg
 	}
 	return e
 }
@@ -362,15 +252,11 @@ func signalName(n int) string {
 	return strconv.Itoa(n)
 }
 
-func (c *envdCall) list(w http.ResponseWriter, r *http.Request) {
-	if e := readUnary(r, &struct{}{}); e != nil {
-		writeUnaryError(w, e)
-		return
-	}
-	status, body := c.moat(r, http.MethodGet, "/execs", nil)
+func (processService) List(ctx context.Context, _ *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {
+	c := callOf(ctx)
+	status, body := c.moat(ctx, http.MethodGet, "/execs", nil)
 	if status != http.StatusOK {
-		writeUnaryError(w, rpcErr(codeOf(status), "%s", moatMessage(body)))
-		return
+		return nil, rpcErr(codeOf(status), "%s", moatMessage(body))
 	}
 	var list server.ExecList
 	json.Unmarshal(body, &list)
@@ -380,131 +266,116 @@ func (c *envdCall) list(w http.ResponseWriter, r *http.Request) {
 		tags[p] = t
 	}
 	c.b.mu.Unlock()
-	type info struct {
-		Config processConfig `json:"config"`
-		Pid    uint32        `json:"pid"`
-		Tag    *string       `json:"tag,omitempty"`
-	}
-	out := []info{}
+	out := &pb.ListResponse{Processes: []*pb.ProcessInfo{}}
 	for _, ex := range list.Execs {
 		if ex.State != server.ExecRunning || len(ex.Argv) == 0 {
 			continue
 		}
-		i := info{Config: processConfig{Cmd: ex.Argv[0], Args: ex.Argv[1:], Envs: map[string]string{}}, Pid: pidOf(ex.ID)}
-		if i.Config.Args == nil {
-			i.Config.Args = []string{}
-		}
+		i := &pb.ProcessInfo{Config: &pb.ProcessConfig{Cmd: ex.Argv[0], Args: ex.Argv[1:]}, Pid: pidOf(ex.ID)}
 		if t, ok := tags[i.Pid]; ok {
 			i.Tag = &t
 		}
-		out = append(out, i)
+		out.Processes = append(out.Processes, i)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"processes": out})
+	return connect.NewResponse(out), nil
 }
 
 // input writes to a process's stdin, or closes it.
-func (c *envdCall) input(r *http.Request, s selector, in processInput, eof bool) *rpcError {
+func (c *envdCall) input(ctx context.Context, s *pb.ProcessSelector, in *pb.ProcessInput, eof bool) error {
 	pid, e := c.pid(s)
 	if e != nil {
 		return e
 	}
-	if len(in.Pty) > 0 {
-		return rpcErr("unimplemented", "PTY input: Moat's tiers have no PTY sessions yet")
+	if in.GetPty() != nil {
+		return errNoPTY
 	}
 	sub := fmt.Sprintf("/v1/sandboxes/%s/execs/e-%d/stdin", url.PathEscape(c.b.id), pid)
 	if eof {
 		sub += "?eof=1"
 	}
-	req := httptest.NewRequestWithContext(r.Context(), http.MethodPost, sub, bytes.NewReader(in.Stdin))
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, sub, bytes.NewReader(in.GetStdin()))
 	req.Header.Set("Content-Type", "application/octet-stream")
 	rec := httptest.NewRecorder()
 	c.h.cfg.API.ServeAs(c.key, rec, req)
 	if rec.Code != http.StatusOK {
 		if rec.Code == http.StatusNotFound {
-			return rpcErr("not_found", "process with pid %d not found", pid)
+			return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 		}
 		return rpcErr(codeOf(rec.Code), "%s", moatMessage(rec.Body.Bytes()))
 	}
 	return nil
 }
 
-// streamInput is the client stream StreamInput: a start message naming
-// the process, then data and keepalive messages.
-func (c *envdCall) streamInput(w http.ResponseWriter, r *http.Request) {
-	st := newStream(w)
-	var sel *selector
-	for {
-		flags, msg, err := readEnvelope(r.Body)
-		if err == io.EOF || (err == nil && flags&flagEndStream != 0) {
-			st.send(struct{}{})
-			st.end(nil)
-			return
-		}
-		if err != nil {
-			st.end(rpcErr("invalid_argument", "read input stream: %v", err))
-			return
-		}
-		var m struct {
-			Start *struct {
-				Process selector `json:"process"`
-			} `json:"start"`
-			Data *struct {
-				Input processInput `json:"input"`
-			} `json:"data"`
-		}
-		if err := json.Unmarshal(msg, &m); err != nil {
-			st.end(rpcErr("invalid_argument", "decode input message: %v", err))
-			return
-		}
-		switch {
-		case m.Start != nil:
-			s := m.Start.Process
-			sel = &s
-		case m.Data != nil:
-			if sel == nil {
-				st.end(rpcErr("failed_precondition", "the first message of StreamInput must be start"))
-				return
-			}
-			if e := c.input(r, *sel, m.Data.Input, false); e != nil {
-				st.end(e)
-				return
-			}
-		}
+func (processService) SendInput(ctx context.Context, req *connect.Request[pb.SendInputRequest]) (*connect.Response[pb.SendInputResponse], error) {
+	if err := callOf(ctx).input(ctx, req.Msg.GetProcess(), req.Msg.GetInput(), false); err != nil {
+		return nil, err
 	}
+	return connect.NewResponse(&pb.SendInputResponse{}), nil
 }
 
-func (c *envdCall) signal(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Process selector `json:"process"`
-		Signal  string   `json:"signal"`
+func (processService) CloseStdin(ctx context.Context, req *connect.Request[pb.CloseStdinRequest]) (*connect.Response[pb.CloseStdinResponse], error) {
+	if err := callOf(ctx).input(ctx, req.Msg.GetProcess(), &pb.ProcessInput{}, true); err != nil {
+		return nil, err
 	}
-	if e := readUnary(r, &req); e != nil {
-		writeUnaryError(w, e)
-		return
+	return connect.NewResponse(&pb.CloseStdinResponse{}), nil
+}
+
+// StreamInput is a start message naming the process, then data and
+// keepalive messages.
+func (processService) StreamInput(ctx context.Context, st *connect.ClientStream[pb.StreamInputRequest]) (*connect.Response[pb.StreamInputResponse], error) {
+	c := callOf(ctx)
+	var sel *pb.ProcessSelector
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent().(type) {
+		case *pb.StreamInputRequest_Start:
+			sel = ev.Start.GetProcess()
+		case *pb.StreamInputRequest_Data:
+			if sel == nil {
+				return nil, rpcErr(connect.CodeFailedPrecondition, "the first message of StreamInput must be start")
+			}
+			if err := c.input(ctx, sel, ev.Data.GetInput(), false); err != nil {
+				return nil, err
+			}
+		}
 	}
-	pid, e := c.pid(req.Process)
+	if err := st.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pb.StreamInputResponse{}), nil
+}
+
+func (processService) SendSignal(ctx context.Context, req *connect.Request[pb.SendSignalRequest]) (*connect.Response[pb.SendSignalResponse], error) {
+	c := callOf(ctx)
+	pid, e := c.pid(req.Msg.GetProcess())
 	if e != nil {
-		writeUnaryError(w, e)
-		return
+		return nil, e
 	}
 	var sig string
-	switch req.Signal {
-	case "SIGNAL_SIGKILL", "9":
+	switch req.Msg.GetSignal() {
+	case pb.Signal_SIGNAL_SIGKILL:
 		sig = "SIGKILL"
-	case "SIGNAL_SIGTERM", "15":
+	case pb.Signal_SIGNAL_SIGTERM:
 		sig = "SIGTERM"
 	default:
-		writeUnaryError(w, rpcErr("invalid_argument", "signal %q: give SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Signal))
-		return
+		return nil, rpcErr(connect.CodeInvalidArgument, "signal %s: give SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Msg.GetSignal())
 	}
-	status, body := c.moat(r, http.MethodPost, fmt.Sprintf("/execs/e-%d/signal", pid), server.SignalRequest{Signal: json.RawMessage(strconv.Quote(sig))})
+	status, body := c.moat(ctx, http.MethodPost, fmt.Sprintf("/execs/e-%d/signal", pid), server.SignalRequest{Signal: json.RawMessage(strconv.Quote(sig))})
 	switch status {
 	case http.StatusOK, http.StatusAccepted, http.StatusNoContent:
-		writeJSON(w, http.StatusOK, struct{}{})
+		return connect.NewResponse(&pb.SendSignalResponse{}), nil
 	case http.StatusNotFound, http.StatusConflict:
 		// E2B: a process that has ended is not found.
-		writeUnaryError(w, rpcErr("not_found", "process with pid %d not found", pid))
-	default:
-		writeUnaryError(w, rpcErr(codeOf(status), "%s", moatMessage(body)))
+		return nil, rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 	}
+	return nil, rpcErr(codeOf(status), "%s", moatMessage(body))
+}
+
+func (processService) Update(ctx context.Context, req *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
+	if _, e := callOf(ctx).pid(req.Msg.GetProcess()); e != nil {
+		return nil, e
+	}
+	if req.Msg.Pty != nil {
+		return nil, errNoPTY
+	}
+	return connect.NewResponse(&pb.UpdateResponse{}), nil
 }
