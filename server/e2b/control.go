@@ -228,7 +228,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	}
 	def := manifest.Default()
 	b := &box{id: sb.ID, keyID: key.ID, key: key, token: newToken(), template: template,
-		cpus: max(1, int(def.Resources.CPUs)), memoryMB: int(def.Resources.Memory >> 20), tags: map[string]uint32{}}
+		cpus: max(1, int(def.Resources.CPUs)), memoryMB: int(def.Resources.Memory >> 20), tags: map[string]uint32{}, watchers: map[string]*pollWatcher{}}
 	h.mu.Lock()
 	h.boxes[b.id] = b
 	h.mu.Unlock()

@@ -77,8 +77,9 @@ type box struct {
 	cpus     int
 	memoryMB int
 
-	mu   sync.Mutex
-	tags map[string]uint32 // process tag -> pid
+	mu       sync.Mutex
+	tags     map[string]uint32 // process tag -> pid
+	watchers map[string]*pollWatcher
 }
 
 // New returns the E2B API over cfg.API.

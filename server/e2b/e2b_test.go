@@ -437,11 +437,11 @@ func TestFilesystem(t *testing.T) {
 	if entry["type"] != "FILE_TYPE_FILE" || entry["size"] != "5" || entry["name"] != "f.txt" {
 		t.Errorf("Stat entry %v", entry)
 	}
-	list := call("ListDir", map[string]any{"path": "/home/user", "depth": 3}, 200)["entries"].([]any)
+	list := items(call("ListDir", map[string]any{"path": "/home/user", "depth": 3}, 200), "entries")
 	if len(list) != 3 {
 		t.Errorf("ListDir depth 3: %v", list)
 	}
-	if list := call("ListDir", map[string]any{"path": "/home/user"}, 200)["entries"].([]any); len(list) != 1 {
+	if list := items(call("ListDir", map[string]any{"path": "/home/user"}, 200), "entries"); len(list) != 1 {
 		t.Errorf("ListDir depth 1: %v", list)
 	}
 	call("Move", map[string]any{"source": "d/f.txt", "destination": "/home/user/g.txt"}, 200)
@@ -606,7 +606,7 @@ func TestProcess(t *testing.T) {
 	var catPid float64
 	for i := 0; i < 200 && catPid == 0; i++ {
 		_, l := e.unary(c, "process.Process/List", map[string]any{})
-		for _, p := range l["processes"].([]any) {
+		for _, p := range items(l, "processes") {
 			if p.(map[string]any)["tag"] == "t1" {
 				catPid = p.(map[string]any)["pid"].(float64)
 			}
@@ -643,7 +643,7 @@ func TestProcess(t *testing.T) {
 	var sleepPid float64
 	for i := 0; i < 200 && sleepPid == 0; i++ {
 		_, l := e.unary(c, "process.Process/List", map[string]any{})
-		for _, p := range l["processes"].([]any) {
+		for _, p := range items(l, "processes") {
 			if p.(map[string]any)["tag"] == "s" {
 				sleepPid = p.(map[string]any)["pid"].(float64)
 			}
@@ -741,4 +741,57 @@ func readEnvelope(r io.Reader) (flags byte, msg []byte, err error) {
 		return 0, nil, err
 	}
 	return hdr[0], msg, nil
+}
+
+// The polling watchers the Python SDK's watch_dir uses.
+func TestPollWatcher(t *testing.T) {
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base"}`)
+	st, out := e.unary(c, "filesystem.Filesystem/CreateWatcher", map[string]any{"path": "/home/user", "recursive": true})
+	id, _ := out["watcherId"].(string)
+	if st != 200 || id == "" {
+		t.Fatalf("CreateWatcher: %d %v", st, out)
+	}
+	sess := e.b.live[c.SandboxID]
+	sess.WriteFile("sub/a.txt", strings.NewReader("1"), 0o644)
+	st, out = e.unary(c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": id})
+	got := map[string]bool{}
+	for _, ev := range items(out, "events") {
+		m := ev.(map[string]any)
+		got[m["type"].(string)+":"+m["name"].(string)] = true
+	}
+	if st != 200 || !got["EVENT_TYPE_CREATE:sub"] || !got["EVENT_TYPE_CREATE:sub/a.txt"] {
+		t.Errorf("events after a write: %d %v", st, out)
+	}
+	sess.Remove("sub")
+	_, out = e.unary(c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": id})
+	if n := len(items(out, "events")); n != 2 {
+		t.Errorf("events after a remove: %v", out)
+	}
+	_, out = e.unary(c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": id})
+	if n := len(items(out, "events")); n != 0 {
+		t.Errorf("events with no change: %v", out)
+	}
+	if st, _ := e.unary(c, "filesystem.Filesystem/RemoveWatcher", map[string]any{"watcherId": id}); st != 200 {
+		t.Errorf("RemoveWatcher: %d", st)
+	}
+	if st, out := e.unary(c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": id}); st != 404 || out["code"] != "not_found" {
+		t.Errorf("a removed watcher: %d %v", st, out)
+	}
+	for i := 0; i < maxWatchers; i++ {
+		e.unary(c, "filesystem.Filesystem/CreateWatcher", map[string]any{"path": "/home/user"})
+	}
+	if st, out := e.unary(c, "filesystem.Filesystem/CreateWatcher", map[string]any{"path": "/home/user"}); st != 429 || out["code"] != "resource_exhausted" {
+		t.Errorf("watcher %d: %d %v", maxWatchers+1, st, out)
+	}
+	if st, _ := e.unary(c, "filesystem.Filesystem/CreateWatcher", map[string]any{"path": "/etc"}); st != 403 {
+		t.Errorf("a watcher outside the workspace: %d", st)
+	}
+}
+
+// items is a repeated field of a JSON message: protojson leaves an empty
+// one out.
+func items(m map[string]any, field string) []any {
+	l, _ := m[field].([]any)
+	return l
 }

@@ -28,11 +28,7 @@ import (
 // filesystem.Filesystem and REST /files over the sandbox's workspace. The
 // session resolves every path beneath /workspace without following links.
 
-type filesystemService struct {
-	// The polling watchers (CreateWatcher…) are not served: the
-	// JavaScript SDK uses the WatchDir stream.
-	filesystemconnect.UnimplementedFilesystemHandler
-}
+type filesystemService struct{}
 
 var _ filesystemconnect.FilesystemHandler = filesystemService{}
 
@@ -189,44 +185,80 @@ type watchState struct {
 	mod  time.Time
 }
 
+// watchTarget is a watched directory: its workspace path, as the caller
+// named it, and how deep it is watched.
+type watchTarget struct {
+	path, shown string
+	depth       int
+}
+
+func newWatchTarget(path string, recursive, includeEntry bool) (watchTarget, *connect.Error) {
+	if includeEntry {
+		return watchTarget{}, rpcErr(connect.CodeUnimplemented, "includeEntry is not supported")
+	}
+	p, e := workspacePath("path", path)
+	if e != nil {
+		return watchTarget{}, e
+	}
+	w := watchTarget{path: p, shown: path, depth: 1}
+	if recursive {
+		w.depth = 32
+	}
+	return w, nil
+}
+
+func (c *envdCall) snapshot(w watchTarget) (map[string]watchState, *connect.Error) {
+	var list []*pb.EntryInfo
+	if e := c.listDir(w.path, w.shown, w.depth, &list); e != nil {
+		return nil, e
+	}
+	m := make(map[string]watchState, len(list))
+	for _, en := range list {
+		m[en.Path] = watchState{en.Type, en.Size, en.ModifiedTime.AsTime()}
+	}
+	return m, nil
+}
+
+// changes lists what differs between two snapshots of w: created,
+// written (a file's size or time changed), removed.
+func changes(w watchTarget, prev, cur map[string]watchState) []*pb.FilesystemEvent {
+	base := e2bPath(w.path)
+	ev := func(p string, typ pb.EventType) *pb.FilesystemEvent {
+		return &pb.FilesystemEvent{Name: strings.TrimPrefix(strings.TrimPrefix(p, base), "/"), Type: typ}
+	}
+	var out []*pb.FilesystemEvent
+	for p, now := range cur {
+		old, ok := prev[p]
+		switch {
+		case !ok:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_CREATE))
+		case old != now && now.typ == pb.FileType_FILE_TYPE_FILE:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_WRITE))
+		}
+	}
+	for p := range prev {
+		if _, ok := cur[p]; !ok {
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_REMOVE))
+		}
+	}
+	return out
+}
+
 // WatchDir polls the directory (the session's files live on the host
 // side, where no inotify of the guest reaches) and reports what changed
-// between two looks: create, write, remove.
+// between two looks, every 100 ms.
 func (filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], st *connect.ServerStream[pb.WatchDirResponse]) error {
 	c := callOf(ctx)
-	if req.Msg.GetIncludeEntry() {
-		return rpcErr(connect.CodeUnimplemented, "includeEntry is not supported")
-	}
-	p, e := workspacePath("path", req.Msg.GetPath())
+	w, e := newWatchTarget(req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if e != nil {
 		return e
 	}
-	depth := 1
-	if req.Msg.GetRecursive() {
-		depth = 32
-	}
-	snap := func() (map[string]watchState, *connect.Error) {
-		var list []*pb.EntryInfo
-		if e := c.listDir(p, req.Msg.GetPath(), depth, &list); e != nil {
-			return nil, e
-		}
-		m := make(map[string]watchState, len(list))
-		for _, en := range list {
-			m[en.Path] = watchState{en.Type, en.Size, en.ModifiedTime.AsTime()}
-		}
-		return m, nil
-	}
-	prev, e := snap()
+	prev, e := c.snapshot(w)
 	if e != nil {
 		return e
 	}
 	if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
-	}
-	base := e2bPath(p)
-	send := func(p string, typ pb.EventType) error {
-		name := strings.TrimPrefix(strings.TrimPrefix(p, base), "/")
-		return st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: &pb.FilesystemEvent{Name: name, Type: typ}}})
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -241,33 +273,82 @@ func (filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.W
 				return err
 			}
 		case <-tick.C:
-			cur, e := snap()
+			cur, e := c.snapshot(w)
 			if e != nil {
 				return e
 			}
-			for p, now := range cur {
-				old, ok := prev[p]
-				switch {
-				case !ok:
-					if err := send(p, pb.EventType_EVENT_TYPE_CREATE); err != nil {
-						return err
-					}
-				case old != now && now.typ == pb.FileType_FILE_TYPE_FILE:
-					if err := send(p, pb.EventType_EVENT_TYPE_WRITE); err != nil {
-						return err
-					}
-				}
-			}
-			for p := range prev {
-				if _, ok := cur[p]; !ok {
-					if err := send(p, pb.EventType_EVENT_TYPE_REMOVE); err != nil {
-						return err
-					}
+			for _, ev := range changes(w, prev, cur) {
+				if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: ev}}); err != nil {
+					return err
 				}
 			}
 			prev = cur
 		}
 	}
+}
+
+// maxWatchers bounds the polling watchers of one sandbox.
+const maxWatchers = 16
+
+// pollWatcher is a watcher of CreateWatcher: the changes since the last
+// GetWatcherEvents.
+type pollWatcher struct {
+	target watchTarget
+	prev   map[string]watchState
+}
+
+func (filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[pb.CreateWatcherRequest]) (*connect.Response[pb.CreateWatcherResponse], error) {
+	c := callOf(ctx)
+	w, e := newWatchTarget(req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if e != nil {
+		return nil, e
+	}
+	prev, e := c.snapshot(w)
+	if e != nil {
+		return nil, e
+	}
+	id := newToken()[:16]
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if len(c.b.watchers) >= maxWatchers {
+		return nil, rpcErr(connect.CodeResourceExhausted, "this sandbox has %d watchers, the limit; remove one with RemoveWatcher", maxWatchers)
+	}
+	c.b.watchers[id] = &pollWatcher{target: w, prev: prev}
+	return connect.NewResponse(&pb.CreateWatcherResponse{WatcherId: id}), nil
+}
+
+func (filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.GetWatcherEventsRequest]) (*connect.Response[pb.GetWatcherEventsResponse], error) {
+	c := callOf(ctx)
+	c.b.mu.Lock()
+	w := c.b.watchers[req.Msg.GetWatcherId()]
+	c.b.mu.Unlock()
+	if w == nil {
+		return nil, rpcErr(connect.CodeNotFound, "watcher %q not found", req.Msg.GetWatcherId())
+	}
+	cur, e := c.snapshot(w.target)
+	if e != nil {
+		return nil, e
+	}
+	c.b.mu.Lock()
+	prev := w.prev
+	w.prev = cur
+	c.b.mu.Unlock()
+	out := &pb.GetWatcherEventsResponse{Events: changes(w.target, prev, cur)}
+	if out.Events == nil {
+		out.Events = []*pb.FilesystemEvent{}
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[pb.RemoveWatcherRequest]) (*connect.Response[pb.RemoveWatcherResponse], error) {
+	c := callOf(ctx)
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if _, ok := c.b.watchers[req.Msg.GetWatcherId()]; !ok {
+		return nil, rpcErr(connect.CodeNotFound, "watcher %q not found", req.Msg.GetWatcherId())
+	}
+	delete(c.b.watchers, req.Msg.GetWatcherId())
+	return connect.NewResponse(&pb.RemoveWatcherResponse{}), nil
 }
 
 // restError answers /files in envd's REST form.
