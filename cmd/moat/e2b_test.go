@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -56,6 +57,10 @@ func TestServeE2BSDK(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("needs node (scripts/setup installs nodejs): " + err.Error())
+	}
+	// e2b 2.51 needs node >= 20.18.1 (its package.json's engines).
+	if v, err := exec.Command(node, "-p", "process.versions.node").Output(); err != nil || !nodeAtLeast(strings.TrimSpace(string(v)), 20, 18) {
+		t.Skipf("the e2b SDK needs node 20.18 or newer; %s is %q (%v)", node, strings.TrimSpace(string(v)), err)
 	}
 	home := serverHome(t)
 	key := createKey(t, home)
@@ -203,4 +208,12 @@ func e2bCall(t *testing.T, base, key, method, path, body string) (int, []byte) {
 	var buf bytes.Buffer
 	buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.Bytes()
+}
+
+func nodeAtLeast(v string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(v, "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }

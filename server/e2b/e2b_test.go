@@ -705,7 +705,9 @@ func TestWatchDir(t *testing.T) {
 	buf.WriteByte(0)
 	binary.Write(&buf, binary.BigEndian, uint32(len(data)))
 	buf.Write(data)
-	ctx, cancel := context.WithCancel(context.Background())
+	// A bound, not a timing assertion: without it a missing event would
+	// hang the test.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+"/filesystem.Filesystem/WatchDir", &buf)
 	for k, v := range envdHeaders(c) {

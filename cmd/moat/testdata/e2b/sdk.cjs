@@ -124,7 +124,7 @@ await check('watchDir', async () => {
   const seen = []
   const w = await sbx.files.watchDir('watched', ev => seen.push(ev.type + ':' + ev.name))
   await sbx.files.write('watched/x.txt', 'x')
-  for (let i = 0; i < 100 && !seen.includes('create:x.txt'); i++) await new Promise(r => setTimeout(r, 50))
+  for (let i = 0; i < 400 && !seen.includes('create:x.txt'); i++) await new Promise(r => setTimeout(r, 50))
   await w.stop()
   if (!seen.includes('create:x.txt')) throw new Error('events ' + JSON.stringify(seen))
 })
@@ -183,10 +183,11 @@ await check('kill-sandbox', async () => {
   await rejects(sbx.commands.run('echo hi'), SandboxError, 'run after kill')
 })
 await check('times-out', async () => {
+  // No command in it: under load one could outlast the 2 s. Creation
+  // succeeded; the Go test checks its audit record.
   const short = await Sandbox.create({ timeoutMs: 2_000 })
-  eq((await short.commands.run('echo hi')).stdout, 'hi\n', 'runs')
   console.log('timeout-sandbox ' + short.sandboxId)
-  for (let i = 0; i < 100 && await short.isRunning(); i++) await new Promise(r => setTimeout(r, 100))
+  for (let i = 0; i < 300 && await short.isRunning(); i++) await new Promise(r => setTimeout(r, 100))
   eq(await short.isRunning(), false, 'still running after its timeout')
 })
 console.log(failed ? `FAILED ${failed}` : 'PASS')
