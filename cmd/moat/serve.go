@@ -150,7 +150,7 @@ func cmdServe(args []string) int {
 	}
 	handler := srv.Handler()
 	if *e2bAPI {
-		handler = e2b.New(e2b.Config{API: srv, Auditor: store, Domain: *e2bDomain, Logger: log}).Wrap(handler)
+		handler = e2b.New(e2b.Config{API: srv, Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log}).Wrap(handler)
 	} else if *e2bDomain != "" {
 		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
 	}

@@ -53,6 +53,16 @@ type Config struct {
 	// sandbox's envd and is returned to the SDK as the sandbox domain.
 	Domain string
 	Logger *slog.Logger
+	// Keys, when set (*audit.Store), is asked on every envd call for the
+	// key that created the sandbox: a revoked key's sandboxes refuse
+	// their access tokens from then on, and quotas are current. Nil: the
+	// key as authenticated at creation.
+	Keys KeyLookup
+}
+
+// KeyLookup finds an API key by id; *audit.Store implements it.
+type KeyLookup interface {
+	Key(id string) (audit.Key, error)
 }
 
 // Handler is the E2B API. Create it with New.

@@ -25,11 +25,12 @@ import (
 const keyA, keyB = "moat_ka_secret", "moat_kb_secret"
 
 type env struct {
-	t   *testing.T
-	url string
-	b   *fakeBackend
-	h   *Handler
-	api *server.Server
+	t    *testing.T
+	url  string
+	b    *fakeBackend
+	h    *Handler
+	api  *server.Server
+	keys *fakeKeys
 }
 
 func newEnv(t *testing.T) *env {
@@ -41,7 +42,8 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := New(Config{API: api, Auditor: fakeAuditor{}, Domain: "moat.test", Logger: log})
+	fk := &fakeKeys{revoked: map[string]bool{}}
+	h := New(Config{API: api, Auditor: fakeAuditor{}, Keys: fk, Domain: "moat.test", Logger: log})
 	ts := httptest.NewServer(h.Wrap(api.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
@@ -52,7 +54,7 @@ func newEnv(t *testing.T) *env {
 			t.Errorf("%d sandboxes left after shutdown", n)
 		}
 	})
-	return &env{t: t, url: ts.URL, b: b, h: h, api: api}
+	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk}
 }
 
 func (e *env) do(method, path string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
@@ -796,4 +798,17 @@ func TestPollWatcher(t *testing.T) {
 func items(m map[string]any, field string) []any {
 	l, _ := m[field].([]any)
 	return l
+}
+
+func TestRevokedKey(t *testing.T) {
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base"}`)
+	hdr := envdHeaders(c)
+	hdr["Content-Type"] = "application/json"
+	if resp, _ := e.do("POST", "/filesystem.Filesystem/Stat", hdr, strings.NewReader(`{"path":"."}`)); resp.StatusCode != 200 {
+		t.Fatalf("before revocation: %d", resp.StatusCode)
+	}
+	e.keys.revoke("ka")
+	resp, body := e.do("POST", "/filesystem.Filesystem/Stat", hdr, strings.NewReader(`{"path":"."}`))
+	wantE2BError(t, "after revocation", resp.StatusCode, body, 401)
 }

@@ -61,7 +61,16 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	c := &envdCall{h: h, b: b, key: b.key, sess: sess}
+	key := b.key
+	if h.cfg.Keys != nil {
+		k, err := h.cfg.Keys.Key(b.keyID)
+		if err != nil || k.Revoked != nil || k.ID != b.keyID {
+			writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, "the API key that created this sandbox is revoked or unknown"})
+			return
+		}
+		key = k
+	}
+	c := &envdCall{h: h, b: b, key: key, sess: sess}
 	switch {
 	case r.URL.Path == "/files":
 		switch r.Method {

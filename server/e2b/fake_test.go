@@ -243,3 +243,30 @@ func (fakeAuditor) Authenticate(token string) (audit.Key, error) {
 func (fakeAuditor) Begin(audit.Record) error                   { return nil }
 func (fakeAuditor) Finish(string, *result.Result, error) error { return nil }
 func (fakeAuditor) CPUSecondsToday(string) (float64, error)    { return 0, nil }
+
+// fakeKeys is the key store: every key of keys, some revoked.
+type fakeKeys struct {
+	mu      sync.Mutex
+	revoked map[string]bool
+}
+
+func (f *fakeKeys) revoke(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.revoked[id] = true
+}
+
+func (f *fakeKeys) Key(id string) (audit.Key, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, k := range keys {
+		if k.ID == id {
+			if f.revoked[id] {
+				now := time.Now()
+				k.Revoked = &now
+			}
+			return k, nil
+		}
+	}
+	return audit.Key{}, audit.ErrBadKey
+}
