@@ -18,8 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/result"
+	processpb "github.com/moat-sandbox/moat/server/e2b/envdpb/process"
+	"github.com/moat-sandbox/moat/server/e2b/envdpb/process/processconnect"
 )
 
 // e2bSDK is the node_modules directory scripts/setup installs the pinned
@@ -80,7 +85,36 @@ func TestServeE2BSDK(t *testing.T) {
 		if created.SandboxID == "" || len(created.EnvdAccessToken) < 32 {
 			t.Fatalf("create answered %s", body)
 		}
+		// A process started through envd (the generated Connect client,
+		// as the SDKs speak it) is a command whose full Moat result (here
+		// its file diff) Moat's API serves under the same ids.
+		pc := processconnect.NewProcessClient(http.DefaultClient, s.url, connect.WithProtoJSON(),
+			connect.WithInterceptors(envdHeaders(created.SandboxID, created.EnvdAccessToken)))
+		stream, err := pc.Start(context.Background(), connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo made > made.txt"}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid uint32
+		exitCode := int32(-99)
+		for stream.Receive() {
+			switch ev := stream.Msg().GetEvent().GetEvent().(type) {
+			case *processpb.ProcessEvent_Start:
+				pid = ev.Start.GetPid()
+			case *processpb.ProcessEvent_End:
+				exitCode = ev.End.GetExitCode()
+			}
+		}
+		if err := stream.Err(); err != nil || pid == 0 || exitCode != 0 {
+			t.Fatalf("envd Start: pid %d exit %d err %v", pid, exitCode, err)
+		}
 		c := s.client(t)
+		ex, err := c.Sandbox(created.SandboxID).GetExec(context.Background(), fmt.Sprintf("e-%d", pid))
+		if err != nil || ex.Result == nil {
+			t.Fatalf("Moat's API for E2B process %d: %v", pid, err)
+		}
+		if !slices.ContainsFunc(ex.Result.Files, func(f result.FileChange) bool { return f.Path == "made.txt" }) {
+			t.Errorf("the command's file diff through Moat's API: %+v", ex.Result.Files)
+		}
 		sb, err := c.GetSandbox(context.Background(), created.SandboxID)
 		if err != nil {
 			t.Fatalf("Moat's API does not know E2B's sandbox %s: %v", created.SandboxID, err)
@@ -216,4 +250,35 @@ func nodeAtLeast(v string, major, minor int) bool {
 		return false
 	}
 	return ma > major || ma == major && mi >= minor
+}
+
+// envdHeaders adds what the SDKs send to envd: the sandbox's id and port
+// and its access token.
+func envdHeaders(id, token string) connect.Interceptor {
+	return &headerInterceptor{h: http.Header{"E2b-Sandbox-Id": {id}, "E2b-Sandbox-Port": {"49983"}, "X-Access-Token": {token}}}
+}
+
+type headerInterceptor struct{ h http.Header }
+
+func (i *headerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		for k, v := range i.h {
+			req.Header()[k] = v
+		}
+		return next(ctx, req)
+	}
+}
+
+func (i *headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		for k, v := range i.h {
+			conn.RequestHeader()[k] = v
+		}
+		return conn
+	}
+}
+
+func (i *headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
