@@ -256,9 +256,12 @@ type listed struct {
 	Domain          *string           `json:"domain,omitempty"`
 }
 
+// listedView renders a Moat sandbox as E2B lists it. The CPU and memory
+// are known for the sandboxes created through E2B (the default manifest's);
+// for one created through Moat's API they are left 0, unknown here.
 func (h *Handler) listedView(sb server.Sandbox) listed {
 	l := listed{TemplateID: sb.Image.Name, SandboxID: sb.ID, ClientID: "moat", StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt,
-		CPUCount: 1, MemoryMB: 512, Metadata: sb.Metadata, State: "running", EnvdVersion: envdVersion, VolumeMounts: []any{}}
+		Metadata: sb.Metadata, State: "running", EnvdVersion: envdVersion, VolumeMounts: []any{}}
 	h.mu.Lock()
 	b := h.boxes[sb.ID]
 	h.mu.Unlock()
