@@ -40,6 +40,9 @@ if (process.env.E2B_BENCH) {
     if (r.stdout !== 'hi\n') throw new Error('bench: stdout ' + JSON.stringify(r.stdout))
     return { ms, sbx }
   }
+  // One untimed round first: node's first calls (JIT, connection setup)
+  // cost some hundred ms that no later call pays.
+  await (await one()).sbx.kill()
   let times = []
   if (process.env.E2B_BENCH_BURST) {
     const all = await Promise.all(Array.from({ length: n }, one))
