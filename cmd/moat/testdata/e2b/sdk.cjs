@@ -158,7 +158,7 @@ await check('setTimeout', async () => {
 })
 await check('connect', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
-  const r = await again.commands.run('cat dir/z.txt')
+  const r = await again.commands.run('cat ~/dir/z.txt')
   eq(r.stdout, 'alpha', 'same sandbox')
 })
 await check('wrong-key', async () => {
