@@ -33,6 +33,11 @@ so that a request that matches takes one instead of building it; each is
 used once and destroyed. A request with another class (or with network
 access) is prepared on demand.
 
+With --e2b the same listener also serves E2B's API, so the unmodified E2B
+SDKs run their sandboxes here (E2B_API_URL and E2B_SANDBOX_URL set to this
+server's URL, E2B_API_KEY a Moat key): see the README, "Using Moat with the
+E2B SDK".
+
 On SIGTERM or SIGINT the server stops taking requests, lets running
 one-shot runs finish (--drain), destroys every sandbox and exits. After a
 crash, the next start destroys what the dead server left and marks its
