@@ -60,11 +60,13 @@ func (h *Handler) serveControl(w http.ResponseWriter, r *http.Request) {
 
 // newSandbox is E2B's NewSandbox body.
 type newSandbox struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int              `json:"timeout"`
-	AutoPause           *bool             `json:"autoPause"`
-	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
-	AutoResume          json.RawMessage   `json:"autoResume"`
+	TemplateID      string `json:"templateID"`
+	Timeout         *int   `json:"timeout"`
+	AutoPause       *bool  `json:"autoPause"`
+	AutoPauseMemory *bool  `json:"autoPauseMemory"`
+	AutoResume      *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *networkConfig    `json:"network"`
@@ -116,7 +118,7 @@ func sandboxManifest(req *newSandbox) (m map[string]any, template string, ttl ti
 		return nil, "", 0, badField("autoPause", "true is not supported: Moat sandboxes are destroyed, never paused, when they time out; leave it unset or false")
 	case req.AutoPauseMemory != nil && *req.AutoPauseMemory:
 		return nil, "", 0, badField("autoPauseMemory", "is not supported: Moat does not pause sandboxes")
-	case isSet(req.AutoResume) && !bytes.Contains(req.AutoResume, []byte("false")):
+	case req.AutoResume != nil && req.AutoResume.Enabled:
 		return nil, "", 0, badField("autoResume", "is not supported: Moat does not pause sandboxes")
 	case isSet(req.MCP):
 		return nil, "", 0, badField("mcp", "is not supported: Moat runs no MCP gateway in the sandbox")

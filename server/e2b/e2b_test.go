@@ -279,6 +279,8 @@ func TestControlPlane(t *testing.T) {
 			{"ttl over Moat's max", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":999999999}`, 400},
 			{"internet", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","allow_internet_access":true}`, 400},
 			{"auto pause", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoPause":true}`, 400},
+			{"auto resume", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoResume":{"enabled":true}}`, 400},
+			{"auto resume, unknown field", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoResume":{"on":true}}`, 400},
 			{"mcp", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","mcp":{"x":{}}}`, 400},
 			{"volumes", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","volumeMounts":[{"name":"v","path":"/data"}]}`, 400},
 			{"narrow deny", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
