@@ -343,7 +343,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rw != nil {
 		rw.route = rt.pattern
 	}
-	if !rt.opts.public {
+	if key, ok := preauthenticated(r); ok && !rt.opts.public {
+		r = r.WithContext(context.WithValue(r.Context(), keyCtx, key))
+	} else if !rt.opts.public {
 		key, err := rt.s.authenticate(r)
 		if err != nil {
 			rt.s.writeError(w, r, err)
