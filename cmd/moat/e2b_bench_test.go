@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -27,8 +29,10 @@ import (
 //
 //	go test -tags e2bbench -count=1 -v -run TestE2BBenchmark ./cmd/moat/
 //
-// MOAT_E2B_BENCH_N sets the sequential count (default 30). The burst is
-// 8, a key's default limit of concurrent sandboxes.
+// MOAT_E2B_BENCH_N sets the sequential count (default 30) and
+// MOAT_E2B_BENCH_BURST the burst's (default 100; the key may hold that many
+// sandboxes, and the warm burst's pool holds as many). The issue's figures
+// are N=100, BURST=100.
 func TestE2BBenchmark(t *testing.T) {
 	needRoot(t)
 	sdk := e2bSDK(t)
@@ -39,6 +43,10 @@ func TestE2BBenchmark(t *testing.T) {
 	n := 30
 	if v := os.Getenv("MOAT_E2B_BENCH_N"); v != "" {
 		n, _ = strconv.Atoi(v)
+	}
+	burst := 100
+	if v := os.Getenv("MOAT_E2B_BENCH_BURST"); v != "" {
+		burst, _ = strconv.Atoi(v)
 	}
 	type figure struct {
 		name     string
@@ -52,20 +60,27 @@ func TestE2BBenchmark(t *testing.T) {
 	}{
 		{"cold sequential", "0", false},
 		{"warm sequential", "2", false},
-		{"cold burst of 8", "0", true},
+		{fmt.Sprintf("cold burst of %d", burst), "0", true},
+		{fmt.Sprintf("warm burst of %d", burst), strconv.Itoa(burst + 1), true}, // +1: the untimed first round
 	} {
 		home := serverHome(t)
-		key := createKey(t, home)
+		key := createKey(t, home, "--max-sandboxes", strconv.Itoa(2*burst))
 		s := startServer(t, home, key, "--e2b", "--pool", "0", "--session-pool", tc.pool)
 		count := n
 		if tc.burst {
-			count = 8
+			count = burst
+			if tc.pool != "0" {
+				waitPool(t, s, burst+1)
+			}
 		}
 		pause := "0"
 		if tc.pool != "0" {
 			pause = "300" // the pool refills between creations, as think time allows
 		}
 		sdkTimes := benchSDK(t, node, sdk, s.url, key, count, tc.burst, pause)
+		if tc.burst && tc.pool != "0" {
+			waitPool(t, s, burst+1)
+		}
 		apiTimes := benchAPI(t, s.client(t), count, tc.burst, pause)
 		s.terminate(t, time.Minute)
 		for _, f := range []struct {
@@ -158,4 +173,33 @@ func benchAPI(t *testing.T, c *client.Client, n int, burst bool, pause string) [
 		t.FailNow()
 	}
 	return times
+}
+
+// waitPool waits until the server's session pool holds n ready sandboxes,
+// so that a warm burst measures sandboxes taken from the pool.
+func waitPool(t *testing.T, s *testServer, n int) {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^moat_pool_ready\{pool="[^"]*session[^"]*"\} (\d+)`)
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ready := -1
+		if m := re.FindSubmatch(body); m != nil {
+			ready, _ = strconv.Atoi(string(m[1]))
+		}
+		if ready >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session pool holds %d ready sandboxes after 3 minutes, want %d:\n%s", ready, n, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
