@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/guest/nsinit"
 )
 
@@ -56,6 +57,9 @@ func main() {
 	// it must be dispatched before anything else runs.
 	if len(os.Args) > 1 && os.Args[1] == nsinit.Arg {
 		nsinit.Main()
+	}
+	if len(os.Args) > 1 && os.Args[1] == gvinit.Arg {
+		gvinit.Main()
 	}
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.

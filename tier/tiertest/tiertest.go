@@ -208,7 +208,7 @@ print("prctl ambient", int(any(libc.prctl(47, 1, c, 0, 0) == 1 for c in range(64
 
 // Cases is the conformance table.
 func Cases() []Case {
-	return []Case{
+	return append([]Case{
 		{
 			Name:  "exit code and output",
 			Needs: []string{"linux-programs"},
@@ -592,7 +592,7 @@ except OSError as e:
 				}
 			},
 		},
-	}
+	}, egressCases()...)
 }
 
 func hasViolation(res *result.Result, kind string) bool {
