@@ -31,6 +31,7 @@ import (
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/gvisor"
+	"github.com/moat-sandbox/moat/tier/microvm"
 	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/workspace"
 )
@@ -140,8 +141,18 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 			return nil, err
 		}
 		t = g
+	case microvm.Name:
+		exe := e.opts.Exe
+		if exe == "" {
+			exe = "/proc/self/exe"
+		}
+		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe})
+		if err != nil {
+			return nil, err
+		}
+		t = v
 	default:
-		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor"}
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, microvm"}
 	}
 	e.tiers[name] = t
 	return t, nil

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/vmagent"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -56,6 +57,11 @@ func main() {
 	// it must be dispatched before anything else runs.
 	if len(os.Args) > 1 && os.Args[1] == nsinit.Arg {
 		nsinit.Main()
+	}
+	// The same binary is the microvm tier's guest agent: /init of the VM,
+	// and its re-exec into the image root.
+	if vmagent.IsAgent() || (len(os.Args) > 1 && os.Args[1] == vmagent.ExecArg) {
+		vmagent.Main()
 	}
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.

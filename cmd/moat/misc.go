@@ -19,6 +19,7 @@ import (
 	"github.com/moat-sandbox/moat/kernel"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/tier/gvisor"
+	"github.com/moat-sandbox/moat/tier/microvm"
 	"github.com/moat-sandbox/moat/tier/native"
 )
 
@@ -222,7 +223,15 @@ func cmdDoctor(args []string) int {
 	} else {
 		fmt.Printf("  gvisor  ready: %s, %s\n", g.Runsc(), g.Version())
 	}
-	for _, t := range []string{"microvm", "wasm"} {
+	if v, err := microvm.New(microvm.Options{Home: engine.DefaultHome(), Agent: "/proc/self/exe"}); err != nil {
+		fmt.Printf("  microvm unavailable: %v\n", err)
+	} else if acc, err := v.Accel(context.Background()); err != nil {
+		fmt.Printf("  microvm unavailable: accelerator check: %v\n", err)
+	} else {
+		fmt.Printf("  microvm ready: %s, guest kernel %s, accelerator %s\n", v.VMM(), v.KernelVersion(), acc.Accel)
+		fmt.Printf("          %s\n", strings.ReplaceAll(acc.Reason, "\n", " "))
+	}
+	for _, t := range []string{"wasm"} {
 		fmt.Printf("  %-7s not implemented yet\n", t)
 	}
 	e, err := engine.New(engine.Options{})
