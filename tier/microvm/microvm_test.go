@@ -226,3 +226,44 @@ print(json.dumps(out))
 		}
 	})
 }
+
+// TestLimits boots one VM per row: each limit ends its own VM.
+func TestLimits(t *testing.T) {
+	v := need(t, microvm.Options{})
+	small := need(t, microvm.Options{MaxOutputBytes: 1 << 20})
+	tests := []struct {
+		name   string
+		tier   *microvm.MicroVM
+		adjust func(*manifest.Manifest)
+		argv   []string
+		want   result.Termination
+	}{
+		{"memory limit", v, func(m *manifest.Manifest) { m.Resources.Memory = 64 << 20 },
+			[]string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(1 << 20))"}, result.OOM},
+		{"wall timeout kills the VM", v, func(m *manifest.Manifest) { m.Resources.Timeout = manifest.Duration(3 * time.Second) },
+			[]string{"sleep", "600"}, result.Timeout},
+		{"output flood is capped and the VM killed", small, nil,
+			[]string{"sh", "-c", "yes moat-flood-line"}, result.OutputLimit},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, tc.tier)
+			start := time.Now()
+			res := runVM(t, e, tc.adjust, tc.argv...)
+			if res.Termination != tc.want {
+				t.Fatalf("termination %s (exit %d, error %q, stderr %q), want %s", res.Termination, res.ExitCode, res.Error, clip(res.Stderr.Data), tc.want)
+			}
+			if res.Stdout.Bytes > 64<<20 {
+				t.Errorf("kept %d bytes of stdout", res.Stdout.Bytes)
+			}
+			t.Logf("%s after %v (%s)", res.Termination, time.Since(start).Round(time.Millisecond), res.Runtime)
+		})
+	}
+}
+
+func clip(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}
