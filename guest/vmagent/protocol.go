@@ -63,19 +63,26 @@ type Request struct {
 	OpenFiles      int      `json:"open_files"`
 	FileSizeBytes  int64    `json:"file_size_bytes"`
 	WorkspaceBytes int64    `json:"workspace_bytes"`
+	WorkspaceFiles int      `json:"workspace_files"`
 	TmpBytes       int64    `json:"tmp_bytes"`
+	// Timeout is the wall-clock bound of the command (ns); the agent kills
+	// the command's cgroup at it and still reports its counters. The host
+	// kills the whole VM a grace period later regardless.
+	Timeout int64 `json:"timeout_ns"`
 }
 
 // Result is what the agent observed.
 type Result struct {
-	ExitCode   int    `json:"exit_code"`
-	Signal     int    `json:"signal"`
-	CPU        int64  `json:"cpu_ns"`
-	PeakMemory int64  `json:"peak_memory"`
-	OOM        bool   `json:"oom"`
-	PidsMax    bool   `json:"pids_max"`
-	CPUTimeHit bool   `json:"cpu_time"`
-	Error      string `json:"error,omitempty"`
+	ExitCode   int   `json:"exit_code"`
+	Signal     int   `json:"signal"`
+	CPU        int64 `json:"cpu_ns"`
+	PeakMemory int64 `json:"peak_memory"`
+	OOMKills   int   `json:"oom_kills"`
+	TimedOut   bool  `json:"timed_out"`
+	PidsMax    int   `json:"pids_max"`
+	// WorkspaceFull is "disk" or "files" when the workspace ran out.
+	WorkspaceFull string `json:"workspace_full,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 // CPUDuration is the result's CPU time.

@@ -19,9 +19,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -228,13 +230,24 @@ func mountRun(req *Request) error {
 		data     string
 	}{
 		// Sizes bound the guest's memory use too: tmpfs lives in RAM.
-		{"workspace", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0755,uid=%s,gid=%s", max(req.WorkspaceBytes, 4096), uid, uid)},
+		{"workspace", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%s,gid=%s", max(req.WorkspaceBytes, 4096), max(req.WorkspaceFiles+1, 16), uid, uid)},
 		{"tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, fmt.Sprintf("size=%d,mode=1777", max(req.TmpBytes, 4096))},
 		{"proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 		{"dev", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC, "size=64k,mode=0755"},
 	} {
 		if err := unix.Mount(m.typ, filepath.Join(newRoot, m.dst), m.typ, m.flags, m.data); err != nil {
 			return fmt.Errorf("mount /%s: %w", m.dst, err)
+		}
+	}
+	// Kernel addresses and other tasks' timers stay hidden even though
+	// the kernel is the guest's own (KASLR of the guest still matters to a
+	// guest-kernel exploit): the same files native masks.
+	for _, f := range []string{"kallsyms", "kcore", "keys", "timer_list", "sched_debug"} {
+		p := filepath.Join(newRoot, "proc", f)
+		if _, err := os.Stat(p); err == nil {
+			if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+				return fmt.Errorf("mask /proc/%s: %w", f, err)
+			}
 		}
 	}
 	// A minimal /dev: no block devices (the image disk stays out of reach
@@ -291,7 +304,6 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	stdin, _ := cmd.StdinPipe()
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Chroot:      newRoot,
-		Credential:  &syscall.Credential{Uid: uint32(req.UID), Gid: uint32(req.UID), Groups: []uint32{}},
 		Setsid:      true,
 		UseCgroupFD: true,
 		CgroupFD:    int(cg.Fd()),
@@ -312,15 +324,22 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 			}
 		}
 	}()
+	var timedOut atomic.Bool
+	if req.Timeout > 0 {
+		t := time.AfterFunc(time.Duration(req.Timeout), func() {
+			timedOut.Store(true)
+			os.WriteFile(runCG+"/cgroup.kill", []byte("1"), 0)
+		})
+		defer t.Stop()
+	}
 	werr := cmd.Wait()
 	// Whatever the command left behind dies with it.
 	os.WriteFile(runCG+"/cgroup.kill", []byte("1"), 0)
-	res := &Result{}
+	res := &Result{TimedOut: timedOut.Load()}
 	if ps := cmd.ProcessState; ps != nil {
 		ws := ps.Sys().(syscall.WaitStatus)
 		if ws.Signaled() {
 			res.Signal = int(ws.Signal())
-			res.CPUTimeHit = ws.Signal() == syscall.SIGXCPU
 		} else {
 			res.ExitCode = ws.ExitStatus()
 		}
@@ -328,8 +347,17 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	} else if werr != nil {
 		res.Error = werr.Error()
 	}
-	res.OOM = eventCount(runCG+"/memory.events", "oom_kill") > 0
-	res.PidsMax = eventCount(runCG+"/pids.events", "max") > 0
+	res.OOMKills = int(eventCount(runCG+"/memory.events", "oom_kill"))
+	res.PidsMax = int(eventCount(runCG+"/pids.events", "max"))
+	var sfs unix.Statfs_t
+	if unix.Statfs(filepath.Join(newRoot, "workspace"), &sfs) == nil {
+		switch {
+		case sfs.Bavail == 0:
+			res.WorkspaceFull = "disk"
+		case sfs.Ffree == 0:
+			res.WorkspaceFull = "files"
+		}
+	}
 	if b, err := os.ReadFile(runCG + "/memory.peak"); err == nil {
 		res.PeakMemory, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	}
@@ -347,15 +375,38 @@ func eventCount(file, key string) int64 {
 	return 0
 }
 
-// execCommand runs in the image root as the unprivileged user: it lowers
-// the rlimits and becomes the command.
+// execCommand runs in the image root, still root: it empties the
+// capability bounding set, sets no_new_privs, becomes the unprivileged
+// user, lowers the rlimits and becomes the command. The bounding set and
+// no_new_privs are per thread and execve keeps the calling thread's, so
+// everything happens on one locked thread.
 func execCommand(args []string) {
+	runtime.LockOSThread()
 	if len(args) < 2 {
 		os.Exit(127)
 	}
 	var req Request
-	if err := json.Unmarshal([]byte(args[0]), &req); err != nil {
+	if err := json.Unmarshal([]byte(args[0]), &req); err != nil || req.UID <= 0 {
 		os.Exit(127)
+	}
+	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+			fmt.Fprintf(os.Stderr, "moat: drop capability %d: %v\n", c, err)
+			os.Exit(126)
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		os.Exit(126)
+	}
+	// Setgroups, Setgid and Setuid apply to every thread of the process.
+	if err := syscall.Setgroups(nil); err != nil {
+		os.Exit(126)
+	}
+	if err := syscall.Setgid(req.UID); err != nil {
+		os.Exit(126)
+	}
+	if err := syscall.Setuid(req.UID); err != nil {
+		os.Exit(126)
 	}
 	set := func(res int, v uint64) {
 		if v > 0 {

@@ -47,7 +47,9 @@ type Options struct {
 	// TCG on a loaded host is slow).
 	BootTimeout time.Duration
 	// MaxOutputBytes bounds stdout plus stderr from one guest; past it the
-	// VM is killed (default 64 MiB). The writers cap what is kept.
+	// VM is killed (default 1 GiB: far past any output cap, so a program's
+	// flood is counted like on the other tiers, while a guest cannot keep
+	// the host reading forever). The writers cap what is kept.
 	MaxOutputBytes int64
 	// Console, when set, is a directory where each VM's serial console is
 	// written (debugging only).
@@ -98,7 +100,7 @@ func New(opts Options) (*MicroVM, error) {
 		opts.BootTimeout = 60 * time.Second
 	}
 	if opts.MaxOutputBytes == 0 {
-		opts.MaxOutputBytes = 64 << 20
+		opts.MaxOutputBytes = 1 << 30
 	}
 	if opts.QEMU == "" {
 		q, err := findQEMU()

@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/microvm"
+	"github.com/moat-sandbox/moat/tier/tiertest"
 )
 
 var (
@@ -266,4 +267,10 @@ func clip(s string) string {
 		return s[:300] + "…"
 	}
 	return s
+}
+
+func TestConformance(t *testing.T) {
+	v := need(t, microvm.Options{})
+	e := newEngine(t, v)
+	tiertest.Run(t, e, microvm.Name, func(id string) []string { return leftovers(e.Home(), id) })
 }

@@ -21,10 +21,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/vmagent"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
+
+// timeoutGrace is how long past the wall timeout the host waits for the
+// agent's own timeout report before it kills the VMM.
+const timeoutGrace = 5 * time.Second
 
 // guestUID is the unprivileged user the command runs as inside the VM.
 const guestUID = 1000
@@ -318,7 +323,8 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	req := vmagent.Request{
 		Argv: c.Argv, Env: c.Env, Dir: c.Dir, UID: guestUID,
 		MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUTime: int64(lim.CPUTime), OpenFiles: lim.OpenFiles,
-		FileSizeBytes: lim.FileSizeBytes, WorkspaceBytes: lim.WorkspaceBytes, TmpBytes: lim.TmpBytes,
+		FileSizeBytes: lim.FileSizeBytes, WorkspaceBytes: lim.WorkspaceBytes, WorkspaceFiles: lim.WorkspaceFiles, TmpBytes: lim.TmpBytes,
+		Timeout: int64(lim.Timeout),
 	}
 	if req.Dir == "" {
 		req.Dir = "/workspace"
@@ -361,7 +367,9 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	if timeout <= 0 {
 		timeout = 24 * time.Hour
 	}
-	timer := time.NewTimer(timeout)
+	// The agent enforces the timeout itself (so the guest's counters
+	// survive it); this backstop kills the VMM when the agent does not.
+	timer := time.NewTimer(timeout + timeoutGrace)
 	defer timer.Stop()
 	var got collected
 	select {
@@ -369,7 +377,9 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	case <-timer.C:
 		s.vm.kill()
 		<-done
-		return &tier.Outcome{Termination: result.Timeout, Duration: time.Since(start), Runtime: s.runtime()}, nil
+		out := &tier.Outcome{Duration: time.Since(start), Runtime: s.runtime()}
+		s.classify(out, nil, true, nil)
+		return out, nil
 	case <-ctx.Done():
 		s.vm.kill()
 		<-done
@@ -382,25 +392,46 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		return got.out, nil
 	}
 	r := got.res
-	out := &tier.Outcome{ExitCode: r.ExitCode, Signal: r.Signal, CPU: r.CPUDuration(), PeakMemory: r.PeakMemory, Duration: time.Since(start), Runtime: s.runtime()}
-	switch {
-	case r.Error != "":
-		out.Termination, out.Error = result.InfraError, "guest agent: "+sanitize([]byte(r.Error))
-	case r.OOM:
-		out.Termination = result.OOM
-	case r.CPUTimeHit:
-		out.Termination = result.CPUTime
-	case got.disk:
-		out.Termination = result.DiskLimit
-	case r.Signal != 0:
-		out.Termination = result.Signaled
-		if r.PidsMax {
-			out.Termination = result.Pids
+	out := &tier.Outcome{Duration: time.Since(start), Runtime: s.runtime()}
+	if r.Error != "" {
+		out.Termination, out.ExitCode, out.Error = result.InfraError, 125, "guest agent: "+sanitize([]byte(r.Error))
+		return out, nil
+	}
+	var exit *tier.Exit
+	if !r.TimedOut {
+		exit = &tier.Exit{Code: r.ExitCode, Signal: r.Signal}
+	}
+	s.classify(out, exit, r.TimedOut, r)
+	if got.disk && r.WorkspaceFull == "" {
+		r.WorkspaceFull = "files"
+	}
+	if full := r.WorkspaceFull; full == "disk" || full == "files" {
+		limit := fmt.Sprint(lim.WorkspaceBytes)
+		if full == "files" {
+			limit = fmt.Sprint(lim.WorkspaceFiles)
 		}
-	default:
-		out.Termination = result.Exited
+		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limit})
+		if out.Termination == result.Exited && out.ExitCode != 0 {
+			out.Termination = result.DiskLimit
+		}
 	}
 	return out, nil
+}
+
+// classify fills out from what the guest reported (nil when it was
+// killed first), through the taxonomy all tiers share.
+func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r *vmagent.Result) {
+	obs := tier.Observed{Exit: exit, TimedOut: timedOut, Lost: "the guest agent did not report the program's status"}
+	if r != nil {
+		// The guest's counters are its own word: bounded to sane values.
+		obs.Stats = cgroup.Stats{CPU: max(0, r.CPUDuration()), PeakMemory: max(0, r.PeakMemory), OOMKills: max(0, min(r.OOMKills, 1<<20)), PidsMaxHits: max(0, min(r.PidsMax, 1<<30))}
+		if exit != nil && (exit.Signal < 0 || exit.Signal > 64 || exit.Code < 0 || exit.Code > 255) {
+			obs.Exit = nil
+			obs.Lost = "the guest agent reported an impossible exit status"
+		}
+	}
+	tier.Classify(out, obs, s.spec.Limits)
+	out.CPU, out.PeakMemory = obs.Stats.CPU, obs.Stats.PeakMemory
 }
 
 // collect reads the guest's frames until its result. Every frame is
