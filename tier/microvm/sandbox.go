@@ -315,10 +315,11 @@ func (s *Sandbox) infra(start time.Time, format string, args ...any) *tier.Outco
 // Exec sends the command and the workspace to the agent and collects the
 // outcome. The wall timeout kills the VMM.
 func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
-	start := time.Now()
 	if err := s.WaitReady(ctx); err != nil {
-		return s.infra(start, "microvm boot: %v", err), nil
+		return s.infra(time.Now(), "microvm boot: %v", err), nil
 	}
+	// Duration is the command's: a cold sandbox's boot is not in it.
+	start := time.Now()
 	lim := s.spec.Limits
 	req := vmagent.Request{
 		Argv: c.Argv, Env: c.Env, Dir: c.Dir, UID: guestUID,
