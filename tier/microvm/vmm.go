@@ -59,6 +59,9 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 		"-m", strconv.FormatInt(cfg.MemoryMiB, 10) + "M",
 		"-smp", strconv.Itoa(cfg.VCPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		// QEMU's own seccomp filter: a guest that takes over the emulator
+		// cannot exec, change privileges or use obsolete syscalls.
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-serial", serial,
 		"-kernel", cfg.Kernel,
 		"-initrd", cfg.Initramfs,
