@@ -3,11 +3,13 @@ module github.com/moat-sandbox/moat
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.19.1
 	github.com/landlock-lsm/go-landlock v0.11.2
 	github.com/prometheus/client_golang v1.23.2
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/net v0.63.0
 	golang.org/x/sys v0.50.0
+	google.golang.org/protobuf v1.36.9
 	modernc.org/sqlite v1.62.0
 )
 
@@ -25,7 +27,6 @@ require (
 	github.com/prometheus/procfs v0.16.1 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
-	google.golang.org/protobuf v1.36.8 // indirect
 	kernel.org/pub/linux/libs/security/libcap/psx v1.2.78 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -136,7 +136,7 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 		}
 		t = n
 	case gvisor.Name:
-		g, err := gvisor.New(gvisor.Options{})
+		g, err := gvisor.New(gvisor.Options{Guest: e.opts.Exe})
 		if err != nil {
 			return nil, err
 		}

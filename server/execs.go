@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,7 +160,7 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	defer context.AfterFunc(s.stopCtx, cancel)()
 	ex.started = time.Now().UTC()
-	proc, err := safeStart(ctx, sb.sess, req)
+	proc, err := guard("session Start", "a process", func() (Process, error) { return sb.sess.Start(ctx, req) })
 	if err != nil {
 		if ferr := s.cfg.Auditor.Finish(ex.auditID, nil, err); ferr != nil {
 			s.log.Error("audit: finish exec", "exec", ex.auditID, "err", ferr)
@@ -188,21 +187,6 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 		// The client left; the command goes on (docs/API.md).
 		return nil
 	}
-}
-
-func safeStart(ctx context.Context, sess Session, req *engine.ExecRequest) (p Process, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			buf := make([]byte, 16<<10)
-			buf = buf[:runtime.Stack(buf, false)]
-			p, err = nil, fmt.Errorf("panic in session Start: %v\n%s", r, buf)
-		}
-	}()
-	p, err = sess.Start(ctx, req)
-	if err == nil && p == nil {
-		err = errors.New("session Start returned neither a process nor an error")
-	}
-	return p, err
 }
 
 // trimLocked drops the oldest ended commands beyond keep; sb.mu is held.

@@ -11,6 +11,20 @@ import (
 // as uploads (checkPath) and resolved again by the engine beneath
 // /workspace without following links.
 
+// lookupFile finds the caller's sandbox {id} and the file ?path= names in
+// it (see filePath).
+func (s *Server) lookupFile(r *http.Request, root bool) (*sandbox, string, *Error) {
+	sb, e := s.lookup(r)
+	if e != nil {
+		return nil, "", e
+	}
+	p, e := filePath(r, root)
+	if e != nil {
+		return nil, "", e
+	}
+	return sb, p, nil
+}
+
 // filePath reads ?path=. root allows the workspace itself ("" or "."),
 // which only a listing may name.
 func filePath(r *http.Request, root bool) (string, *Error) {
@@ -28,11 +42,7 @@ func filePath(r *http.Request, root bool) (string, *Error) {
 }
 
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
-	sb, e := s.lookup(r)
-	if e != nil {
-		return e
-	}
-	p, e := filePath(r, false)
+	sb, p, e := s.lookupFile(r, false)
 	if e != nil {
 		return e
 	}
@@ -59,11 +69,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
-	sb, e := s.lookup(r)
-	if e != nil {
-		return e
-	}
-	p, e := filePath(r, true)
+	sb, p, e := s.lookupFile(r, true)
 	if e != nil {
 		return e
 	}
@@ -104,11 +110,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
-	sb, e := s.lookup(r)
-	if e != nil {
-		return e
-	}
-	p, e := filePath(r, false)
+	sb, p, e := s.lookupFile(r, false)
 	if e != nil {
 		return e
 	}

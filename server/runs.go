@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"runtime"
 	"sync"
 	"time"
 
@@ -58,7 +57,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) error {
 	if len(spec.stdin) > 0 {
 		req.Stdin = bytes.NewReader(spec.stdin)
 	}
-	res, err := safeRun(ctx, s.cfg.Backend, req)
+	res, err := guard("backend", "a result", func() (*result.Result, error) { return s.cfg.Backend.Run(ctx, req) })
 	if ferr := s.cfg.Auditor.Finish(id, res, err); ferr != nil {
 		s.log.Error("audit: finish run", "run", id, "err", ferr)
 	}
@@ -69,23 +68,6 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) error {
 	resp := RunResponse{ID: id, Pooled: res.Pooled, Result: res}
 	s.runs.put(id, key.ID, resp)
 	return writeJSON(w, http.StatusOK, resp)
-}
-
-// safeRun calls the Backend, turning its panic into an error so the run's
-// audit record is still finished.
-func safeRun(ctx context.Context, b Backend, req *engine.Request) (res *result.Result, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			buf := make([]byte, 16<<10)
-			buf = buf[:runtime.Stack(buf, false)]
-			res, err = nil, fmt.Errorf("panic in backend: %v\n%s", p, buf)
-		}
-	}()
-	res, err = b.Run(ctx, req)
-	if err == nil && res == nil {
-		err = fmt.Errorf("backend returned neither a result nor an error")
-	}
-	return res, err
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) error {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -71,7 +70,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.stopCtx, cancel)()
-	sess, err := safeNewSession(ctx, s.cfg.Backend, &engine.SessionRequest{Manifest: spec.manifest, Files: engineFiles(spec.files)})
+	sess, err := guard("backend", "a session", func() (Session, error) {
+		return s.cfg.Backend.NewSession(ctx, &engine.SessionRequest{Manifest: spec.manifest, Files: engineFiles(spec.files)})
+	})
 	if err != nil {
 		return backendError(err, "sandbox")
 	}
@@ -112,21 +113,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "sandbox", sb.id, "key", key.ID, "tier", info.Tier, "ttl", spec.ttl.String())
 	return writeJSON(w, http.StatusCreated, view)
-}
-
-func safeNewSession(ctx context.Context, b Backend, req *engine.SessionRequest) (sess Session, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			buf := make([]byte, 16<<10)
-			buf = buf[:runtime.Stack(buf, false)]
-			sess, err = nil, fmt.Errorf("panic in backend: %v\n%s", p, buf)
-		}
-	}()
-	sess, err = b.NewSession(ctx, req)
-	if err == nil && sess == nil {
-		err = fmt.Errorf("backend returned neither a session nor an error")
-	}
-	return sess, err
 }
 
 // lookup finds the caller's sandbox {id}. Another key's sandbox is as

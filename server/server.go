@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -342,7 +343,9 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rw != nil {
 		rw.route = rt.pattern
 	}
-	if !rt.opts.public {
+	if key, ok := preauthenticated(r); ok && !rt.opts.public {
+		r = r.WithContext(context.WithValue(r.Context(), keyCtx, key))
+	} else if !rt.opts.public {
 		key, err := rt.s.authenticate(r)
 		if err != nil {
 			rt.s.writeError(w, r, err)
@@ -496,6 +499,26 @@ func newID(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// guard calls f, turning its panic into an error (with the stack) and a
+// zero value without an error into one, so that the caller's bookkeeping
+// (the audit record, the quota) is finished whatever the backend does.
+// what names the callee and noun what it should have returned.
+func guard[T any](what, noun string, f func() (T, error)) (v T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			buf := make([]byte, 16<<10)
+			buf = buf[:runtime.Stack(buf, false)]
+			var zero T
+			v, err = zero, fmt.Errorf("panic in %s: %v\n%s", what, p, buf)
+		}
+	}()
+	v, err = f()
+	if err == nil && reflect.ValueOf(&v).Elem().IsZero() {
+		err = fmt.Errorf("%s returned neither %s nor an error", what, noun)
+	}
+	return v, err
 }
 
 // goSafe runs f in a goroutine tracked by s.tasks, turning a panic into a

@@ -345,6 +345,64 @@ func addLimitFlag(fs *flag.FlagSet, f *audit.Filter, def int, help string) {
 }
 
 // checkFilter refuses what the flags cannot mean together.
+// auditQuery is the command line shared by the commands that read the
+// audit log: --db, the filters, --limit and --json.
+type auditQuery struct {
+	name   string
+	fs     *flag.FlagSet
+	db     *string
+	filter audit.Filter
+	json   *bool
+}
+
+func newAuditQuery(name, usage string, limit int, limitHelp, jsonHelp string) *auditQuery {
+	q := &auditQuery{name: name, fs: newFlags(name, usage)}
+	q.db = dbFlag(q.fs)
+	addFilterFlags(q.fs, &q.filter)
+	addLimitFlag(q.fs, &q.filter, limit, limitHelp)
+	q.json = q.fs.Bool("json", false, jsonHelp)
+	return q
+}
+
+// parse reads args (no positional arguments; hint follows the complaint
+// about one) and checks the filter. It returns the exit status, or -1 to
+// go on.
+func (q *auditQuery) parse(args []string, hint string) int {
+	if c := parse(q.fs, args); c >= 0 {
+		return c
+	}
+	if q.fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "moat %s: unexpected argument %q%s\n", q.name, q.fs.Arg(0), hint)
+		return exitUsage
+	}
+	if !checkFilter(q.name, q.filter) {
+		return exitUsage
+	}
+	return -1
+}
+
+// records returns the selected records; found is false when there is no
+// database yet (and then there are none).
+func (q *auditQuery) records() (recs []audit.Record, found bool, err error) {
+	st, err := openAudit(*q.db, false)
+	if err != nil || st == nil {
+		return []audit.Record{}, false, err
+	}
+	defer st.Close()
+	recs, err = st.Query(q.filter)
+	return recs, true, err
+}
+
+// printJSON writes v to stdout as indented JSON.
+func printJSON(v any) int {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
 func checkFilter(cmd string, f audit.Filter) bool {
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
 		fmt.Fprintf(os.Stderr, "moat %s: --since %s is not before --until %s: no record can match\n", cmd,
@@ -397,42 +455,24 @@ func cmdAudit(args []string) int {
 	if len(args) > 0 && args[0] == "report" {
 		return auditReport(args[1:])
 	}
-	fs := newFlags("audit", auditUsage)
-	db := dbFlag(fs)
-	var f audit.Filter
-	addFilterFlags(fs, &f)
-	addLimitFlag(fs, &f, audit.DefaultQueryLimit, fmt.Sprintf("show the newest `N` records, 1 to %d (default %d)", audit.MaxQueryLimit, audit.DefaultQueryLimit))
-	jsonOut := fs.Bool("json", false, "print one JSON record per line (the full record: manifest, network attempts, violations)")
-	if c := parse(fs, args); c >= 0 {
+	q := newAuditQuery("audit", auditUsage, audit.DefaultQueryLimit, fmt.Sprintf("show the newest `N` records, 1 to %d (default %d)", audit.MaxQueryLimit, audit.DefaultQueryLimit),
+		"print one JSON record per line (the full record: manifest, network attempts, violations)")
+	if c := q.parse(args, "; the subcommand is 'moat audit report', written first"); c >= 0 {
 		return c
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "moat audit: unexpected argument %q; the subcommand is 'moat audit report', written first\n", fs.Arg(0))
-		return exitUsage
-	}
-	if !checkFilter("audit", f) {
-		return exitUsage
-	}
-	st, err := openAudit(*db, false)
+	recs, found, err := q.records()
 	if err != nil {
 		return fail(err)
 	}
-	recs := []audit.Record{}
-	if st != nil {
-		defer st.Close()
-		if recs, err = st.Query(f); err != nil {
-			return fail(err)
-		}
-	}
-	if *jsonOut {
+	if *q.json {
 		enc := json.NewEncoder(os.Stdout)
 		for _, r := range recs {
 			enc.Encode(r)
 		}
 		return 0
 	}
-	if st == nil {
-		noDatabase(*db)
+	if !found {
+		noDatabase(*q.db)
 		return 0
 	}
 	if len(recs) == 0 {
@@ -492,46 +532,31 @@ func priceFlag(fs *flag.FlagSet, name, help string, v *float64) {
 }
 
 func auditReport(args []string) int {
-	fs := newFlags("audit report", auditUsage)
-	db := dbFlag(fs)
-	var f audit.Filter
-	addFilterFlags(fs, &f)
-	addLimitFlag(fs, &f, 0, fmt.Sprintf("summarise only the newest `N` records, up to %d (default: every record the filters select)", audit.MaxQueryLimit))
+	q := newAuditQuery("audit report", auditUsage, 0, fmt.Sprintf("summarise only the newest `N` records, up to %d (default: every record the filters select)", audit.MaxQueryLimit),
+		"print the report as one JSON document")
+	fs := q.fs
 	p := audit.DefaultPrices
 	priceFlag(fs, "price-cpu-second", "`PRICE` of one CPU busy for one second (default 0.04048/3600, AWS Fargate's on-demand vCPU-hour in us-east-1)", &p.CPUSecond)
 	priceFlag(fs, "price-gib-second", "`PRICE` of one GiB of memory held for one second, charged on peak memory x wall time (default 0.004445/3600, Fargate's GB-hour)", &p.GiBSecond)
 	priceFlag(fs, "price-wall-second", "`PRICE` of one record alive for one second, whatever it used: the occupancy of a sandbox slot (default 0)", &p.WallSecond)
-	jsonOut := fs.Bool("json", false, "print the report as one JSON document")
-	if c := parse(fs, args); c >= 0 {
+	if c := q.parse(args, ""); c >= 0 {
 		return c
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "moat audit report: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	if !checkFilter("audit report", f) {
-		return exitUsage
-	}
-	st, err := openAudit(*db, false)
+	st, err := openAudit(*q.db, false)
 	if err != nil {
 		return fail(err)
 	}
 	if st == nil {
-		noDatabase(*db)
+		noDatabase(*q.db)
 		return 0
 	}
 	defer st.Close()
-	rep, err := st.Report(f, p)
+	rep, err := st.Report(q.filter, p)
 	if err != nil {
 		return fail(err)
 	}
-	if *jsonOut {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return fail(err)
-		}
-		return 0
+	if *q.json {
+		return printJSON(rep)
 	}
 	if err := rep.WriteText(os.Stdout); err != nil {
 		return fail(err)
@@ -550,34 +575,17 @@ func cmdPolicy(args []string) int {
 		fmt.Fprintf(os.Stderr, "moat policy: unknown subcommand %q; accepted: suggest\n", args[0])
 		return exitUsage
 	}
-	fs := newFlags("policy suggest", policyUsage)
-	db := dbFlag(fs)
-	var f audit.Filter
-	addFilterFlags(fs, &f)
-	addLimitFlag(fs, &f, audit.MaxQueryLimit, fmt.Sprintf("base the suggestion on the newest `N` selected records, 1 to %d (default %d)", audit.MaxQueryLimit, audit.MaxQueryLimit))
-	jsonOut := fs.Bool("json", false, "print the suggestion as JSON: the manifest, the reason for each field, what was ignored")
-	if c := parse(fs, args[1:]); c >= 0 {
+	q := newAuditQuery("policy suggest", policyUsage, audit.MaxQueryLimit, fmt.Sprintf("base the suggestion on the newest `N` selected records, 1 to %d (default %d)", audit.MaxQueryLimit, audit.MaxQueryLimit),
+		"print the suggestion as JSON: the manifest, the reason for each field, what was ignored")
+	if c := q.parse(args[1:], ""); c >= 0 {
 		return c
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "moat policy suggest: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	if !checkFilter("policy suggest", f) {
-		return exitUsage
-	}
-	st, err := openAudit(*db, false)
+	recs, found, err := q.records()
 	if err != nil {
 		return fail(err)
 	}
-	recs := []audit.Record{}
-	if st != nil {
-		defer st.Close()
-		if recs, err = st.Query(f); err != nil {
-			return fail(err)
-		}
-	} else {
-		noDatabase(*db)
+	if !found {
+		noDatabase(*q.db)
 	}
 	sug, err := audit.Suggest(recs)
 	if errors.Is(err, audit.ErrNoLegitimateRuns) {
@@ -587,13 +595,8 @@ func cmdPolicy(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	if *jsonOut {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(sug); err != nil {
-			return fail(err)
-		}
-		return 0
+	if *q.json {
+		return printJSON(sug)
 	}
 	if err := sug.WriteYAML(os.Stdout); err != nil {
 		return fail(err)

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/guest/nsinit"
 	"github.com/moat-sandbox/moat/guest/vmagent"
 )
@@ -57,6 +58,9 @@ func main() {
 	// it must be dispatched before anything else runs.
 	if len(os.Args) > 1 && os.Args[1] == nsinit.Arg {
 		nsinit.Main()
+	}
+	if len(os.Args) > 1 && os.Args[1] == gvinit.Arg {
+		gvinit.Main()
 	}
 	// The same binary is the microvm tier's guest agent: /init of the VM,
 	// and its re-exec into the image root.

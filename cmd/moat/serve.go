@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/server/e2b"
 )
 
 const serveUsage = `Usage: moat serve [FLAGS]
@@ -31,6 +32,11 @@ Warm pools keep sandboxes of the default manifest's resource class prepared,
 so that a request that matches takes one instead of building it; each is
 used once and destroyed. A request with another class (or with network
 access) is prepared on demand.
+
+With --e2b the same listener also serves E2B's API, so the unmodified E2B
+SDKs run their sandboxes here (E2B_API_URL and E2B_SANDBOX_URL set to this
+server's URL, E2B_API_KEY a Moat key): see the README, "Using Moat with the
+E2B SDK".
 
 On SIGTERM or SIGINT the server stops taking requests, lets running
 one-shot runs finish (--drain), destroys every sandbox and exits. After a
@@ -56,6 +62,8 @@ func cmdServe(args []string) int {
 		maxTTL        = fs.Duration("max-ttl", 24*time.Hour, "longest sandbox TTL a request may ask for")
 		keepRuns      = fs.Int("keep-runs", 1000, "one-shot results kept for GET /v1/runs/{id}")
 		drain         = fs.Duration("drain", 30*time.Second, "how long shutdown waits for running one-shot runs")
+		e2bAPI        = fs.Bool("e2b", false, "also serve E2B's API on the same listener, for the unmodified E2B SDKs (E2B_API_URL and E2B_SANDBOX_URL = this server's URL; see README)")
+		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
 		return c
@@ -145,7 +153,13 @@ func cmdServe(args []string) int {
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); *tlsCert == "" && !isLoopback(host) {
 		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	handler := srv.Handler()
+	if *e2bAPI {
+		handler = e2b.New(e2b.Config{API: srv, Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log}).Wrap(handler)
+	} else if *e2bDomain != "" {
+		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	served := make(chan error, 1)
 	go func() {
 		if *tlsCert != "" {

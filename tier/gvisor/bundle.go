@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
+	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -99,8 +101,20 @@ type ociPids struct {
 // cfsPeriodUs is the CFS period the cgroup package uses.
 const cfsPeriodUs = 100000
 
-// bundleSpec is the sandbox's shape: everything but the command.
-func bundleSpec(spec *tier.Spec, workspace, cgroupsPath string, hostPids int) *ociSpec {
+// Where the guest (package gvinit) and the egress proxy's socket appear in
+// the sandbox: on the Sentry's /dev tmpfs, since the image root is
+// read-only and has no place of Moat's own.
+const (
+	guestPath = "/dev/.moat/guest"
+	// initUID is init's user and group in the Sentry: "nobody", which
+	// owns nothing and is not the program's (SandboxUID).
+	initUID    = 65534
+	egressPath = "/dev/.moat/egress.sock"
+)
+
+// bundleSpec is the sandbox's shape: its init is the guest (gvinit), and
+// commands are started in it later (runsc exec).
+func bundleSpec(spec *tier.Spec, guest, workspace, tmp, cgroupsPath string, hostPids int) *ociSpec {
 	lim := spec.Limits
 	empty := []string{}
 	return &ociSpec{
@@ -111,27 +125,28 @@ func bundleSpec(spec *tier.Spec, workspace, cgroupsPath string, hostPids int) *o
 		Root:     ociRoot{Path: spec.ImageRoot, Readonly: true},
 		Hostname: "moat",
 		Process: ociProcess{
-			User:         ociUser{UID: SandboxUID, GID: SandboxGID, AdditionalGids: []uint32{}},
-			Cwd:          "/workspace",
+			Args: initArgs(spec),
+			// Init needs nothing from the environment.
+			Env: []string{"PATH=/usr/bin:/bin"},
+			// Init is not the program's user: the program can neither
+			// signal it (ending the sandbox) nor trace or read it.
+			User:         ociUser{UID: initUID, GID: initUID, AdditionalGids: []uint32{}},
+			Cwd:          "/",
 			Capabilities: ociCaps{Bounding: empty, Effective: empty, Inheritable: empty, Permitted: empty, Ambient: empty},
-			// The Sentry enforces these itself, per task, like Linux.
+			// init's (and its relay's); the Sentry enforces them itself, per
+			// task, like Linux. Commands get theirs from the guest.
 			Rlimits: []rlimit{
 				// No core dumps: they would land in the workspace.
 				{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
 				{Type: "RLIMIT_NOFILE", Soft: uint64(lim.OpenFiles), Hard: uint64(lim.OpenFiles)},
 				{Type: "RLIMIT_FSIZE", Soft: uint64(lim.FileSizeBytes), Hard: uint64(lim.FileSizeBytes)},
-				// The program's tasks (processes and threads of uid 1000)
-				// in the Sentry, with the same allowance as the host
-				// cgroup's pids limit (hostPids). Each of the program's
-				// processes also costs the host at least one task (its
-				// systrap stub) beside gVisor's own, so process bombs meet
-				// the host limit first, where it is seen and reported;
-				// threads cost the host nothing while they wait in the
-				// Sentry, and a thread bomb meets this limit (EAGAIN), as
-				// on the native tier, where it is the same backstop.
-				{Type: "RLIMIT_NPROC", Soft: uint64(hostPids), Hard: uint64(hostPids)},
-				// SIGXCPU at the soft limit, SIGKILL one second later.
-				{Type: "RLIMIT_CPU", Soft: cpuSeconds(lim), Hard: cpuSeconds(lim) + 1},
+				// No RLIMIT_NPROC for init: the program's tasks count
+				// against the same user's total, and an init that cannot
+				// create its next thread dies, taking the sandbox with it.
+				// The program's own limit is in commandRlimits.
+				// No RLIMIT_CPU for init: it lives as long as the sandbox
+				// (a session's), and each command gets its own (see
+				// commandRlimits).
 			},
 			NoNewPrivileges: true,
 		},
@@ -145,11 +160,17 @@ func bundleSpec(spec *tier.Spec, workspace, cgroupsPath string, hostPids int) *o
 			// runsc mounts a sysfs when the bundle has none; an empty,
 			// read-only tmpfs keeps /sys empty as on the native tier.
 			{Destination: "/sys", Type: "tmpfs", Source: "tmpfs", Options: []string{"ro", "nosuid", "noexec", "nodev", "size=4096", "mode=0555"}},
-			// Sentry memory, charged to the run's cgroup.
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", fmt.Sprintf("size=%d", lim.TmpBytes), "mode=1777"}},
+			// A host tmpfs Moat made for this run (size and inodes
+			// bounded by the host kernel), not the Sentry's: that one
+			// lets the program create device nodes.
+			{Destination: "/tmp", Type: "bind", Source: tmp, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 			// The host tmpfs Moat made for this run: its size and inode
 			// limits are the host kernel's.
 			{Destination: "/workspace", Type: "bind", Source: workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			// The guest: the moat binary, read-only (the gofer opens it
+			// for reading only, and the Sentry refuses writes to a
+			// read-only mount).
+			{Destination: guestPath, Type: "bind", Source: guest, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: ociLinux{
 			// No user namespace: the Sentry's credentials are its own
@@ -166,6 +187,43 @@ func bundleSpec(spec *tier.Spec, workspace, cgroupsPath string, hostPids int) *o
 			},
 			CgroupsPath: cgroupsPath,
 		},
+	}
+}
+
+// initArgs is the sandbox's first process: the guest's init, relaying to
+// the egress proxy when the run has a grant.
+func initArgs(spec *tier.Spec) []string {
+	args := []string{guestPath, gvinit.Arg, "init"}
+	if spec.EgressSocket != "" {
+		args = append(args, egressPath, strconv.Itoa(tier.EgressPort))
+	}
+	return args
+}
+
+// egressMount binds the host's egress proxy socket into the sandbox, the
+// only host socket it can reach (runsc --host-uds=open lets the Sentry
+// connect to host sockets in gofer mounts; see docs/THREATS.md).
+func egressMount(socket string) ociMount {
+	return ociMount{Destination: egressPath, Type: "bind", Source: socket, Options: []string{"bind", "nosuid", "nodev", "noexec"}}
+}
+
+// commandRlimits are the run's limits on each command, which the guest
+// applies (runsc exec does not) before it execs the program.
+//
+// nproc bounds the program's tasks (processes and threads of uid 1000) in
+// the Sentry, with the same allowance as the host cgroup's pids limit
+// (hostPids). Each of the program's processes also costs the host at least
+// one task (its systrap stub) beside gVisor's own, so process bombs meet
+// the host limit first, where it is seen and reported; threads cost the
+// host nothing while they wait in the Sentry, and a thread bomb meets this
+// limit (EAGAIN), as on the native tier, where it is the same backstop.
+func commandRlimits(lim tier.Limits, hostPids int) map[string]uint64 {
+	return map[string]uint64{
+		"core":   0,
+		"nofile": uint64(lim.OpenFiles),
+		"fsize":  uint64(lim.FileSizeBytes),
+		"nproc":  uint64(hostPids),
+		"cpu":    cpuSeconds(lim),
 	}
 }
 

@@ -39,17 +39,31 @@ var moatV1Controllers = []string{"freezer", "memory", "pids", "cpu", "cpuacct"}
 // the run's cgroup (runsc joins it before it forks them) and Stats, Kill
 // and Destroy see them all.
 func cgroupsPath(host *cgroup.Host, cg *cgroup.Cgroup) (string, error) {
-	dirs := cg.Dirs()
-	if host.Version == cgroup.V2 {
-		rel, err := filepath.Rel(cgroupRoot, dirs[0])
-		if err != nil || !filepath.IsLocal(rel) {
-			return "", fmt.Errorf("the run's cgroup %s is not below %s, where runsc looks for it", dirs[0], cgroupRoot)
+	return cgroupsPathAt(cgroupRoot, host.Version, cg.ID(), cg.Dirs())
+}
+
+// cgroupsPathAt is cgroupsPath for a cgroupfs at root (tests use a fake
+// one). On v2 the run's cgroup is one directory of the unified hierarchy,
+// wherever package cgroup put it (below moat's own cgroup when moat runs
+// in a container or a systemd unit): runsc takes its path relative to
+// root. On v1 runsc builds root/<controller>/moat/<id> for each
+// controller, which must be the run's own directories.
+func cgroupsPathAt(root string, v cgroup.Version, id string, dirs []string) (string, error) {
+	if len(dirs) == 0 {
+		return "", errors.New("the run's cgroup has no directories")
+	}
+	if v == cgroup.V2 {
+		rel, err := filepath.Rel(root, dirs[0])
+		// Never the root cgroup itself (rel "."): runsc would run the
+		// sandbox unconfined there.
+		if err != nil || !filepath.IsLocal(rel) || rel == "." {
+			return "", fmt.Errorf("the run's cgroup %s is not below %s, where runsc looks for it", dirs[0], root)
 		}
 		return "/" + rel, nil
 	}
-	p := "/moat/" + cg.ID()
+	p := "/moat/" + id
 	for _, ctl := range moatV1Controllers {
-		want := filepath.Join(cgroupRoot, ctl, p)
+		want := filepath.Join(root, ctl, p)
 		fi, err := os.Stat(want)
 		if err != nil {
 			return "", fmt.Errorf("runsc would use %s for the %s controller, which is not the run's cgroup: %w", want, ctl, err)
@@ -64,16 +78,30 @@ func cgroupsPath(host *cgroup.Host, cg *cgroup.Cgroup) (string, error) {
 	return p, nil
 }
 
+// checkUnified checks that root is a cgroup2 mount: runsc assumes the
+// unified hierarchy is mounted at /sys/fs/cgroup when it is the only one.
+func checkUnified(root string) error {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return fmt.Errorf("runsc expects cgroup v2 mounted at %s: %w", root, err)
+	}
+	if sfs.Type != cgroup2Magic {
+		return fmt.Errorf("runsc expects cgroup v2 mounted at %s, which is another file system (type %#x)", root, sfs.Type)
+	}
+	return nil
+}
+
 // foreignDirs are the run's directories in the v1 hierarchies only runsc
-// uses (none on v2).
-func foreignDirs(host *cgroup.Host, id string) []string {
-	if host.Version != cgroup.V1 {
+// uses (none on v2: there runsc uses the run's one directory as it is, and
+// creates nothing).
+func foreignDirs(root string, v cgroup.Version, id string) []string {
+	if v != cgroup.V1 {
 		return nil
 	}
 	var dirs []string
 	for _, ctl := range runscV1Controllers {
 		if !slices.Contains(moatV1Controllers, ctl) {
-			dirs = append(dirs, filepath.Join(cgroupRoot, ctl, "moat", id))
+			dirs = append(dirs, filepath.Join(root, ctl, "moat", id))
 		}
 	}
 	return dirs
@@ -83,9 +111,9 @@ func foreignDirs(host *cgroup.Host, id string) []string {
 // uses. runsc removes them itself when it deletes the container; this is
 // for a runsc that was killed first. rmdir never kills anything: a cgroup
 // that still holds a task is busy and stays.
-func removeForeign(host *cgroup.Host, id string) error {
+func removeForeign(root string, v cgroup.Version, id string) error {
 	var errs []error
-	for _, d := range foreignDirs(host, id) {
+	for _, d := range foreignDirs(root, v, id) {
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
 		}
@@ -101,19 +129,23 @@ func removeForeign(host *cgroup.Host, id string) error {
 // is alive: a concurrent runsc creating moat/<id> must not lose its parent
 // between its mkdirs.
 func (g *GVisor) pruneForeign() {
-	if g.cg.Version != cgroup.V1 {
-		return
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.live > 0 {
+		return
+	}
+	pruneForeignAt(cgroupRoot, g.cg.Version)
+}
+
+func pruneForeignAt(root string, v cgroup.Version) {
+	if v != cgroup.V1 {
 		return
 	}
 	for _, ctl := range runscV1Controllers {
 		if slices.Contains(moatV1Controllers, ctl) {
 			continue
 		}
-		parent := filepath.Join(cgroupRoot, ctl, "moat")
+		parent := filepath.Join(root, ctl, "moat")
 		ents, err := os.ReadDir(parent)
 		if err != nil {
 			continue
@@ -121,7 +153,7 @@ func (g *GVisor) pruneForeign() {
 		for _, e := range ents {
 			// The run's own cgroup is created before runsc runs and
 			// removed after it ended: without it, this one is an orphan.
-			if e.IsDir() && validID(e.Name()) && !exists(filepath.Join(cgroupRoot, "freezer", "moat", e.Name())) {
+			if e.IsDir() && validID(e.Name()) && !exists(filepath.Join(root, "freezer", "moat", e.Name())) {
 				unix.Rmdir(filepath.Join(parent, e.Name()))
 			}
 		}

@@ -7,9 +7,12 @@
 //
 // Moat drives runsc, gVisor's OCI runtime, as a child process: it writes
 // an OCI bundle and keeps runsc's state directory under the run's private
-// Spec.StateDir, mounts the workspace tmpfs there, and runs `runsc run`.
-// The program gets the same image, inputs, limits and structured result as
-// on the native tier:
+// Spec.StateDir, mounts the workspace tmpfs there, and boots the sandbox
+// (`runsc run`) with Moat's guest as its init (package gvinit, the moat
+// binary bound in read-only). Every command, a one-shot run's as well as a
+// session's, is then started by `runsc exec`, so a warm pool holds booted
+// sandboxes that wait only for the command. The program gets the same
+// image, inputs, limits and structured result as on the native tier:
 //
 //   - memory, CPU and pids: the run's cgroup (package cgroup), which runsc
 //     is pointed at (linux.cgroupsPath) and joins before it forks the
@@ -17,17 +20,21 @@
 //     kills and pids-limit hits, all of gVisor's own use included (the
 //     Sentry and the gofer take ~20-50 MiB and ~20 host tasks; the pids
 //     limit allows 64 more tasks for that);
-//   - open files, file size, CPU time, tasks: rlimits the Sentry enforces;
+//   - open files, file size, CPU time, tasks: rlimits the Sentry enforces,
+//     set on each command by the guest (runsc exec sets none);
 //   - workspace size and files: a host tmpfs, bound into the sandbox;
 //   - /tmp: a tmpfs of the Sentry's, sized (its inodes are bounded by
 //     memory only: gVisor's tmpfs has no nr_inodes);
-//   - network none: the Sentry's own stack with loopback only.
+//   - network none: the Sentry's own stack with loopback only; an
+//     allowlist: the same, plus the egress proxy's host socket bound into
+//     the sandbox (runsc --host-uds=open) and the guest's relay from
+//     127.0.0.1:tier.EgressPort to it. Never runsc's host network.
 //
-// Not provided: Moat's egress proxy (network allowlists), sessions, and
-// the native tier's seccomp and Landlock layers, which gVisor replaces.
-// The Sentry and the gofer run as host root (in an identity-mapped user
-// namespace) with few capabilities, chrooted and seccomp-confined: that is
-// gVisor's model, in which the Sentry's seccomp filter is the boundary.
+// Not provided: the native tier's seccomp and Landlock layers, which
+// gVisor replaces. The Sentry and the gofer run as host root (in an
+// identity-mapped user namespace) with few capabilities, chrooted and
+// seccomp-confined: that is gVisor's model, in which the Sentry's seccomp
+// filter is the boundary.
 //
 // This package must never run untrusted code itself, never signal a
 // process it did not start (it signals only its own runsc children, and
@@ -39,7 +46,7 @@ import (
 	"bytes"
 	"context"
 	"debug/buildinfo"
-	"errors"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -94,6 +101,7 @@ var _ tier.Tier = (*GVisor)(nil)
 type GVisor struct {
 	runsc   string
 	version string
+	guest   string
 	cg      *cgroup.Host
 	caps    tier.Capabilities
 
@@ -109,6 +117,10 @@ type Options struct {
 	// Runsc is the path of gVisor's runsc. Default: $MOAT_RUNSC, else
 	// DefaultRunsc, else runsc on PATH.
 	Runsc string
+	// Guest is the moat binary that runs inside the sandbox as its init
+	// and at the start of every command (package gvinit): statically
+	// linked, dispatching gvinit.Arg. Default: the running executable.
+	Guest string
 }
 
 // New checks that this host can run the tier and returns it. The error
@@ -125,27 +137,28 @@ func New(opts Options) (*GVisor, error) {
 	if err != nil {
 		return nil, err
 	}
+	guest, err := findGuest(opts.Guest)
+	if err != nil {
+		return nil, err
+	}
 	cg, err := cgroup.Detect()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 	}
 	if cg.Version == cgroup.V2 {
-		// runsc assumes the unified hierarchy is mounted at /sys/fs/cgroup
-		// when it is the only one.
-		var sfs syscall.Statfs_t
-		if err := syscall.Statfs(cgroupRoot, &sfs); err != nil || sfs.Type != cgroup2Magic {
-			return nil, fmt.Errorf("%w: runsc expects cgroup v2 mounted at %s, which it is not", tier.ErrUnavailable, cgroupRoot)
+		if err := checkUnified(cgroupRoot); err != nil {
+			return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 		}
 	}
-	g := &GVisor{runsc: path, version: version, cg: cg, caps: tier.Capabilities{
-		MemoryLimit:  true,
-		PidsLimit:    true,
-		CPULimit:     true,
-		NetworkNone:  true,
-		WorkspaceCap: true,
+	g := &GVisor{runsc: path, version: version, guest: guest, cg: cg, caps: tier.Capabilities{
+		MemoryLimit:   true,
+		PidsLimit:     true,
+		CPULimit:      true,
+		NetworkNone:   true,
+		NetworkEgress: true,
+		WorkspaceCap:  true,
+		Sessions:      true,
 		Missing: []string{
-			"network egress (network.mode: allowlist) is not implemented for the gvisor tier",
-			"sessions are not implemented for the gvisor tier",
 			"seccomp, landlock: the native tier's filters are not used; the program's system calls go to gVisor's Sentry, itself confined by gVisor's seccomp filter",
 		},
 	}}
@@ -261,4 +274,34 @@ func validID(id string) bool {
 	return true
 }
 
-var errSession = errors.New("the gvisor tier cannot run sessions (many commands in one sandbox) yet; use one-shot runs")
+// findGuest resolves Options.Guest and checks that it can run inside the
+// sandbox: a regular, statically linked executable (the image's libc is
+// not Moat's). The host never runs it.
+func findGuest(p string) (string, error) {
+	if p == "" || p == "/proc/self/exe" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("%w: the moat binary to run inside the sandbox: %v", tier.ErrUnavailable, err)
+		}
+		p = exe
+	}
+	abs, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: the moat binary to run inside the sandbox: %v", tier.ErrUnavailable, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%w: the moat binary to run inside the sandbox, %s, is not an executable file", tier.ErrUnavailable, abs)
+	}
+	f, err := elf.Open(abs)
+	if err != nil {
+		return "", fmt.Errorf("%w: the moat binary to run inside the sandbox, %s: %v", tier.ErrUnavailable, abs, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("%w: the moat binary %s is dynamically linked; the gvisor tier runs it inside the sandbox, where the image's libraries are not its own: build it with CGO_ENABLED=0", tier.ErrUnavailable, abs)
+		}
+	}
+	return abs, nil
+}

@@ -54,21 +54,21 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "gvisor tests skipped:", skipReason)
 		return m.Run()
 	}
-	gv, newErr = gvisor.New(gvisor.Options{})
+	// The tier's guest (and the native tier's init, for the
+	// benchmarks) is a real, static moat binary.
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer cleanup()
+	moatBin = bin
+	gv, newErr = gvisor.New(gvisor.Options{Guest: moatBin})
 	if newErr != nil {
 		fmt.Fprintln(os.Stderr, "gvisor tier unavailable:", newErr)
 		return m.Run()
 	}
 	fmt.Fprintf(os.Stderr, "gvisor tests use %s: %s\n", gv.Runsc(), gv.Version())
-	if f := flag.Lookup("test.bench"); f != nil && f.Value.String() != "" {
-		bin, cleanup, err := testbin.Build()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer cleanup()
-		moatBin = bin
-	}
 	code := m.Run()
 	// Every test checks its own runs; check the whole host once more for
 	// anything of this tier that persists (other packages' tests may run
@@ -256,19 +256,24 @@ print(os.getpid(), os.getppid())
 	if len(lines) < 3 {
 		t.Fatalf("stdout %q", res.Stdout.Data)
 	}
-	// The program is gVisor's pid 1, alone: none of the host's processes,
-	// moat's included, exists in the Sentry's /proc.
-	if lines[0] != "1" {
-		t.Errorf("/proc in the sandbox lists pids %q, want only the program (1)", lines[0])
+	// The sandbox's init (Moat's guest, pid 1) and the program, alone:
+	// none of the host's processes, moat's included, exists in the
+	// Sentry's /proc.
+	pids := strings.Fields(lines[0])
+	self := strings.Fields(lines[2])
+	if len(pids) != 2 || pids[0] != "1" || len(self) != 2 || pids[1] != self[0] {
+		t.Errorf("/proc in the sandbox lists pids %q, want only init (1) and the program (%q)", lines[0], lines[2])
 	}
-	if !strings.Contains(lines[1], "python3") {
-		t.Errorf("/proc/1/cmdline in the sandbox is %q, want the program itself", lines[1])
+	if lines[1] != "/dev/.moat/guest" {
+		t.Errorf("/proc/1/cmdline in the sandbox is %q, want Moat's guest", lines[1])
 	}
 	if h := strings.ReplaceAll(string(hostInit), "\x00", " "); strings.TrimSpace(lines[1]) == strings.TrimSpace(h) {
 		t.Errorf("the host's pid 1 (%q) is visible in the sandbox", h)
 	}
-	if lines[2] != "1 0" {
-		t.Errorf("pid, ppid = %q, want 1 0", lines[2])
+	// runsc exec starts the program from outside: it has no parent in
+	// the sandbox.
+	if len(self) != 2 || self[1] != "0" {
+		t.Errorf("pid, ppid = %q, want ppid 0", lines[2])
 	}
 }
 
@@ -403,10 +408,19 @@ func TestOutcomes(t *testing.T) {
 			m.Resources.Pids = 40
 		}, "", []string{"python3", "-c", "import threading, time\nts = []\ntry:\n  for i in range(500):\n    t = threading.Thread(target=time.sleep, args=(3,)); t.start(); ts.append(t)\nexcept RuntimeError as e: print('stopped at', len(ts))\n"}, func(t *testing.T, res *result.Result) {
 			// Waiting threads cost the host nothing: the Sentry's
-			// RLIMIT_NPROC (pids + gVisor's allowance) stops them.
+			// RLIMIT_NPROC (pids + gVisor's allowance) stops them. The
+			// guest's init (a few Go threads) runs as the same user and
+			// counts too. Now and then (2 of 8 runs here) the Sentry
+			// kills the program with SIGKILL at the limit instead of
+			// failing its clone (nothing in its logs says why): either
+			// way the bomb ends there.
+			if res.Termination == result.Signaled && res.Signal == 9 {
+				return
+			}
 			want(t, res, result.Exited, 0, 0)
-			if !strings.Contains(res.Stdout.Data, "stopped at 10") {
-				t.Errorf("thread creation did not stop at 40+64 tasks: %q", res.Stdout.Data)
+			var n int
+			if _, err := fmt.Sscanf(res.Stdout.Data, "stopped at %d", &n); err != nil || n < 80 || n > 40+64 {
+				t.Errorf("thread creation did not stop near 40+64 tasks: %q", res.Stdout.Data)
 			}
 		}},
 		{"a process bomb meets the host pids limit", func(m *manifest.Manifest) {
@@ -547,8 +561,6 @@ func TestRefusals(t *testing.T) {
 		adjust func(*tier.Spec)
 		want   string
 	}{
-		{"egress", func(s *tier.Spec) { s.EgressSocket = "/run/x.sock" }, "network.mode"},
-		{"session", func(s *tier.Spec) { s.Session = true }, "sessions"},
 		{"unlimited memory", func(s *tier.Spec) { s.Limits.MemoryBytes = 0 }, "resources.memory"},
 		{"no open files limit", func(s *tier.Spec) { s.Limits.OpenFiles = 0 }, "resources.open_files"},
 		{"unknown degradation", func(s *tier.Spec) { s.AllowMissing = []string{"seccomp"} }, "security.allow_missing"},
@@ -579,7 +591,7 @@ func TestRefusals(t *testing.T) {
 const childEnv = "MOAT_GVISOR_TEST_KILLED_CHILD"
 
 func killedChild() int {
-	g, err := gvisor.New(gvisor.Options{})
+	g, err := gvisor.New(gvisor.Options{Guest: os.Getenv(childEnv)})
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
@@ -606,7 +618,7 @@ func TestKilledMoatIsCollected(t *testing.T) {
 	g := need(t)
 	e := newEngine(t, g)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+moatBin)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -658,7 +670,7 @@ func TestKilledMoatIsCollected(t *testing.T) {
 		t.Errorf("gc: %v", err)
 	}
 	// The next use of the tier sweeps the cgroups only runsc creates.
-	if _, err := gvisor.New(gvisor.Options{}); err != nil {
+	if _, err := gvisor.New(gvisor.Options{Guest: moatBin}); err != nil {
 		t.Fatal(err)
 	}
 	if left := leftovers(e.Home())(id); len(left) > 0 {
@@ -702,5 +714,28 @@ func TestConcurrentRuns(t *testing.T) {
 	}
 	if left := residue(); len(left) > 0 {
 		t.Errorf("after the last run: %v", left)
+	}
+}
+
+// TestNoDeviceNodes: the program cannot create device nodes where it can
+// write (the Sentry's own tmpfs would let it, despite nodev, and then open
+// gVisor's tun and FUSE devices; /tmp and /workspace are host tmpfs
+// through the gofer, which refuses).
+func TestNoDeviceNodes(t *testing.T) {
+	e := newEngine(t, need(t))
+	res := runGV(t, e, nil, "", "python3", "-c", `
+import os, stat
+for d in ["/tmp", "/workspace", "/dev/shm"]:
+    for name, dev in [("zero", (1, 5)), ("tun", (10, 200)), ("fuse", (10, 229))]:
+        try:
+            os.mknod(d + "/" + name, stat.S_IFCHR | 0o666, os.makedev(*dev)); print("CREATED", d, name)
+        except OSError as e:
+            print("denied", d, name, e.errno)
+`)
+	if res.Termination != result.Exited || res.ExitCode != 0 {
+		t.Fatalf("termination=%s exit=%d stderr=%q", res.Termination, res.ExitCode, res.Stderr.Data)
+	}
+	if strings.Contains(res.Stdout.Data, "CREATED") || strings.Count(res.Stdout.Data, "denied") != 9 {
+		t.Errorf("device nodes: %q", res.Stdout.Data)
 	}
 }

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/native"
@@ -28,11 +30,13 @@ import (
 //	logs/errors.json    runsc's fatal errors (--log)
 //	logs/panic.log      the Sentry's and the gofer's Go runtime messages
 //	workspace/          the workspace tmpfs is mounted here
+//	tmp/                the sandbox's /tmp, a host tmpfs too
 const (
 	bundleDir    = "bundle"
 	stateDir     = "runsc"
 	logsDir      = "logs"
 	workspaceDir = "workspace"
+	tmpDir       = "tmp"
 )
 
 // sandboxTasks is how many host tasks gVisor needs beside the program's:
@@ -56,22 +60,29 @@ const (
 	killLimit = 3 * time.Second
 )
 
-// sandbox is one prepared gVisor sandbox.
+// sandbox is one prepared gVisor sandbox: a booted Sentry whose init (the
+// guest) waits for commands, which `runsc exec` starts.
 type sandbox struct {
 	g    *GVisor
 	spec *tier.Spec
 	oci  *ociSpec
 	cg   *cgroup.Cgroup
 
-	bundle, state, logs, ws string
-	mounted                 bool
-	counted                 bool // g.live counts this sandbox
+	bundle, state, logs, ws, tmp string
+	hostPids                     int
+	mounted, tmpMounted          bool
+	counted                      bool // g.live counts this sandbox
+
+	boot     *exec.Cmd     // `runsc run` of the guest's init
+	bootDone chan struct{} // closed once boot is reaped
+	ready    chan struct{} // closed once init serves, or failed to
+	readyErr error         // why not, once ready is closed
 
 	mu        sync.Mutex
-	ran       bool
+	used      bool // a single-use sandbox's Exec ran
 	destroyed bool
-	run       *exec.Cmd     // `runsc run`, once Exec started it
-	runDone   chan struct{} // closed once run is reaped
+	next      int
+	procs     map[int]*process
 
 	destroyOnce sync.Once
 	destroyErr  error
@@ -79,18 +90,13 @@ type sandbox struct {
 
 var _ tier.Sandbox = (*sandbox)(nil)
 
-// Prepare implements tier.Tier: cgroup, workspace and bundle, waiting for a
-// command. Nothing runs yet: gVisor boots in Exec, in ~0.3 s. On any
+// Prepare implements tier.Tier: cgroup, workspace and bundle, then it boots
+// the sandbox (`runsc run` of the guest's init, ~0.15 s) and returns while
+// it boots; WaitReady, Exec and Start wait for init to serve. On any
 // failure everything created so far is undone.
 func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
 	if !validID(spec.ID) {
 		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
-	}
-	if spec.Session {
-		return nil, errSession
-	}
-	if spec.EgressSocket != "" {
-		return nil, errors.New("network.mode: allowlist is not supported by the gvisor tier (it has no bridge to Moat's egress proxy yet); use network.mode: none, or tier: native")
 	}
 	if err := checkSpec(spec); err != nil {
 		return nil, err
@@ -102,6 +108,8 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		state:  filepath.Join(spec.StateDir, stateDir),
 		logs:   filepath.Join(spec.StateDir, logsDir),
 		ws:     filepath.Join(spec.StateDir, workspaceDir),
+		tmp:    filepath.Join(spec.StateDir, tmpDir),
+		procs:  map[int]*process{},
 	}
 	g.mu.Lock()
 	g.live++
@@ -113,14 +121,14 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 	}()
 
-	for _, d := range []string{s.bundle, s.state, s.logs, s.ws} {
+	for _, d := range []string{s.bundle, s.state, s.logs, s.ws, s.tmp} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
 	lim := spec.Limits
-	hostPids := lim.Pids + sandboxTasks
-	s.cg, err = g.cg.Create(spec.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: hostPids, CPUs: lim.CPUs})
+	s.hostPids = lim.Pids + sandboxTasks
+	s.cg, err = g.cg.Create(spec.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: s.hostPids, CPUs: lim.CPUs})
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
@@ -132,11 +140,104 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		return nil, err
 	}
 	s.mounted = true
-	s.oci = bundleSpec(spec, s.ws, cgPath, hostPids)
+	// /tmp is a host tmpfs as well, not the Sentry's: the Sentry's tmpfs
+	// lets an unprivileged program mknod device nodes despite nodev (and
+	// has no inode limit); through the gofer, mknod fails as on the host.
+	if err := mountTmpfs(s.tmp, fmt.Sprintf("size=%d,nr_inodes=%d,mode=1777", lim.TmpBytes, tmpFiles)); err != nil {
+		return nil, fmt.Errorf("/tmp: %w", err)
+	}
+	s.tmpMounted = true
+	s.oci = bundleSpec(spec, g.guest, s.ws, s.tmp, cgPath, s.hostPids)
+	if spec.EgressSocket != "" {
+		s.oci.Mounts = append(s.oci.Mounts, egressMount(spec.EgressSocket))
+	}
 	if err := writeBundle(s.bundle, s.oci); err != nil {
 		return nil, err
 	}
+	if err := s.startBoot(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// startBoot runs `runsc run` of the guest's init and watches its stdout for
+// init's ready line.
+func (s *sandbox) startBoot() error {
+	out, outW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("create pipe: %w", err)
+	}
+	errLog, err := os.OpenFile(filepath.Join(s.logs, "boot.stderr"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		out.Close()
+		outW.Close()
+		return fmt.Errorf("create boot log: %w", err)
+	}
+	// runsc hands its standard descriptors to init: stdin /dev/null,
+	// stdout the ready pipe, stderr (runsc's own errors, too) a log.
+	s.boot = &exec.Cmd{
+		Path:   s.g.runsc,
+		Args:   append(append([]string{"runsc"}, s.flags("run.log", "run", "errors.json")...), "run", "--bundle", s.bundle, s.spec.ID),
+		Env:    runscEnv,
+		Stdout: outW,
+		Stderr: errLog,
+		// A killed moat takes runsc with it; runsc's sandbox is attached
+		// to runsc (the Sentry dies with it), and the engine's GC removes
+		// the cgroup, the mount and the directory.
+		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL},
+	}
+	s.mu.Lock()
+	err = s.boot.Start()
+	s.mu.Unlock()
+	outW.Close()
+	errLog.Close()
+	if err != nil {
+		out.Close()
+		s.boot = nil
+		return fmt.Errorf("start runsc %s: %w", s.g.runsc, err)
+	}
+	s.bootDone = make(chan struct{})
+	s.ready = make(chan struct{})
+	go func() {
+		s.boot.Wait()
+		close(s.bootDone)
+	}()
+	go func() {
+		defer out.Close()
+		// Init is inside the sandbox: one bounded line, nothing else.
+		line, _ := bufio.NewReaderSize(io.LimitReader(out, 64), 64).ReadString('\n')
+		if line != gvinit.Ready+"\n" {
+			msg := runscError(filepath.Join(s.logs, "errors.json"))
+			if msg == "" {
+				msg = clean(string(readTail(filepath.Join(s.logs, "boot.stderr"), 4096)))
+			}
+			if msg == "" {
+				msg = "runsc ended before the sandbox's init was ready"
+			}
+			s.readyErr = errors.New("gvisor sandbox boot: " + msg)
+		}
+		close(s.ready)
+	}()
+	return nil
+}
+
+// bootTimeout bounds the boot, so a stuck one cannot hold a pool or a run.
+func (s *sandbox) bootTimeout() time.Duration {
+	return min(s.spec.Limits.Timeout, 30*time.Second)
+}
+
+// WaitReady implements tier.Readier: it returns once init serves.
+func (s *sandbox) WaitReady(ctx context.Context) error {
+	timer := time.NewTimer(s.bootTimeout())
+	defer timer.Stop()
+	select {
+	case <-s.ready:
+		return s.readyErr
+	case <-timer.C:
+		return fmt.Errorf("gvisor sandbox boot: init not ready after %s", s.bootTimeout())
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // checkSpec refuses what the tier cannot enforce. Every limit is applied
@@ -182,20 +283,31 @@ func checkSpec(spec *tier.Spec) error {
 	return nil
 }
 
+// tmpFiles bounds /tmp's inodes, as on the native tier.
+const tmpFiles = 4096
+
 // mountWorkspace mounts the workspace tmpfs at dir. gVisor's gofer can bind
 // only an attached mount (a detached fsmount, as the native tier uses,
 // makes its bind fail with EINVAL), so it lives below the run's private
 // directory, where the engine's GC unmounts it if moat dies.
 func mountWorkspace(dir string, bytes int64, files int) error {
 	data := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d", bytes, files, SandboxUID, SandboxGID)
+	if err := mountTmpfs(dir, data); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// mountTmpfs mounts a private tmpfs with the given options at dir.
+func mountTmpfs(dir, data string) error {
 	if err := unix.Mount("moat-workspace", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
-		return fmt.Errorf("workspace: mount tmpfs (%s) at %s: %w", data, dir, err)
+		return fmt.Errorf("mount tmpfs (%s) at %s: %w", data, dir, err)
 	}
 	// Private: nothing mounted below it propagates to other mount
 	// namespaces, and nothing from them to it.
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
 		unix.Unmount(dir, unix.MNT_DETACH)
-		return fmt.Errorf("workspace: make %s private: %w", dir, err)
+		return fmt.Errorf("make %s private: %w", dir, err)
 	}
 	return nil
 }
@@ -206,15 +318,13 @@ func (s *sandbox) Workspace() tier.Workspace {
 }
 
 // flags are runsc's global flags for this sandbox. Each choice that
-// matters for isolation is explicit rather than runsc's default.
-func (s *sandbox) flags() []string {
-	return []string{
+// matters for isolation is explicit rather than runsc's default. debugLog
+// (under logs/, "" for none) receives runsc's own log for the command
+// named debugCmd; errLog its fatal errors.
+func (s *sandbox) flags(debugLog, debugCmd, errLog string) []string {
+	f := []string{
 		"--root", s.state,
-		"--log", filepath.Join(s.logs, "errors.json"),
-		// Only `runsc run`, which is trusted and writes little, logs; the
-		// Sentry and the gofer (which the program can make talk) do not.
-		"--debug-log", filepath.Join(s.logs, "run.log"),
-		"--debug-command", "run",
+		"--log", filepath.Join(s.logs, errLog),
 		"--panic-log", filepath.Join(s.logs, "panic.log"),
 		"--platform", platform,
 		// Loopback only, inside the Sentry's own network stack.
@@ -222,214 +332,105 @@ func (s *sandbox) flags() []string {
 		// No overlay on any mount: the root is read-only, the workspace
 		// is the host tmpfs the engine reads back.
 		"--overlay2", "none",
-		// No host Unix sockets or FIFOs through the gofer.
-		"--host-uds", "none",
+		// No host FIFOs through the gofer.
 		"--host-fifo", "none",
 	}
+	// Only `runsc run` and `runsc exec`, which are trusted and write
+	// little, log; the Sentry and the gofer (which the program can make
+	// talk) do not.
+	if debugLog != "" {
+		f = append(f, "--debug-log", filepath.Join(s.logs, debugLog), "--debug-command", debugCmd)
+	}
+	// Host Unix sockets: none, except that with an egress grant the
+	// Sentry may connect to (never create) the one host socket bound into
+	// the sandbox, the egress proxy's.
+	if s.spec.EgressSocket != "" {
+		f = append(f, "--host-uds", "open")
+	} else {
+		f = append(f, "--host-uds", "none")
+	}
+	return f
 }
 
 // runscEnv is runsc's whole environment: nothing of moat's.
 var runscEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
-// runsc runs a short runsc command (kill) and returns its combined output.
+// runsc runs a short runsc command (kill, a guest kill) and returns its
+// combined output.
 func (s *sandbox) runsc(args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), runscTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.g.runsc, append(s.flags(), args...)...)
+	cmd := exec.CommandContext(ctx, s.g.runsc, append(s.flags("", "", "errors.json"), args...)...)
 	cmd.Env = runscEnv
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL}
 	return cmd.CombinedOutput()
 }
 
-// Exec implements tier.Sandbox: it writes the command into the bundle and
-// runs `runsc run`, which boots the Sentry in the run's cgroup, starts the
-// program and reports its exit status.
+// Exec implements tier.Sandbox: it starts the command in the booted
+// sandbox, waits for it (killing it at the timeout or, after a grace
+// period, when ctx ends), then kills everything left in the sandbox and
+// reports the outcome with the whole run's counters.
 func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
 	s.mu.Lock()
-	ran, destroyed := s.ran, s.destroyed
-	s.ran = true
+	used, destroyed := s.used, s.destroyed
+	s.used = true
 	s.mu.Unlock()
 	switch {
 	case destroyed:
 		return nil, errors.New("sandbox destroyed")
-	case ran:
+	case used:
 		return nil, errors.New("sandbox already used: sandboxes are single-use")
+	case s.spec.Session:
+		return nil, errors.New("a session sandbox runs commands through Start, not Exec")
 	}
-	if len(c.Argv) == 0 || c.Argv[0] == "" {
-		return nil, errors.New("no command")
-	}
-	lim := s.spec.Limits
-	s.oci.Process.Args = c.Argv
-	s.oci.Process.Env = append([]string{}, c.Env...)
-	if c.Dir != "" {
-		s.oci.Process.Cwd = c.Dir
-	}
-	if err := writeBundle(s.bundle, s.oci); err != nil {
+	if err := s.WaitReady(ctx); err != nil {
 		return nil, err
 	}
-
-	var ends []*os.File
-	closeAll := func() {
-		for _, f := range ends {
-			f.Close()
-		}
-		ends = nil
-	}
-	pipe := func() (r, w *os.File, err error) {
-		if r, w, err = os.Pipe(); err == nil {
-			ends = append(ends, r, w)
-		}
-		return r, w, err
-	}
-	stdinR, stdinW, err1 := pipe()
-	stdoutR, stdoutW, err2 := pipe()
-	stderrR, stderrW, err3 := pipe()
-	if err := errors.Join(err1, err2, err3); err != nil {
-		closeAll()
-		return nil, fmt.Errorf("create pipes: %w", err)
-	}
-	defer stdoutR.Close()
-	defer stderrR.Close()
-
-	// runsc hands its own standard descriptors to the program (its
-	// errors, too, go to the program's stderr), so they are pipes Moat
-	// reads, never the caller's.
-	cmd := &exec.Cmd{
-		Path:   s.g.runsc,
-		Args:   append(append([]string{"runsc"}, s.flags()...), "run", "--bundle", s.bundle, s.spec.ID),
-		Env:    runscEnv,
-		Stdin:  stdinR,
-		Stdout: stdoutW,
-		Stderr: stderrW,
-		// A killed moat takes runsc with it; runsc's sandbox is attached
-		// to runsc (the Sentry dies with it), and the engine's GC removes
-		// the cgroup, the mount and the directory.
-		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL},
-	}
-	// Started under the lock, so that Destroy either sees the runsc it
-	// must stop or has already run (and Exec refuses).
-	s.mu.Lock()
-	err := errors.New("sandbox destroyed")
-	if !s.destroyed {
-		err = cmd.Start()
-	}
-	start := time.Now()
-	if err == nil {
-		s.run = cmd
-		s.runDone = make(chan struct{})
-	}
-	s.mu.Unlock()
-	stdinR.Close()
-	stdoutW.Close()
-	stderrW.Close()
+	lim := s.spec.Limits
+	p, err := s.start(c, lim.Timeout)
 	if err != nil {
-		stdinW.Close()
-		return nil, fmt.Errorf("start runsc %s: %w", s.g.runsc, err)
+		return nil, err
 	}
-	waited := make(chan error, 1)
-	go func() {
-		err := cmd.Wait()
-		close(s.runDone)
-		waited <- err
-	}()
-
-	var copiers sync.WaitGroup
-	copyOut := func(dst io.Writer, src *os.File) {
-		copiers.Add(1)
-		go func() {
-			defer copiers.Done()
-			drain(dst, src)
-		}()
-	}
-	copyOut(c.Stdout, stdoutR)
-	copyOut(c.Stderr, stderrR)
-	go func() {
-		if c.Stdin != nil {
-			io.Copy(stdinW, c.Stdin)
-		}
-		stdinW.Close()
-	}()
-
-	var (
-		timedOut, cancelled bool
-		grace               <-chan time.Time
-		ticker              *time.Ticker
-		tick                <-chan time.Time
-		killedAt            time.Time
-	)
-	// killProgram kills every process of the program through the Sentry,
-	// which then reports it as killed; when Sentry is stuck, the cgroup
-	// kill (now, or from the ticker) ends the Sentry itself.
-	killProgram := func(cgroupNow bool) {
-		s.runsc("kill", "--all", s.spec.ID, "KILL")
-		if cgroupNow {
-			s.cg.Kill()
-		}
-		if ticker == nil {
-			ticker = time.NewTicker(killGrace)
-			tick = ticker.C
-			killedAt = time.Now()
-		}
-	}
-	// The wall clock starts now: gVisor's boot counts against the
-	// timeout too, so a stuck boot cannot hold a run forever.
-	timer := time.NewTimer(lim.Timeout)
-	defer timer.Stop()
-	done := ctx.Done()
-loop:
-	for {
+	cancelled := false
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		// The caller gave up: the program gets SIGTERM and a grace
+		// period to end cleanly, then everything is killed.
+		cancelled = true
+		p.Signal(unix.SIGTERM)
 		select {
-		case <-timer.C:
-			timedOut = true
-			killProgram(true)
-		case <-done:
-			// The caller gave up: the program gets SIGTERM and a grace
-			// period to end cleanly, then everything is killed. (Before
-			// the container exists this kill fails; the grace still runs.)
-			done = nil
-			cancelled = true
-			s.runsc("kill", s.spec.ID, "TERM")
-			grace = time.After(native.CancelGrace)
-		case <-grace:
-			grace = nil
-			killProgram(false)
-		case <-tick:
-			// Whatever runsc started after the first kill, or a Sentry
-			// that does not end: the cgroup kill ends everything in it. A
-			// runsc that still does not return is killed itself.
-			s.cg.Kill()
-			if time.Since(killedAt) > killLimit {
-				cmd.Process.Kill()
-			}
-		case <-waited:
-			break loop
+		case <-p.done:
+		case <-time.After(native.CancelGrace):
+			p.kill()
 		}
 	}
-	ended := time.Now()
-	if ticker != nil {
-		ticker.Stop()
-	}
-	// runsc is gone; its sandbox was attached to it. Kill the cgroup anyway
-	// (a gofer or stub still exiting holds the output pipes) and let the
-	// copiers drain.
+	<-p.done
+	// The command is gone: whatever it left running is killed with the
+	// rest of the sandbox, so its output pipes close and the counters are
+	// final.
 	s.cg.Kill()
-	copiers.Wait()
-
 	st, err := s.cg.Stats()
 	if err != nil {
 		return nil, fmt.Errorf("read cgroup stats: %w", err)
 	}
-	out := &tier.Outcome{
-		Duration:   ended.Sub(start),
-		CPU:        st.CPU,
-		PeakMemory: st.PeakMemory,
-		Runtime:    s.g.version,
-	}
-	obs := s.observe(timedOut)
-	obs.TimedOut, obs.Stats = timedOut, st
-	if cancelled && obs.Exit == nil && !timedOut {
+	out, obs := p.finish(false)
+	obs.Stats = st
+	out.CPU, out.PeakMemory = st.CPU, st.PeakMemory
+	if cancelled && obs.Exit == nil && !obs.TimedOut {
 		return nil, fmt.Errorf("run cancelled before the program reported: %w", context.Cause(ctx))
 	}
+	s.classify(out, obs, lim)
+	if cancelled {
+		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program, then everything was killed after " + native.CancelGrace.String()})
+	}
+	return out, nil
+}
+
+// classify turns what the tier saw into the outcome, with gVisor's own
+// ways of meeting the host's limits.
+func (s *sandbox) classify(out *tier.Outcome, obs tier.Observed, lim tier.Limits) {
+	st := obs.Stats
 	tier.Classify(out, obs, lim)
 	switch {
 	case st.OOMKills > 0 && (out.Termination == result.Signaled || out.Termination == result.Exited && out.ExitCode != 0):
@@ -445,9 +446,6 @@ loop:
 		// run, as a fork bomb's EAGAIN ends it on the native tier.
 		out.Termination, out.ExitCode, out.Signal, out.Error = result.Pids, 128+9, 9, ""
 	}
-	if cancelled {
-		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program, then everything was killed after " + native.CancelGrace.String()})
-	}
 	if full := workspaceFull(s.ws); full != "" {
 		v := result.Violation{Kind: full, Detail: "the workspace is full", Limit: fmt.Sprint(lim.WorkspaceBytes)}
 		if full == "files" {
@@ -458,7 +456,6 @@ loop:
 			out.Termination = result.DiskLimit
 		}
 	}
-	return out, nil
 }
 
 // drain copies src to dst, then discards what dst does not take, so the
@@ -500,40 +497,54 @@ func (s *sandbox) Destroy() error {
 		var errs []error
 		s.mu.Lock()
 		s.destroyed = true
-		run, runDone := s.run, s.runDone
+		procs := make([]*process, 0, len(s.procs))
+		for _, p := range s.procs {
+			procs = append(procs, p)
+		}
 		s.mu.Unlock()
-		if run != nil {
-			select {
-			case <-runDone:
-			default:
-				// Exec still runs (the caller gave up on it): the live
-				// Sentry kills the program, runsc goes, Exec returns.
-				s.runsc("kill", "--all", s.spec.ID, "KILL")
-				run.Process.Kill()
-			}
+		if s.cg != nil {
+			// The Sentry, the gofer and every stub: then runsc run and
+			// every runsc exec return.
+			s.cg.Kill()
+		}
+		// Our own children only, each by its *exec.Cmd.
+		if s.boot != nil {
+			s.boot.Process.Kill()
+		}
+		for _, p := range procs {
+			p.cmd.Process.Kill()
+		}
+		if s.boot != nil {
+			<-s.bootDone
+		}
+		for _, p := range procs {
+			<-p.done
 		}
 		if s.cg != nil {
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
 			}
 			s.g.cg.Prune()
-			if err := removeForeign(s.g.cg, s.spec.ID); err != nil {
+			if err := removeForeign(cgroupRoot, s.g.cg.Version, s.spec.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
-		if run != nil {
-			<-runDone
-		}
-		if s.mounted {
-			if err := unix.Unmount(s.ws, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && err != unix.EINVAL && err != unix.ENOENT {
-				errs = append(errs, fmt.Errorf("unmount workspace %s: %w", s.ws, err))
+		for _, m := range []struct {
+			dir     string
+			mounted *bool
+		}{{s.ws, &s.mounted}, {s.tmp, &s.tmpMounted}} {
+			if !*m.mounted {
+				continue
+			}
+			if err := unix.Unmount(m.dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m.dir, err))
 			} else {
-				s.mounted = false
+				*m.mounted = false
 			}
 		}
-		for _, d := range []string{s.bundle, s.state, s.logs, s.ws} {
-			if d == s.ws && s.mounted {
-				continue // never descend into a workspace still mounted
+		for _, d := range []string{s.bundle, s.state, s.logs, s.ws, s.tmp} {
+			if d == s.ws && s.mounted || d == s.tmp && s.tmpMounted {
+				continue // never descend into a tmpfs still mounted
 			}
 			if err := os.RemoveAll(d); err != nil {
 				errs = append(errs, err)

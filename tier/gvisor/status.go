@@ -13,8 +13,6 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -59,10 +57,11 @@ func readRunLog(path string) runLog {
 	return rl
 }
 
-// observe reads how the run ended from runsc's logs.
-func (s *sandbox) observe(timedOut bool) tier.Observed {
+// observe reads how a command ended from its runsc exec's logs (names
+// under logs/).
+func (s *sandbox) observe(log, errLog string) tier.Observed {
 	var obs tier.Observed
-	rl := readRunLog(filepath.Join(s.logs, "run.log"))
+	rl := readRunLog(filepath.Join(s.logs, log))
 	switch {
 	case rl.exited && !rl.sandboxDied:
 		ws := syscall.WaitStatus(rl.status)
@@ -74,46 +73,19 @@ func (s *sandbox) observe(timedOut bool) tier.Observed {
 		default:
 			obs.Lost = fmt.Sprintf("runsc reported an unexpected wait status %#x", rl.status)
 		}
-	case rl.exited:
-		obs.Lost = "gVisor's Sentry died before the program ended (" + describeStatus(syscall.WaitStatus(rl.status)) + ")"
-		if p := panicLine(filepath.Join(s.logs, "panic.log")); p != "" {
-			obs.Lost += ": " + p
-		}
 	default:
-		msg := runscError(filepath.Join(s.logs, "errors.json"))
-		if code := execFailure(msg); code != 0 && !timedOut {
-			// The program could not be started: the shell's codes, and
-			// runsc's message (naming the command) is on its stderr.
-			obs.Exit = &tier.Exit{Code: code}
-			break
-		}
+		// runsc exec could not wait for the command: the Sentry died
+		// under it (or runsc was killed at the kill limit).
+		msg := runscError(filepath.Join(s.logs, errLog))
 		if msg == "" {
 			msg = "runsc ended without reporting a status"
 		}
 		obs.Lost = "runsc: " + msg
+		if p := panicLine(filepath.Join(s.logs, "panic.log")); p != "" {
+			obs.Lost += ": gVisor's Sentry: " + p
+		}
 	}
 	return obs
-}
-
-func describeStatus(ws syscall.WaitStatus) string {
-	if ws.Signaled() {
-		return "killed by " + unix.SignalName(ws.Signal())
-	}
-	return fmt.Sprintf("exit status %d", ws.ExitStatus())
-}
-
-// execFailure maps runsc's failure to start the program to the shell's
-// exit codes: 127 when it does not exist, 126 when it cannot be executed.
-func execFailure(msg string) int {
-	switch {
-	case strings.Contains(msg, "error finding executable"):
-		return 127
-	case strings.Contains(msg, "failed to load") && strings.Contains(msg, "no such file or directory"):
-		return 127
-	case strings.Contains(msg, "failed to load"):
-		return 126
-	}
-	return 0
 }
 
 // runscError is the last fatal error runsc wrote to its --log file.

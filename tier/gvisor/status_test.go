@@ -40,24 +40,6 @@ func TestReadRunLog(t *testing.T) {
 	}
 }
 
-func TestExecFailure(t *testing.T) {
-	tests := []struct {
-		msg  string
-		want int
-	}{
-		{`running container: starting container: starting root container: starting sandbox: error finding executable "x" in PATH [/usr/bin /bin]: no such file or directory`, 127},
-		{`running container: starting container: starting root container: starting sandbox: creating process: failed to load /workspace/x: permission denied`, 126},
-		{`running container: starting container: starting root container: starting sandbox: creating process: failed to load /x: no such file or directory`, 127},
-		{`running container: creating container: cannot set up cgroup for root: configuring cgroup: mkdir /sys/fs/cgroup/x: permission denied`, 0},
-		{``, 0},
-	}
-	for _, tc := range tests {
-		if got := execFailure(tc.msg); got != tc.want {
-			t.Errorf("execFailure(%q) = %d, want %d", tc.msg, got, tc.want)
-		}
-	}
-}
-
 func TestRunscError(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "errors.json")
 	os.WriteFile(p, []byte(`{"msg":"first","level":"error"}`+"\n"+`not json`+"\n"+`{"msg":"last\u001b[2Jone","level":"error"}`+"\n"), 0o600)

@@ -201,7 +201,7 @@ print("prctl ambient", int(any(libc.prctl(47, 1, c, 0, 0) == 1 for c in range(64
 
 // Cases is the conformance table.
 func Cases() []Case {
-	return []Case{
+	return append([]Case{
 		{
 			Name: "exit code and output",
 			Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"},
@@ -573,7 +573,7 @@ except OSError as e:
 				}
 			},
 		},
-	}
+	}, egressCases()...)
 }
 
 func hasViolation(res *result.Result, kind string) bool {

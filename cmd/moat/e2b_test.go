@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/result"
+	processpb "github.com/moat-sandbox/moat/server/e2b/envdpb/process"
+	"github.com/moat-sandbox/moat/server/e2b/envdpb/process/processconnect"
+)
+
+// e2bSDK is the node_modules directory scripts/setup installs the pinned
+// e2b npm package into (keyed by the lock's digest), or $MOAT_E2B_SDK.
+func e2bSDK(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("MOAT_E2B_SDK"); d != "" {
+		return d
+	}
+	lock, err := os.ReadFile("testdata/e2b/package-lock.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(lock)
+	return filepath.Join("/var/cache/moat/e2b-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
+}
+
+// The checks sdk.cjs runs; each must print "ok <name>".
+var e2bChecks = []string{
+	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "watchDir",
+	"path-traversal", "oversized-upload", "list", "setTimeout", "connect", "wrong-key", "other-key",
+	"never-existed", "refused-fields", "kill-sandbox", "times-out",
+}
+
+// TestServeE2BSDK drives `moat serve --e2b` with the real E2B JavaScript
+// SDK (testdata/e2b/sdk.cjs), then checks from Moat's side that its
+// sandboxes were Moat sandboxes: audited, reachable through Moat's API by
+// the same id, and gone without residue.
+func TestServeE2BSDK(t *testing.T) {
+	needRoot(t)
+	sdk := e2bSDK(t)
+	if _, err := os.Stat(filepath.Join(sdk, "e2b", "package.json")); err != nil {
+		t.Skipf("the e2b npm package is not installed at %s (scripts/setup installs it): %v", sdk, err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("needs node (scripts/setup installs nodejs): " + err.Error())
+	}
+	// e2b 2.51 needs node >= 20.18.1 (its package.json's engines).
+	if v, err := exec.Command(node, "-p", "process.versions.node").Output(); err != nil || !nodeAtLeast(strings.TrimSpace(string(v)), 20, 18) {
+		t.Skipf("the e2b SDK needs node 20.18 or newer; %s is %q (%v)", node, strings.TrimSpace(string(v)), err)
+	}
+	home := serverHome(t)
+	key := createKey(t, home)
+	other := createKey(t, home)
+	const maxBody = "1MiB"
+	s := startServer(t, home, key, "--e2b", "--pool", "0", "--session-pool", "1", "--max-body", maxBody)
+
+	// The control plane speaks E2B's errors, and a sandbox created
+	// through it is a Moat sandbox under the same id.
+	t.Run("same sandbox through Moat's API", func(t *testing.T) {
+		status, body := e2bCall(t, s.url, key, "POST", "/v2/sandboxes", `{"templateID":"base","timeout":60,"metadata":{"who":"go"}}`)
+		if status != http.StatusCreated {
+			t.Fatalf("create: %d %s", status, body)
+		}
+		var created struct{ SandboxID, EnvdAccessToken string }
+		json.Unmarshal(body, &created)
+		if created.SandboxID == "" || len(created.EnvdAccessToken) < 32 {
+			t.Fatalf("create answered %s", body)
+		}
+		// A process started through envd (the generated Connect client,
+		// as the SDKs speak it) is a command whose full Moat result (here
+		// its file diff) Moat's API serves under the same ids.
+		pc := processconnect.NewProcessClient(http.DefaultClient, s.url, connect.WithProtoJSON(),
+			connect.WithInterceptors(envdHeaders(created.SandboxID, created.EnvdAccessToken)))
+		stream, err := pc.Start(context.Background(), connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo made > made.txt"}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid uint32
+		exitCode := int32(-99)
+		for stream.Receive() {
+			switch ev := stream.Msg().GetEvent().GetEvent().(type) {
+			case *processpb.ProcessEvent_Start:
+				pid = ev.Start.GetPid()
+			case *processpb.ProcessEvent_End:
+				exitCode = ev.End.GetExitCode()
+			}
+		}
+		if err := stream.Err(); err != nil || pid == 0 || exitCode != 0 {
+			t.Fatalf("envd Start: pid %d exit %d err %v", pid, exitCode, err)
+		}
+		c := s.client(t)
+		ex, err := c.Sandbox(created.SandboxID).GetExec(context.Background(), fmt.Sprintf("e-%d", pid))
+		if err != nil || ex.Result == nil {
+			t.Fatalf("Moat's API for E2B process %d: %v", pid, err)
+		}
+		if !slices.ContainsFunc(ex.Result.Files, func(f result.FileChange) bool { return f.Path == "made.txt" }) {
+			t.Errorf("the command's file diff through Moat's API: %+v", ex.Result.Files)
+		}
+		sb, err := c.GetSandbox(context.Background(), created.SandboxID)
+		if err != nil {
+			t.Fatalf("Moat's API does not know E2B's sandbox %s: %v", created.SandboxID, err)
+		}
+		if sb.Metadata["who"] != "go" {
+			t.Errorf("metadata through Moat's API: %v", sb.Metadata)
+		}
+		if _, err := c.DeleteSandbox(context.Background(), created.SandboxID); err != nil {
+			t.Fatal(err)
+		}
+		status, body = e2bCall(t, s.url, key, "GET", "/sandboxes/"+created.SandboxID, "")
+		var e struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		if err := json.Unmarshal(body, &e); status != http.StatusNotFound || err != nil || e.Code != 404 || e.Message == "" {
+			t.Errorf("a sandbox deleted through Moat's API, through E2B's: %d %s", status, body)
+		}
+		for _, tc := range []struct {
+			name, key, body string
+			status          int
+		}{
+			{"wrong key", "moat_x_y", `{"templateID":"base"}`, 401},
+			{"unknown field", key, `{"templateID":"base","secureX":true}`, 400},
+			{"auto pause", key, `{"templateID":"base","autoPause":true}`, 400},
+			{"deny list", key, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
+			{"unknown template", key, `{"templateID":"gpu"}`, 404},
+		} {
+			status, body := e2bCall(t, s.url, tc.key, "POST", "/v2/sandboxes", tc.body)
+			if status != tc.status || !bytes.Contains(body, []byte(`"code":`)) {
+				t.Errorf("%s: %d %s, want %d with {code, message}", tc.name, status, body, tc.status)
+			}
+		}
+	})
+
+	var ids []string // the SDK's sandboxes, main and timed out
+	t.Run("sdk", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, "testdata/e2b/sdk.cjs")
+		cmd.Env = append(os.Environ(),
+			"NODE_PATH="+sdk,
+			"E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url,
+			"E2B_API_KEY="+key, "E2B_OTHER_KEY="+other,
+			"E2B_MAX_BODY=1048576",
+		)
+		out, err := cmd.CombinedOutput()
+		t.Logf("sdk.cjs:\n%s", out)
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		for _, name := range e2bChecks {
+			if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {
+				t.Errorf("check %s did not pass", name)
+			}
+		}
+		if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
+			t.Fatalf("sdk.cjs failed: %v", err)
+		}
+		main := regexp.MustCompile(`(?m)^sandbox (\S+)$`).FindSubmatch(out)
+		timed := regexp.MustCompile(`(?m)^timeout-sandbox (\S+)$`).FindSubmatch(out)
+		if main == nil || timed == nil {
+			t.Fatal("sdk.cjs did not name its sandboxes")
+		}
+		ids = []string{string(main[1]), string(timed[1])}
+		for _, id := range ids {
+			// A killed or expired sandbox is "deleting" until its
+			// destruction is over, then unknown.
+			waitFor(t, "sandbox "+id+" to be gone from Moat's API", func() bool {
+				var apiErr *client.Error
+				_, err := s.client(t).GetSandbox(context.Background(), id)
+				return errors.As(err, &apiErr) && apiErr.Code == client.CodeNotFound
+			})
+		}
+	})
+
+	// Shutdown waits for every record to be finished.
+	s.terminate(t, time.Minute)
+	if left := s.residue(); len(left) > 0 {
+		t.Errorf("residue after the E2B sandboxes ended:\n%s", strings.Join(left, "\n"))
+	}
+	if ids == nil {
+		return
+	}
+	recs := s.auditRecords(t)
+	for _, id := range ids {
+		i := slices.IndexFunc(recs, func(r audit.Record) bool { return r.ID == id && r.Kind == audit.KindSandbox })
+		if i < 0 {
+			t.Errorf("no audit record of sandbox %s", id)
+			continue
+		}
+		if recs[i].Ended.IsZero() || recs[i].KeyID == "" {
+			t.Errorf("sandbox %s: audit record not finished or without key: %+v", id, recs[i])
+		}
+	}
+	execs := 0
+	for _, r := range recs {
+		if r.Kind == audit.KindExec && r.SandboxID == ids[0] {
+			execs++
+		}
+	}
+	// sdk.cjs runs 8 commands in its main sandbox (run, run-fails, envs,
+	// background, kill, stdin, files' cat, connect's cat).
+	if execs != 8 {
+		t.Errorf("%d commands of sandbox %s audited, want the 8 the SDK ran", execs, ids[0])
+	}
+}
+
+func e2bCall(t *testing.T, base, key, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(resp.Body)
+	return resp.StatusCode, buf.Bytes()
+}
+
+func nodeAtLeast(v string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(v, "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+// envdHeaders adds what the SDKs send to envd: the sandbox's id and port
+// and its access token.
+func envdHeaders(id, token string) connect.Interceptor {
+	return &headerInterceptor{h: http.Header{"E2b-Sandbox-Id": {id}, "E2b-Sandbox-Port": {"49983"}, "X-Access-Token": {token}}}
+}
+
+type headerInterceptor struct{ h http.Header }
+
+func (i *headerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		for k, v := range i.h {
+			req.Header()[k] = v
+		}
+		return next(ctx, req)
+	}
+}
+
+func (i *headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		for k, v := range i.h {
+			conn.RequestHeader()[k] = v
+		}
+		return conn
+	}
+}
+
+func (i *headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}

@@ -1,0 +1,290 @@
+// Package e2b serves E2B's API on `moat serve --e2b`, so that the
+// unmodified E2B SDKs (`e2b` on npm, `e2b` on PyPI) drive Moat sandboxes:
+// the control plane of E2B's public OpenAPI (POST /v2/sandboxes, GET
+// /v2/sandboxes, …, authenticated by X-API-Key) and the data plane of
+// envd, the daemon E2B runs inside each sandbox (the Connect services
+// process.Process and filesystem.Filesystem in Connect's JSON codec, and
+// REST /files), which Moat serves on the host side.
+//
+// It is a translation layer and nothing more: every request is answered
+// by the Moat API's own handlers (server.Server.ServeAs) or its sessions,
+// so an E2B sandbox is a Moat sandbox with its manifest, limits, quotas,
+// audit record and zero-residue destruction, and Moat's API reaches it by
+// the same id. It must never create a sandbox the API would refuse, honour
+// an E2B field Moat cannot enforce (it refuses it, naming the field), let
+// a request reach a sandbox without that sandbox's access token, or let a
+// path leave the workspace.
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/server"
+)
+
+// EnvdPort is the port of envd in E2B's addressing (E2b-Sandbox-Port, and
+// the "<port>-<id>.<domain>" host names).
+const EnvdPort = "49983"
+
+// envdVersion is the envd version Moat claims: the SDKs gate features on
+// it. 0.5.7 has octet-stream uploads and CloseStdin; file metadata (0.6.2)
+// and watch entries (0.6.3) are not served.
+const envdVersion = "0.5.7"
+
+// Config configures a Handler.
+type Config struct {
+	// API is the Moat API every request is served through. Required.
+	API *server.Server
+	// Auditor authenticates X-API-Key (Moat's keys). Required.
+	Auditor server.Auditor
+	// Domain, when set, routes host names "49983-<id>.<Domain>" to the
+	// sandbox's envd and is returned to the SDK as the sandbox domain.
+	Domain string
+	Logger *slog.Logger
+	// Keys, when set (*audit.Store), is asked on every envd call for the
+	// key that created the sandbox: a revoked key's sandboxes refuse
+	// their access tokens from then on, and quotas are current. Nil: the
+	// key as authenticated at creation.
+	Keys KeyLookup
+}
+
+// KeyLookup finds an API key by id; *audit.Store implements it.
+type KeyLookup interface {
+	Key(id string) (audit.Key, error)
+}
+
+// Handler is the E2B API. Create it with New.
+type Handler struct {
+	cfg     Config
+	log     *slog.Logger
+	control *http.ServeMux
+	rpc     *http.ServeMux
+
+	mu    sync.Mutex
+	boxes map[string]*box // by sandbox id
+}
+
+// box is what E2B knows of a sandbox beyond Moat: its access token, its
+// template and the tags of its processes.
+type box struct {
+	id       string
+	keyID    string
+	key      audit.Key // as authenticated at creation (its quota)
+	token    string
+	template string
+	cpus     int
+	memoryMB int
+
+	mu       sync.Mutex
+	tags     map[string]uint32 // process tag -> pid
+	watchers map[string]*pollWatcher
+}
+
+// New returns the E2B API over cfg.API.
+func New(cfg Config) *Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), rpc: newRPCMux(), boxes: map[string]*box{}}
+	h.routes()
+	return h
+}
+
+// Wrap returns a handler that serves Moat's own API (/v1/…, /metrics)
+// through moat and everything else as E2B: envd when the request names a
+// sandbox (E2b-Sandbox-Id header or "49983-<id>.<domain>" host), the
+// control plane otherwise. Both share one listener, so E2B_API_URL and
+// E2B_SANDBOX_URL can both be the server's address.
+func (h *Handler) Wrap(moat http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") || r.URL.Path == "/metrics" {
+			moat.ServeHTTP(w, r)
+			return
+		}
+		if id, port, ok := h.sandboxOf(r); ok {
+			h.serveEnvd(w, r, id, port)
+			return
+		}
+		h.serveControl(w, r)
+	})
+}
+
+// sandboxOf reads the sandbox a data-plane request is for.
+func (h *Handler) sandboxOf(r *http.Request) (id, port string, ok bool) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		return id, r.Header.Get("E2b-Sandbox-Port"), true
+	}
+	if h.cfg.Domain == "" {
+		return "", "", false
+	}
+	host := r.Host
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		host = hh
+	}
+	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(h.cfg.Domain))
+	if !ok {
+		return "", "", false
+	}
+	port, id, ok = strings.Cut(label, "-")
+	if !ok || id == "" || strings.Contains(id, ".") {
+		return "", "", false
+	}
+	return id, port, true
+}
+
+// authenticate checks X-API-Key against Moat's keys.
+func (h *Handler) authenticate(r *http.Request) (audit.Key, *apiError) {
+	token := r.Header.Get("X-API-Key")
+	if token == "" {
+		return audit.Key{}, &apiError{http.StatusUnauthorized, "missing X-API-Key header: give a Moat API key (moat keys create)"}
+	}
+	key, err := h.cfg.Auditor.Authenticate(token)
+	if err != nil || key.ID == "" {
+		return audit.Key{}, &apiError{http.StatusUnauthorized, "Invalid API key: it is not a live Moat API key (moat keys create)"}
+	}
+	return key, nil
+}
+
+// box returns the E2B record of sandbox id when keyID owns it and the
+// Moat sandbox is alive; a dead sandbox's record is dropped.
+func (h *Handler) box(keyID, id string) *box {
+	h.mu.Lock()
+	b := h.boxes[id]
+	h.mu.Unlock()
+	if b == nil || b.keyID != keyID {
+		return nil
+	}
+	if _, ok := h.cfg.API.SessionOf(keyID, id); !ok {
+		h.forget(id)
+		return nil
+	}
+	return b
+}
+
+// boxByToken returns the record of sandbox id if token is its access
+// token, compared in constant time.
+func (h *Handler) boxByToken(id, token string) (*box, bool) {
+	h.mu.Lock()
+	b := h.boxes[id]
+	h.mu.Unlock()
+	if b == nil {
+		return nil, false
+	}
+	if subtle.ConstantTimeCompare([]byte(token), []byte(b.token)) != 1 {
+		return b, false
+	}
+	if _, ok := h.cfg.API.SessionOf(b.keyID, id); !ok {
+		h.forget(id)
+		return nil, false
+	}
+	return b, true
+}
+
+func (h *Handler) forget(id string) {
+	h.mu.Lock()
+	delete(h.boxes, id)
+	h.mu.Unlock()
+}
+
+// sweep drops the records of sandboxes Moat has destroyed (TTL, DELETE
+// through Moat's API, shutdown).
+func (h *Handler) sweep() {
+	h.mu.Lock()
+	all := make([]*box, 0, len(h.boxes))
+	for _, b := range h.boxes {
+		all = append(all, b)
+	}
+	h.mu.Unlock()
+	for _, b := range all {
+		if _, ok := h.cfg.API.SessionOf(b.keyID, b.id); !ok {
+			h.forget(b.id)
+		}
+	}
+}
+
+// Boxes is the number of sandboxes E2B keeps a record of (for tests).
+func (h *Handler) Boxes() int {
+	h.sweep()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.boxes)
+}
+
+func newToken() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// moatCall sends one request to Moat's API as key and returns its status
+// and body. Bodies of these calls are small JSON documents.
+func (h *Handler) moatCall(ctx context.Context, key audit.Key, method, path string, body any) (int, []byte) {
+	var rd *bytes.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		rd = bytes.NewReader(data)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req := httptest.NewRequestWithContext(ctx, method, path, rd)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	rec := httptest.NewRecorder()
+	h.cfg.API.ServeAs(key, rec, req)
+	return rec.Code, rec.Body.Bytes()
+}
+
+// moatError is Moat's error document.
+type moatError struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Field   string `json:"field"`
+	} `json:"error"`
+}
+
+func moatMessage(body []byte) string {
+	var e moatError
+	if json.Unmarshal(body, &e) != nil || e.Error.Message == "" {
+		return strings.TrimSpace(string(body))
+	}
+	return e.Error.Message
+}
+
+// apiError is E2B's error document, {code, message}, code being the HTTP
+// status.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *apiError) write(w http.ResponseWriter) {
+	writeJSON(w, e.Code, e)
+}
+
+func fromMoat(status int, body []byte) *apiError {
+	return &apiError{status, moatMessage(body)}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"code":500,"message":"encode response"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(data)
+}

@@ -1,0 +1,532 @@
+package e2b
+
+import (
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/moat-sandbox/moat/engine"
+	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
+	"github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem/filesystemconnect"
+)
+
+// filesystem.Filesystem and REST /files over the sandbox's workspace. The
+// session resolves every path beneath /workspace without following links.
+
+type filesystemService struct{}
+
+var _ filesystemconnect.FilesystemHandler = filesystemService{}
+
+func entryOf(fi engine.FileInfo) *pb.EntryInfo {
+	mode, _ := strconv.ParseUint(fi.Mode, 8, 32)
+	e := &pb.EntryInfo{Name: fi.Name, Path: e2bPath(fi.Path), Size: fi.Size, Mode: uint32(mode),
+		Permissions: fs.FileMode(mode).String(), Owner: "user", Group: "user", ModifiedTime: timestamppb.New(fi.ModTime)}
+	switch fi.Type {
+	case "file":
+		e.Type = pb.FileType_FILE_TYPE_FILE
+	case "dir":
+		e.Type = pb.FileType_FILE_TYPE_DIRECTORY
+		e.Permissions = "d" + e.Permissions[1:]
+	case "symlink":
+		e.Type = pb.FileType_FILE_TYPE_SYMLINK
+		t := fi.Target
+		e.SymlinkTarget = &t
+	}
+	return e
+}
+
+// fsError maps a session error onto a Connect error.
+func fsError(err error, p string) *connect.Error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return rpcErr(connect.CodeNotFound, "path '%s' does not exist", p)
+	case errors.Is(err, fs.ErrExist):
+		return rpcErr(connect.CodeAlreadyExists, "path '%s' already exists", p)
+	case errors.Is(err, engine.ErrSessionClosed):
+		return rpcErr(connect.CodeUnavailable, "the sandbox was destroyed")
+	}
+	return rpcErr(connect.CodeInvalidArgument, "%s: %v", p, err)
+}
+
+func (filesystemService) Stat(ctx context.Context, req *connect.Request[pb.StatRequest]) (*connect.Response[pb.StatResponse], error) {
+	c := callOf(ctx)
+	p, e := workspacePath("path", req.Msg.GetPath())
+	if e != nil {
+		return nil, e
+	}
+	fi, err := c.sess.Stat(p)
+	if err != nil {
+		return nil, fsError(err, req.Msg.GetPath())
+	}
+	return connect.NewResponse(&pb.StatResponse{Entry: entryOf(fi)}), nil
+}
+
+func (filesystemService) MakeDir(ctx context.Context, req *connect.Request[pb.MakeDirRequest]) (*connect.Response[pb.MakeDirResponse], error) {
+	c, shown := callOf(ctx), req.Msg.GetPath()
+	p, e := workspacePath("path", shown)
+	if e != nil {
+		return nil, e
+	}
+	if p == "." {
+		return nil, rpcErr(connect.CodeAlreadyExists, "directory '%s' already exists", shown)
+	}
+	if _, err := c.sess.Stat(p); err == nil {
+		return nil, rpcErr(connect.CodeAlreadyExists, "directory '%s' already exists", shown)
+	}
+	if err := c.sess.MakeDir(p); err != nil {
+		return nil, fsError(err, shown)
+	}
+	fi, err := c.sess.Stat(p)
+	if err != nil {
+		return nil, fsError(err, shown)
+	}
+	return connect.NewResponse(&pb.MakeDirResponse{Entry: entryOf(fi)}), nil
+}
+
+func (filesystemService) Move(ctx context.Context, req *connect.Request[pb.MoveRequest]) (*connect.Response[pb.MoveResponse], error) {
+	c := callOf(ctx)
+	from, e := workspacePath("source", req.Msg.GetSource())
+	if e != nil {
+		return nil, e
+	}
+	to, e := workspacePath("destination", req.Msg.GetDestination())
+	if e != nil {
+		return nil, e
+	}
+	if from == "." || to == "." {
+		return nil, rpcErr(connect.CodeInvalidArgument, "the workspace itself cannot be moved or replaced")
+	}
+	if err := c.sess.Rename(from, to); err != nil {
+		return nil, fsError(err, req.Msg.GetSource())
+	}
+	fi, err := c.sess.Stat(to)
+	if err != nil {
+		return nil, fsError(err, req.Msg.GetDestination())
+	}
+	return connect.NewResponse(&pb.MoveResponse{Entry: entryOf(fi)}), nil
+}
+
+func (filesystemService) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRequest]) (*connect.Response[pb.ListDirResponse], error) {
+	c := callOf(ctx)
+	p, e := workspacePath("path", req.Msg.GetPath())
+	if e != nil {
+		return nil, e
+	}
+	out := &pb.ListDirResponse{Entries: []*pb.EntryInfo{}}
+	if e := c.listDir(p, req.Msg.GetPath(), max(int(req.Msg.GetDepth()), 1), &out.Entries); e != nil {
+		return nil, e
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (filesystemService) Remove(ctx context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
+	c := callOf(ctx)
+	p, e := workspacePath("path", req.Msg.GetPath())
+	if e != nil {
+		return nil, e
+	}
+	if p == "." {
+		return nil, rpcErr(connect.CodePermissionDenied, "the workspace itself cannot be removed")
+	}
+	if err := c.sess.Remove(p); err != nil {
+		return nil, fsError(err, req.Msg.GetPath())
+	}
+	return connect.NewResponse(&pb.RemoveResponse{}), nil
+}
+
+// maxListed bounds a recursive listing.
+const maxListed = 10000
+
+func (c *envdCall) listDir(p, shown string, depth int, out *[]*pb.EntryInfo) *connect.Error {
+	fi, err := c.sess.Stat(p)
+	if err != nil {
+		return fsError(err, shown)
+	}
+	if fi.Type != "dir" {
+		return rpcErr(connect.CodeInvalidArgument, "path '%s' is not a directory", shown)
+	}
+	list, err := c.sess.ReadDir(p)
+	if err != nil {
+		return fsError(err, shown)
+	}
+	for _, f := range list {
+		if len(*out) >= maxListed {
+			return rpcErr(connect.CodeResourceExhausted, "more than %d entries under '%s'; list with a smaller depth", maxListed, shown)
+		}
+		*out = append(*out, entryOf(f))
+		if f.Type == "dir" && depth > 1 {
+			if e := c.listDir(f.Path, e2bPath(f.Path), depth-1, out); e != nil {
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+// watchState is what a watched entry looked like.
+type watchState struct {
+	typ  pb.FileType
+	size int64
+	mod  time.Time
+}
+
+// watchTarget is a watched directory: its workspace path, as the caller
+// named it, and how deep it is watched.
+type watchTarget struct {
+	path, shown string
+	depth       int
+}
+
+func newWatchTarget(path string, recursive, includeEntry bool) (watchTarget, *connect.Error) {
+	if includeEntry {
+		return watchTarget{}, rpcErr(connect.CodeUnimplemented, "includeEntry is not supported")
+	}
+	p, e := workspacePath("path", path)
+	if e != nil {
+		return watchTarget{}, e
+	}
+	w := watchTarget{path: p, shown: path, depth: 1}
+	if recursive {
+		w.depth = 32
+	}
+	return w, nil
+}
+
+func (c *envdCall) snapshot(w watchTarget) (map[string]watchState, *connect.Error) {
+	var list []*pb.EntryInfo
+	if e := c.listDir(w.path, w.shown, w.depth, &list); e != nil {
+		return nil, e
+	}
+	m := make(map[string]watchState, len(list))
+	for _, en := range list {
+		m[en.Path] = watchState{en.Type, en.Size, en.ModifiedTime.AsTime()}
+	}
+	return m, nil
+}
+
+// changes lists what differs between two snapshots of w: created,
+// written (a file's size or time changed), removed.
+func changes(w watchTarget, prev, cur map[string]watchState) []*pb.FilesystemEvent {
+	base := e2bPath(w.path)
+	ev := func(p string, typ pb.EventType) *pb.FilesystemEvent {
+		return &pb.FilesystemEvent{Name: strings.TrimPrefix(strings.TrimPrefix(p, base), "/"), Type: typ}
+	}
+	var out []*pb.FilesystemEvent
+	for p, now := range cur {
+		old, ok := prev[p]
+		switch {
+		case !ok:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_CREATE))
+		case old != now && now.typ == pb.FileType_FILE_TYPE_FILE:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_WRITE))
+		}
+	}
+	for p := range prev {
+		if _, ok := cur[p]; !ok {
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_REMOVE))
+		}
+	}
+	return out
+}
+
+// WatchDir polls the directory (the session's files live on the host
+// side, where no inotify of the guest reaches) and reports what changed
+// between two looks, every 100 ms.
+func (filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], st *connect.ServerStream[pb.WatchDirResponse]) error {
+	c := callOf(ctx)
+	w, e := newWatchTarget(req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if e != nil {
+		return e
+	}
+	prev, e := c.snapshot(w)
+	if e != nil {
+		return e
+	}
+	if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Start{Start: &pb.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	keep := time.NewTicker(30 * time.Second)
+	defer keep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-keep.C:
+			if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Keepalive{Keepalive: &pb.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+		case <-tick.C:
+			cur, e := c.snapshot(w)
+			if e != nil {
+				return e
+			}
+			for _, ev := range changes(w, prev, cur) {
+				if err := st.Send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: ev}}); err != nil {
+					return err
+				}
+			}
+			prev = cur
+		}
+	}
+}
+
+// maxWatchers bounds the polling watchers of one sandbox.
+const maxWatchers = 16
+
+// pollWatcher is a watcher of CreateWatcher: the changes since the last
+// GetWatcherEvents.
+type pollWatcher struct {
+	target watchTarget
+	prev   map[string]watchState
+}
+
+func (filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[pb.CreateWatcherRequest]) (*connect.Response[pb.CreateWatcherResponse], error) {
+	c := callOf(ctx)
+	w, e := newWatchTarget(req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if e != nil {
+		return nil, e
+	}
+	prev, e := c.snapshot(w)
+	if e != nil {
+		return nil, e
+	}
+	id := newToken()[:16]
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if len(c.b.watchers) >= maxWatchers {
+		return nil, rpcErr(connect.CodeResourceExhausted, "this sandbox has %d watchers, the limit; remove one with RemoveWatcher", maxWatchers)
+	}
+	c.b.watchers[id] = &pollWatcher{target: w, prev: prev}
+	return connect.NewResponse(&pb.CreateWatcherResponse{WatcherId: id}), nil
+}
+
+func (filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.GetWatcherEventsRequest]) (*connect.Response[pb.GetWatcherEventsResponse], error) {
+	c := callOf(ctx)
+	c.b.mu.Lock()
+	w := c.b.watchers[req.Msg.GetWatcherId()]
+	c.b.mu.Unlock()
+	if w == nil {
+		return nil, rpcErr(connect.CodeNotFound, "watcher %q not found", req.Msg.GetWatcherId())
+	}
+	cur, e := c.snapshot(w.target)
+	if e != nil {
+		return nil, e
+	}
+	c.b.mu.Lock()
+	prev := w.prev
+	w.prev = cur
+	c.b.mu.Unlock()
+	out := &pb.GetWatcherEventsResponse{Events: changes(w.target, prev, cur)}
+	if out.Events == nil {
+		out.Events = []*pb.FilesystemEvent{}
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[pb.RemoveWatcherRequest]) (*connect.Response[pb.RemoveWatcherResponse], error) {
+	c := callOf(ctx)
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if _, ok := c.b.watchers[req.Msg.GetWatcherId()]; !ok {
+		return nil, rpcErr(connect.CodeNotFound, "watcher %q not found", req.Msg.GetWatcherId())
+	}
+	delete(c.b.watchers, req.Msg.GetWatcherId())
+	return connect.NewResponse(&pb.RemoveWatcherResponse{}), nil
+}
+
+// restError answers /files in envd's REST form.
+func restError(w http.ResponseWriter, status int, format string, a ...any) {
+	writeJSON(w, status, apiError{status, fmt.Sprintf(format, a...)})
+}
+
+func restStatus(e *connect.Error) int {
+	switch e.Code() {
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeResourceExhausted:
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusBadRequest
+}
+
+// download is GET /files?path=: the file's bytes, with Range (Moat's
+// handler serves it) and gzip when the client accepts it and asked for
+// the whole file.
+func (c *envdCall) download(w http.ResponseWriter, r *http.Request) {
+	p, e := workspacePath("path", r.URL.Query().Get("path"))
+	if e != nil {
+		restError(w, restStatus(e), "%s", e.Message())
+		return
+	}
+	fi, err := c.sess.Stat(p)
+	if err != nil {
+		e := fsError(err, r.URL.Query().Get("path"))
+		restError(w, restStatus(e), "%s", e.Message())
+		return
+	}
+	if fi.Type != "file" {
+		restError(w, http.StatusBadRequest, "path '%s' is a %s, not a file", r.URL.Query().Get("path"), fi.Type)
+		return
+	}
+	req := httptest.NewRequestWithContext(r.Context(), http.MethodGet, "/v1/sandboxes/"+url.PathEscape(c.b.id)+"/files?path="+url.QueryEscape(p), nil)
+	for _, h := range []string{"Range", "If-Range", "If-None-Match", "If-Modified-Since"} {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	out := w
+	if r.Header.Get("Range") == "" && acceptsGzip(r) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Add("Vary", "Accept-Encoding")
+		gz := gzip.NewWriter(w)
+		defer gz.Close()
+		out = &gzipWriter{ResponseWriter: w, gz: gz}
+	}
+	c.h.cfg.API.ServeAs(c.key, out, req)
+}
+
+func acceptsGzip(r *http.Request) bool {
+	for part := range strings.SplitSeq(r.Header.Get("Accept-Encoding"), ",") {
+		if name, _, _ := strings.Cut(strings.TrimSpace(part), ";"); name == "gzip" {
+			return true
+		}
+	}
+	return false
+}
+
+type gzipWriter struct {
+	http.ResponseWriter
+	gz *gzip.Writer
+}
+
+func (g *gzipWriter) WriteHeader(code int) {
+	g.Header().Del("Content-Length")
+	g.ResponseWriter.WriteHeader(code)
+}
+func (g *gzipWriter) Write(b []byte) (int, error) { return g.gz.Write(b) }
+
+type writtenEntry struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+// upload is POST /files: an octet-stream body (gzip if Content-Encoding
+// says so) to ?path=, or multipart/form-data whose "file" parts are named
+// by their file names (or ?path= for one part).
+func (c *envdCall) upload(w http.ResponseWriter, r *http.Request) {
+	qpath := r.URL.Query().Get("path")
+	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var body io.Reader = r.Body
+	switch r.Header.Get("Content-Encoding") {
+	case "", "identity":
+	case "gzip":
+		gz, err := gzip.NewReader(r.Body)
+		if err != nil {
+			restError(w, http.StatusBadRequest, "the body is not gzip: %v", err)
+			return
+		}
+		defer gz.Close()
+		body = gz
+	default:
+		restError(w, http.StatusBadRequest, "Content-Encoding %q: send identity or gzip", r.Header.Get("Content-Encoding"))
+		return
+	}
+	var written []writtenEntry
+	put := func(name string, data io.Reader) bool {
+		p, e := workspacePath("path", name)
+		if e != nil {
+			restError(w, restStatus(e), "%s", e.Message())
+			return false
+		}
+		if p == "." {
+			restError(w, http.StatusBadRequest, "path '%s' is the workspace directory, not a file", name)
+			return false
+		}
+		req := httptest.NewRequestWithContext(r.Context(), http.MethodPut, "/v1/sandboxes/"+url.PathEscape(c.b.id)+"/files?path="+url.QueryEscape(p), data)
+		req.Header.Set("Content-Type", "application/octet-stream")
+		rec := httptest.NewRecorder()
+		c.h.cfg.API.ServeAs(c.key, rec, req)
+		if rec.Code != http.StatusCreated {
+			status := rec.Code
+			if status == http.StatusNotFound {
+				status = http.StatusBadRequest
+			}
+			restError(w, status, "write '%s': %s", name, moatMessage(rec.Body.Bytes()))
+			return false
+		}
+		written = append(written, writtenEntry{Name: path.Base(e2bPath(p)), Type: "file", Path: e2bPath(p)})
+		return true
+	}
+	switch ct {
+	case "multipart/form-data":
+		mr := multipart.NewReader(body, params["boundary"])
+		parts := 0
+		for {
+			part, err := mr.NextPart()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				restError(w, http.StatusBadRequest, "read multipart body: %v", err)
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			parts++
+			// Not part.FileName(): it keeps only the base name, and the
+			// SDKs name each part by its path.
+			_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			name := dp["filename"]
+			if qpath != "" && (name == "" || parts == 1) {
+				name = qpath
+			}
+			if name == "" {
+				restError(w, http.StatusBadRequest, "a file part has no file name and there is no ?path=")
+				return
+			}
+			ok := put(name, part)
+			part.Close()
+			if !ok {
+				return
+			}
+		}
+		if parts == 0 {
+			restError(w, http.StatusBadRequest, "the multipart body has no \"file\" part")
+			return
+		}
+	case "application/octet-stream", "":
+		if qpath == "" {
+			restError(w, http.StatusBadRequest, "path is missing: give ?path= the file's path")
+			return
+		}
+		if !put(qpath, body) {
+			return
+		}
+	default:
+		restError(w, http.StatusBadRequest, "Content-Type %q: send multipart/form-data or application/octet-stream", ct)
+		return
+	}
+	writeJSON(w, http.StatusOK, written)
+}
