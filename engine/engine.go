@@ -31,6 +31,7 @@ import (
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/gvisor"
+	"github.com/moat-sandbox/moat/tier/microvm"
 	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/tier/wasm"
 	"github.com/moat-sandbox/moat/workspace"
@@ -141,6 +142,16 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 			return nil, err
 		}
 		t = g
+	case microvm.Name:
+		exe := e.opts.Exe
+		if exe == "" {
+			exe = "/proc/self/exe"
+		}
+		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe})
+		if err != nil {
+			return nil, err
+		}
+		t = v
 	case wasm.Name:
 		w, err := wasm.New(wasm.Options{})
 		if err != nil {
@@ -148,7 +159,7 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 		}
 		t = w
 	default:
-		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, wasm"}
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, microvm, wasm"}
 	}
 	e.tiers[name] = t
 	return t, nil

@@ -493,7 +493,7 @@ func TestRunRefusesBadRequests(t *testing.T) {
 		{"nil argv", &Request{Manifest: manifest.Default()}, func(err error) bool { return errors.Is(err, ErrUsage) }, "no command"},
 		{"empty argv", &Request{Manifest: manifest.Default(), Argv: []string{}}, func(err error) bool { return errors.Is(err, ErrUsage) }, "no command"},
 		{"empty command name", &Request{Manifest: manifest.Default(), Argv: []string{"", "x"}}, func(err error) bool { return errors.Is(err, ErrUsage) }, "no command"},
-		{"tier not implemented", &Request{Manifest: func() *manifest.Manifest { m := manifest.Default(); m.Tier = "microvm"; return m }(), Argv: []string{"true"}},
+		{"tier not implemented", &Request{Manifest: func() *manifest.Manifest { m := manifest.Default(); m.Tier = "nonsense"; return m }(), Argv: []string{"true"}},
 			func(err error) bool { var fe *manifest.FieldError; return errors.As(err, &fe) && fe.Field == "tier" }, "not implemented yet"},
 	}
 	for _, tc := range tests {

@@ -74,6 +74,7 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 		ID:           id,
 		ImageRoot:    img.Root,
 		ImageEnv:     img.Env,
+		ImageDigest:  img.Digest,
 		Limits:       p.lim,
 		AllowMissing: m.Security.AllowMissing,
 		Session:      session,

@@ -70,7 +70,10 @@ type Spec struct {
 	ID        string
 	ImageRoot string // host path of the read-only image root filesystem
 	ImageEnv  []string
-	Limits    Limits
+	// ImageDigest is the image's content digest ("sha256:<hex>"), for
+	// tiers that cache a converted image (the microvm tier's disk).
+	ImageDigest string
+	Limits      Limits
 	// AllowMissing names protections the manifest accepts going without.
 	AllowMissing []string
 	// EgressSocket, when set, is the host path of the egress proxy's Unix

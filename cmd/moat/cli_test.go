@@ -460,7 +460,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{name: "input dst escaping", args: []string{"--input", ".:../x", "--", "true"}, code: exitUsage, wantErr: []string{"--input", `".:../x"`}},
 		{name: "env without =", args: []string{"--env", "NOEQUALS", "--", "true"}, code: exitUsage, wantErr: []string{"--env", `"NOEQUALS"`, "NAME=VALUE"}},
 		{name: "env with a bad name", args: []string{"--env", "1BAD=x", "--", "true"}, code: exitUsage, wantErr: []string{"--env", `"1BAD=x"`, "invalid name"}},
-		{name: "tier not implemented yet", args: []string{"--tier", "microvm", "--", "true"}, code: exitUsage, wantErr: []string{`"microvm"`, "not implemented yet", "native"}},
+		{name: "tier that does not exist", args: []string{"--tier", "nonsense", "--", "true"}, code: exitUsage, wantErr: []string{"tier", `"nonsense"`, "native"}},
 		{name: "unknown tier", args: []string{"--tier", "docker", "--", "true"}, code: exitUsage, wantErr: []string{"tier", `"docker"`, "native"}},
 		{name: "manifest that does not exist", args: []string{"--manifest", "/does/not/exist.yaml", "--", "true"}, code: exitUsage, wantErr: []string{"/does/not/exist.yaml", "no such file"}},
 		{name: "image that does not exist", args: []string{"--image", "nosuchimage", "--", "true"}, root: true, code: exitUsage, wantErr: []string{`"nosuchimage"`, "unknown image", "python"}},
@@ -828,7 +828,7 @@ func TestVersionDoctorGC(t *testing.T) {
 		{name: "doctor says native is ready", args: []string{"doctor"}, root: true, wantOut: []*regexp.Regexp{
 			regexp.MustCompile(`(?m)^  native  ready$`),
 			regexp.MustCompile(`(?m)^  gvisor  (ready: .*gvisor.dev/gvisor v0\.0\.0-20250205023644-9414b50a5633 \(systrap\))$`),
-			regexp.MustCompile(`(?m)^  microvm not implemented yet$`),
+			regexp.MustCompile(`(?m)^  microvm ready: qemu-microvm \S+, guest kernel \S+-cloud-amd64, accelerator (kvm|tcg)$`),
 			regexp.MustCompile(`(?m)^  wasm    ready: wazero v1\.12\.0, guests python sha256:[0-9a-f]{12}, js sha256:[0-9a-f]{12}$`),
 			regexp.MustCompile(`(?m)^state: ` + regexp.QuoteMeta(engine.DefaultHome()) + `$`),
 			regexp.MustCompile(`(?m)^images: .*python sha256:`),

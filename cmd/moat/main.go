@@ -16,6 +16,7 @@ import (
 
 	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/vmagent"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -60,6 +61,11 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == gvinit.Arg {
 		gvinit.Main()
+	}
+	// The same binary is the microvm tier's guest agent: /init of the VM,
+	// and its re-exec into the image root.
+	if vmagent.IsAgent() || (len(os.Args) > 1 && os.Args[1] == vmagent.ExecArg) {
+		vmagent.Main()
 	}
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.

@@ -19,6 +19,7 @@ import (
 	"github.com/moat-sandbox/moat/kernel"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/tier/gvisor"
+	"github.com/moat-sandbox/moat/tier/microvm"
 	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/tier/wasm"
 )
@@ -96,7 +97,7 @@ func cmdManifest(args []string) int {
 		return 0
 	}
 	fmt.Printf("%s: valid (digest %s)\n", fs.Arg(0), m.Digest())
-	if m.Tier != "native" {
+	if m.Tier != "native" && m.Tier != "gvisor" && m.Tier != "microvm" && m.Tier != "wasm" {
 		fmt.Fprintf(os.Stderr, "note: tier %q is valid in a manifest but not implemented in this version of moat; 'moat run' will refuse it\n", m.Tier)
 	}
 	return 0
@@ -223,8 +224,13 @@ func cmdDoctor(args []string) int {
 	} else {
 		fmt.Printf("  gvisor  ready: %s, %s\n", g.Runsc(), g.Version())
 	}
-	for _, t := range []string{"microvm"} {
-		fmt.Printf("  %-7s not implemented yet\n", t)
+	if v, err := microvm.New(microvm.Options{Home: engine.DefaultHome(), Agent: "/proc/self/exe"}); err != nil {
+		fmt.Printf("  microvm unavailable: %v\n", err)
+	} else if acc, err := v.Accel(context.Background()); err != nil {
+		fmt.Printf("  microvm unavailable: accelerator check: %v\n", err)
+	} else {
+		fmt.Printf("  microvm ready: %s, guest kernel %s, accelerator %s\n", v.VMM(), v.KernelVersion(), acc.Accel)
+		fmt.Printf("          %s\n", strings.ReplaceAll(acc.Reason, "\n", " "))
 	}
 	if w, err := wasm.New(wasm.Options{}); err != nil {
 		fmt.Printf("  wasm    unavailable: %v\n", err)

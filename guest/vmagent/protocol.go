@@ -1,0 +1,139 @@
+package vmagent
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// The channel between host and guest is one virtio-serial port carrying
+// frames: a type byte, a big-endian uint32 length, then that many bytes.
+//
+//	guest                                host
+//	  boot, load modules, mount image
+//	  Hello --------------------------->   (sandbox ready)
+//	  <--------------------------- Request
+//	  <----------------- Workspace* WorkspaceEnd
+//	  <------------------------- Stdin* StdinEnd
+//	  run the command
+//	  Stdout* Stderr* ----------------->   (capped by the host)
+//	  Tar* TarEnd ---------------------->  (workspace after the run)
+//	  Result --------------------------->
+//	  power off                            (host kills the VMM anyway)
+//
+// The host treats every frame from the guest as hostile: MaxFrame bounds
+// one frame, and the host bounds the sum of each kind.
+const (
+	FrameHello        byte = 'H' // guest: JSON Hello
+	FrameRequest      byte = 'R' // host: JSON Request
+	FrameWorkspace    byte = 'W' // host: a piece of the workspace tar
+	FrameWorkspaceEnd byte = 'w'
+	FrameStdin        byte = 'I' // host: a piece of stdin
+	FrameStdinEnd     byte = 'i'
+	FrameStdout       byte = 'O'
+	FrameStderr       byte = 'E'
+	FrameTar          byte = 'T' // guest: a piece of the workspace tar after the run
+	FrameTarEnd       byte = 't'
+	FrameResult       byte = 'X' // guest: JSON Result
+	FrameFail         byte = 'F' // guest: the agent failed; payload is the message
+)
+
+// MaxFrame is the largest payload either side accepts.
+const MaxFrame = 256 << 10
+
+// ErrFrameTooLarge is returned for a frame over MaxFrame.
+var ErrFrameTooLarge = errors.New("frame larger than the protocol allows")
+
+// Hello is the guest's first message.
+type Hello struct {
+	Kernel string `json:"kernel"` // uname release of the guest kernel
+}
+
+// Request is the command and its limits.
+type Request struct {
+	Argv           []string `json:"argv"`
+	Env            []string `json:"env"`
+	Dir            string   `json:"dir"`
+	UID            int      `json:"uid"`
+	MemoryBytes    int64    `json:"memory_bytes"`
+	Pids           int      `json:"pids"`
+	CPUTime        int64    `json:"cpu_time_ns"`
+	OpenFiles      int      `json:"open_files"`
+	FileSizeBytes  int64    `json:"file_size_bytes"`
+	WorkspaceBytes int64    `json:"workspace_bytes"`
+	WorkspaceFiles int      `json:"workspace_files"`
+	TmpBytes       int64    `json:"tmp_bytes"`
+	// Timeout is the wall-clock bound of the command (ns); the agent kills
+	// the command's cgroup at it and still reports its counters. The host
+	// kills the whole VM a grace period later regardless.
+	Timeout int64 `json:"timeout_ns"`
+}
+
+// Result is what the agent observed.
+type Result struct {
+	ExitCode   int   `json:"exit_code"`
+	Signal     int   `json:"signal"`
+	CPU        int64 `json:"cpu_ns"`
+	PeakMemory int64 `json:"peak_memory"`
+	OOMKills   int   `json:"oom_kills"`
+	TimedOut   bool  `json:"timed_out"`
+	PidsMax    int   `json:"pids_max"`
+	// WorkspaceFull is "disk" or "files" when the workspace ran out.
+	WorkspaceFull string `json:"workspace_full,omitempty"`
+	Error         string `json:"error,omitempty"`
+}
+
+// CPUDuration is the result's CPU time.
+func (r *Result) CPUDuration() time.Duration { return time.Duration(r.CPU) }
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, typ byte, payload []byte) error {
+	if len(payload) > MaxFrame {
+		return ErrFrameTooLarge
+	}
+	buf := make([]byte, 5+len(payload))
+	buf[0] = typ
+	binary.BigEndian.PutUint32(buf[1:5], uint32(len(payload)))
+	copy(buf[5:], payload)
+	_, err := w.Write(buf)
+	return err
+}
+
+// ReadFrame reads one frame, refusing one over MaxFrame before reading its
+// payload.
+func ReadFrame(r io.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("%w: type %q, %d bytes", ErrFrameTooLarge, hdr[0], n)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, nil, fmt.Errorf("frame %q: %w", hdr[0], err)
+	}
+	return hdr[0], payload, nil
+}
+
+// FrameWriter turns a byte stream into frames of one type.
+type FrameWriter struct {
+	W   func(typ byte, p []byte) error
+	Typ byte
+}
+
+func (f *FrameWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), MaxFrame)
+		if err := f.W(f.Typ, p[:c]); err != nil {
+			return n, err
+		}
+		n += c
+		p = p[c:]
+	}
+	return n, nil
+}

@@ -1,0 +1,210 @@
+package microvm
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// DefaultKernelDir is where scripts/setup extracts Debian's
+// linux-image-cloud-amd64: DIR/vmlinuz and DIR/lib/modules/VERSION/.
+const DefaultKernelDir = "/var/cache/moat/microvm-kernel"
+
+// modules are the guest kernel's modules the agent needs, in dependency
+// order (Debian's cloud kernel builds virtio as modules; ext4 is built in).
+var modules = []string{
+	"drivers/virtio/virtio_ring.ko",
+	"drivers/virtio/virtio.ko",
+	"drivers/virtio/virtio_mmio.ko",
+	"drivers/block/virtio_blk.ko",
+	"drivers/char/virtio_console.ko",
+}
+
+// kernel is a located guest kernel.
+type kernel struct {
+	vmlinuz string
+	modDir  string // lib/modules/VERSION
+	version string
+}
+
+func findKernel(dir string) (*kernel, error) {
+	vmlinuz := filepath.Join(dir, "vmlinuz")
+	if _, err := os.Stat(vmlinuz); err != nil {
+		return nil, fmt.Errorf("%w: no guest kernel at %s (run scripts/setup, or set $MOAT_MICROVM_KERNEL to a directory holding vmlinuz and lib/modules)", errUnavailable, vmlinuz)
+	}
+	mods, _ := filepath.Glob(filepath.Join(dir, "lib/modules/*/kernel"))
+	if len(mods) != 1 {
+		return nil, fmt.Errorf("%w: expected one lib/modules/VERSION in %s, found %d", errUnavailable, dir, len(mods))
+	}
+	k := &kernel{vmlinuz: vmlinuz, modDir: filepath.Dir(mods[0])}
+	k.version = filepath.Base(k.modDir)
+	for _, m := range modules {
+		if _, err := os.Stat(filepath.Join(k.modDir, "kernel", m)); err != nil {
+			return nil, fmt.Errorf("%w: guest kernel module %s: %v", errUnavailable, m, err)
+		}
+	}
+	return k, nil
+}
+
+var errUnavailable = errors.New("microvm tier unavailable")
+
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// buildInitramfs writes (once, cached by the digest of what goes in) a
+// newc cpio holding the agent as /init and the virtio modules.
+func buildInitramfs(cacheDir, agent string, k *kernel) (string, error) {
+	h := sha256.New()
+	ad, err := fileDigest(agent)
+	if err != nil {
+		return "", fmt.Errorf("guest agent %s: %w", agent, err)
+	}
+	fmt.Fprintf(h, "agent %s\nkernel %s\n", ad, k.version)
+	for _, m := range modules {
+		d, err := fileDigest(filepath.Join(k.modDir, "kernel", m))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %s\n", m, d)
+	}
+	out := filepath.Join(cacheDir, "initramfs-"+hex.EncodeToString(h.Sum(nil))[:32]+".cpio")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	var buf bytes.Buffer
+	w := &cpioWriter{w: &buf}
+	for _, d := range []string{"dev", "proc", "sys", "mnt", "mnt/root", "lib", "lib/modules"} {
+		w.dir(d)
+	}
+	var order []string
+	for _, m := range modules {
+		b, err := os.ReadFile(filepath.Join(k.modDir, "kernel", m))
+		if err != nil {
+			return "", err
+		}
+		name := "lib/modules/" + filepath.Base(m)
+		w.file(name, 0o644, b)
+		order = append(order, "/"+name)
+	}
+	w.file("modules.order", 0o644, []byte(strings.Join(order, "\n")+"\n"))
+	ab, err := os.ReadFile(agent)
+	if err != nil {
+		return "", err
+	}
+	w.file("init", 0o755, ab)
+	w.trailer()
+	if err := w.err; err != nil {
+		return "", err
+	}
+	return out, writeAtomic(out, buf.Bytes())
+}
+
+func writeAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	os.Chmod(tmp.Name(), 0o644)
+	return os.Rename(tmp.Name(), path)
+}
+
+// cpioWriter writes the "newc" cpio format the kernel unpacks.
+type cpioWriter struct {
+	w   io.Writer
+	ino int
+	err error
+}
+
+func (c *cpioWriter) entry(name string, mode uint32, data []byte) {
+	if c.err != nil {
+		return
+	}
+	c.ino++
+	hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
+		c.ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
+	var b bytes.Buffer
+	b.WriteString(hdr)
+	b.WriteString(name)
+	b.WriteByte(0)
+	for b.Len()%4 != 0 {
+		b.WriteByte(0)
+	}
+	b.Write(data)
+	for b.Len()%4 != 0 {
+		b.WriteByte(0)
+	}
+	_, c.err = c.w.Write(b.Bytes())
+}
+
+func (c *cpioWriter) dir(name string)                         { c.entry(name, 0o040755, nil) }
+func (c *cpioWriter) file(name string, perm uint32, b []byte) { c.entry(name, 0o100000|perm, b) }
+func (c *cpioWriter) trailer()                                { c.entry("TRAILER!!!", 0, nil) }
+
+// buildRootDisk converts an image root into a read-only ext4 file, once
+// per image digest. mkfs.ext4 -d copies the tree, owners and modes
+// included, without mounting anything on the host.
+func buildRootDisk(cacheDir, digest, root string) (string, error) {
+	hexd := strings.TrimPrefix(digest, "sha256:")
+	if len(hexd) != 64 || strings.Trim(hexd, "0123456789abcdef") != "" {
+		return "", fmt.Errorf("image digest %q is not a sha256 digest", digest)
+	}
+	out := filepath.Join(cacheDir, "images", hexd+".ext4")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
+		return "", err
+	}
+	var size, inodes int64
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		inodes++
+		if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() {
+			size += (fi.Size() + 4095) &^ 4095
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("measure image %s: %w", root, err)
+	}
+	// Headroom for metadata: inode tables, directories, bitmaps.
+	blocks := (size+inodes*4096)/4096*5/4 + 8192
+	tmp := filepath.Join(filepath.Dir(out), ".tmp-"+hexd[:16]+"-"+strconv.Itoa(os.Getpid()))
+	defer os.Remove(tmp)
+	cmd := exec.Command("mkfs.ext4", "-q", "-F", "-b", "4096", "-N", strconv.FormatInt(inodes+1024, 10),
+		"-O", "^has_journal,^resize_inode", "-E", "root_owner=0:0", "-L", "moat-image", "-d", root, tmp, strconv.FormatInt(blocks, 10))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("mkfs.ext4 for image %s: %v: %s", digest, err, bytes.TrimSpace(b))
+	}
+	os.Chmod(tmp, 0o600)
+	return out, os.Rename(tmp, out)
+}

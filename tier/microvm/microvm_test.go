@@ -1,0 +1,340 @@
+package microvm_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/tier/microvm"
+	"github.com/moat-sandbox/moat/tier/tiertest"
+)
+
+var (
+	skipReason string
+	newErr     error
+	agentBin   string
+	home       string
+)
+
+// testHome keeps the tier's caches (image disks, initramfs) across test
+// runs; runs themselves leave nothing there.
+const testHome = "/var/lib/moat-microvm-test"
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	switch {
+	case os.Geteuid() != 0:
+		skipReason = "needs root: the tier writes its caches under /var/lib and reads the shared python image"
+	case !haveQEMU():
+		skipReason = "qemu-system-x86_64 is not installed: run scripts/setup"
+	}
+	if skipReason != "" {
+		fmt.Fprintln(os.Stderr, "microvm tests skipped:", skipReason)
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "moat-vmagent-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	agentBin = filepath.Join(dir, "vmagent")
+	build := exec.Command("go", "build", "-o", agentBin, "github.com/moat-sandbox/moat/guest/vmagent/cmd/vmagent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build vmagent: %v\n%s", err, out)
+		return 1
+	}
+	home = testHome
+	if err := os.MkdirAll(home, 0o711); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	// Every run checks its own id; check once more for anything of these
+	// tests that persists: a VMM using this agent build or cache, half
+	// written cache files, probe directories.
+	if left := residue(dir); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "residual state after the microvm tests: %v\n", left)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+func residue(agentDir string) []string {
+	var left []string
+	for _, pat := range []string{".tmp-*", ".probe-root-*", "images/.tmp-*"} {
+		m, _ := filepath.Glob(filepath.Join(home, "microvm", pat))
+		left = append(left, m...)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(b, []byte("qemu-system")) && (bytes.Contains(b, []byte(home)) || bytes.Contains(b, []byte(agentDir))) {
+			left = append(left, fmt.Sprintf("process %s (%s)", filepath.Base(filepath.Dir(p)), bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+		}
+	}
+	return left
+}
+
+func haveQEMU() bool {
+	_, err := exec.LookPath("qemu-system-x86_64")
+	return err == nil || os.Getenv("MOAT_QEMU") != ""
+}
+
+func need(t testing.TB, opts microvm.Options) *microvm.MicroVM {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	opts.Home, opts.Agent = home, agentBin
+	v, err := microvm.New(opts)
+	if err != nil {
+		t.Fatalf("microvm.New: %v", err)
+	}
+	return v
+}
+
+// newEngine is an engine over the shared python image whose runs
+// directory is private to these tests.
+func newEngine(t testing.TB, v *microvm.MicroVM) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(engine.Options{NoAutoBuild: true, Tiers: map[string]tier.Tier{microvm.Name: v}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	return e
+}
+
+func runVM(t *testing.T, e *engine.Engine, adjust func(*manifest.Manifest), argv ...string) *result.Result {
+	t.Helper()
+	m := manifest.Default()
+	m.Tier = microvm.Name
+	m.Resources.Timeout = manifest.Duration(90 * time.Second)
+	m.Resources.CPUTime = m.Resources.Timeout
+	if adjust != nil {
+		adjust(m)
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("test manifest invalid: %v", err)
+	}
+	res, err := e.Run(context.Background(), &engine.Request{Manifest: m, Argv: argv})
+	if err != nil {
+		t.Fatalf("run %q: %v", argv, err)
+	}
+	if left := leftovers(e.Home(), res.ID); len(left) > 0 {
+		t.Errorf("run %s left: %v", res.ID, left)
+	}
+	return res
+}
+
+// leftovers lists what run id left: its run directory (socket, workspace
+// copy) and any process naming it (the VMM's argv holds its socket path).
+func leftovers(home, id string) []string {
+	var left []string
+	if _, err := os.Stat(filepath.Join(home, "runs", id)); err == nil {
+		left = append(left, "run directory "+filepath.Join(home, "runs", id))
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(id)) {
+			left = append(left, fmt.Sprintf("process %s (%s)", filepath.Base(filepath.Dir(p)), bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+		}
+	}
+	return left
+}
+
+func hostKernel(t *testing.T) string {
+	var u syscall.Utsname
+	if err := syscall.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 0, len(u.Release))
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// TestIsolation shares one boot across a table of checks: the guest
+// script prints one line per check, and each row asserts its line.
+func TestIsolation(t *testing.T) {
+	v := need(t, microvm.Options{})
+	e := newEngine(t, v)
+	secretFile := filepath.Join(t.TempDir(), "host-secret")
+	if err := os.WriteFile(secretFile, []byte("s3cret"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOAT_HOST_SECRET", "hunter2")
+	script := fmt.Sprintf(`
+import os, socket, platform, json
+out = {}
+out["kernel"] = platform.release()
+out["uid"] = os.getuid()
+out["secret_file"] = os.path.exists(%q)
+out["secret_env"] = "hunter2" in json.dumps(dict(os.environ))
+out["ifaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
+try:
+    s = socket.create_connection(("10.0.2.2", 80), timeout=2); out["net"] = "connected"
+except OSError as e:
+    out["net"] = type(e).__name__
+try:
+    open("/usr/moat-write-test", "w"); out["image_writable"] = True
+except OSError:
+    out["image_writable"] = False
+out["block_devices"] = [d for d in os.listdir("/dev") if d.startswith("vd")]
+open("/workspace/made-in-vm.txt", "w").write("hello from the guest\n")
+print(json.dumps(out))
+`, secretFile)
+	res := runVM(t, e, nil, "python3", "-c", script)
+	if res.Termination != result.Exited || res.ExitCode != 0 {
+		t.Fatalf("termination %s exit %d error %q stderr %q", res.Termination, res.ExitCode, res.Error, res.Stderr.Data)
+	}
+	if !strings.Contains(res.Runtime, "accel=") || !strings.Contains(res.Runtime, "guest-kernel=") {
+		t.Errorf("runtime %q does not name the accelerator and guest kernel", res.Runtime)
+	}
+	t.Logf("runtime: %s; duration %.0f ms", res.Runtime, res.DurationMS)
+	got := res.Stdout.Data
+	tests := []struct {
+		name, want string
+	}{
+		{"runs unprivileged", `"uid": 1000`},
+		{"host file unreachable", `"secret_file": false`},
+		{"host environment unreachable", `"secret_env": false`},
+		{"no network interface but loopback", `"ifaces": ["lo"]`},
+		{"network unreachable", `"net": "OSError"`},
+		{"image read-only", `"image_writable": false`},
+		{"no block device visible", `"block_devices": []`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("stdout %q lacks %q", got, tc.want)
+			}
+		})
+	}
+	t.Run("guest kernel differs from the host's", func(t *testing.T) {
+		hk := hostKernel(t)
+		if strings.Contains(got, `"kernel": "`+hk+`"`) || !strings.Contains(got, `"kernel": "`) {
+			t.Errorf("guest kernel line in %q is the host's %q or missing", got, hk)
+		}
+	})
+	t.Run("workspace comes back", func(t *testing.T) {
+		found := false
+		for _, f := range res.Files {
+			if f.Path == "made-in-vm.txt" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("files %+v lack made-in-vm.txt", res.Files)
+		}
+	})
+}
+
+// TestLimits boots one VM per row: each limit ends its own VM.
+func TestLimits(t *testing.T) {
+	v := need(t, microvm.Options{})
+	small := need(t, microvm.Options{MaxOutputBytes: 1 << 20})
+	tests := []struct {
+		name   string
+		tier   *microvm.MicroVM
+		adjust func(*manifest.Manifest)
+		argv   []string
+		want   result.Termination
+	}{
+		{"memory limit", v, func(m *manifest.Manifest) { m.Resources.Memory = 64 << 20 },
+			[]string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(1 << 20))"}, result.OOM},
+		{"wall timeout kills the VM", v, func(m *manifest.Manifest) { m.Resources.Timeout = manifest.Duration(3 * time.Second) },
+			[]string{"sleep", "600"}, result.Timeout},
+		{"output flood is capped and the VM killed", small, nil,
+			[]string{"sh", "-c", "yes moat-flood-line"}, result.OutputLimit},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, tc.tier)
+			start := time.Now()
+			res := runVM(t, e, tc.adjust, tc.argv...)
+			if res.Termination != tc.want {
+				t.Fatalf("termination %s (exit %d, error %q, stderr %q), want %s", res.Termination, res.ExitCode, res.Error, clip(res.Stderr.Data), tc.want)
+			}
+			if res.Stdout.Bytes > 64<<20 {
+				t.Errorf("kept %d bytes of stdout", res.Stdout.Bytes)
+			}
+			t.Logf("%s after %v (%s)", res.Termination, time.Since(start).Round(time.Millisecond), res.Runtime)
+		})
+	}
+}
+
+func clip(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	v := need(t, microvm.Options{})
+	e := newEngine(t, v)
+	tiertest.Run(t, e, microvm.Name, func(id string) []string { return leftovers(e.Home(), id) })
+}
+
+// TestPool takes a VM booted before the request from a warm pool of one;
+// the engine destroys the pool (and its refilled VM) on Close.
+func TestPool(t *testing.T) {
+	v := need(t, microvm.Options{})
+	m := manifest.Default()
+	m.Tier = microvm.Name
+	m.Resources.Timeout = manifest.Duration(90 * time.Second)
+	m.Resources.CPUTime = m.Resources.Timeout
+	e, err := engine.New(engine.Options{NoAutoBuild: true, Tiers: map[string]tier.Tier{microvm.Name: v}, Pools: []engine.PoolConfig{{Manifest: m, Size: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.StartPools(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := e.WaitPools(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Run(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", "print(6*7)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Pooled || res.Termination != result.Exited || res.Stdout.Data != "42\n" {
+		t.Errorf("pooled=%v termination=%s stdout=%q error=%q", res.Pooled, res.Termination, res.Stdout.Data, res.Error)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(e.Home(), res.ID); len(left) > 0 {
+		t.Errorf("run %s left: %v", res.ID, left)
+	}
+	for _, st := range e.PoolStats() {
+		t.Logf("pool after close: %+v", st)
+	}
+}

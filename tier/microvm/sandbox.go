@@ -1,0 +1,646 @@
+package microvm
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
+)
+
+// timeoutGrace is how long past the wall timeout the host waits for the
+// agent's own timeout report before it kills the VMM.
+const timeoutGrace = 5 * time.Second
+
+// guestUID is the unprivileged user the command runs as inside the VM.
+const guestUID = 1000
+
+// vmOverheadMiB is RAM the guest kernel, the initramfs and the agent need
+// beyond the command's memory limit.
+const vmOverheadMiB = 192
+
+// cmdline keeps the guest quiet and makes a guest panic end the VMM
+// (panic=-1 reboots, -no-reboot turns that into exit). Under TCG on a
+// loaded host the kernel's TSC calibration against the emulated PIT fails
+// and boot then hangs; TCG's guest TSC runs at the host's rate, so the
+// host's frequency is given instead (tsc_early_khz), and the IO-APIC timer
+// check, which times emulated interrupts, is skipped.
+const cmdline = "console=ttyS0 quiet loglevel=1 panic=-1 rdinit=/init tsc=reliable no_timer_check"
+
+// hostTSCkHz is the host CPU's clock in kHz from /proc/cpuinfo, or 0.
+func hostTSCkHz() int64 {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == "cpu MHz" {
+			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil || mhz <= 0 {
+				return 0
+			}
+			return int64(mhz * 1000)
+		}
+	}
+	return 0
+}
+
+// vm is one running VMM process and the host end of its agent port.
+type vm struct {
+	cmd    *exec.Cmd
+	socket string
+	stderr *boundedBuffer
+
+	killOnce sync.Once
+	exited   chan struct{}
+	conn     net.Conn
+	r        *bufio.Reader
+}
+
+// boot starts a VM whose socket lives in dir.
+func (m *MicroVM) boot(dir, disk, accel string, memMiB int64, vcpus int) (*vm, error) {
+	initrd, err := m.assets()
+	if err != nil {
+		return nil, err
+	}
+	cfg := &VMConfig{
+		Kernel: m.kernel.vmlinuz, Initramfs: initrd, Cmdline: m.cmdline, RootDisk: disk,
+		Socket: filepath.Join(dir, "agent.sock"), MemoryMiB: memMiB, VCPUs: vcpus, Accel: accel,
+	}
+	if m.opts.Console != "" {
+		cfg.Cmdline = strings.Replace(m.cmdline, "quiet loglevel=1", "loglevel=7", 1)
+		cfg.Console = filepath.Join(m.opts.Console, filepath.Base(filepath.Dir(dir))+".console")
+	}
+	v := &vm{socket: cfg.Socket, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
+	cmd, err := m.vmm.Command(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = v.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
+	}
+	v.cmd = cmd
+	go func() { cmd.Wait(); close(v.exited) }()
+	return v, nil
+}
+
+// waitHello connects to the agent port and waits for the agent's hello.
+func (v *vm) waitHello(ctx context.Context) (*vmagent.Hello, error) {
+	type res struct {
+		h   *vmagent.Hello
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		h, err := v.hello()
+		ch <- res{h, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			// Say why the VMM ended, when it did.
+			select {
+			case <-v.exited:
+				r.err = fmt.Errorf("%w; VMM: %s", r.err, v.stderr.String())
+			case <-time.After(200 * time.Millisecond):
+			}
+			v.kill()
+		}
+		return r.h, r.err
+	case <-ctx.Done():
+		v.kill()
+		return nil, fmt.Errorf("guest did not boot: %w", ctx.Err())
+	case <-v.exited:
+		v.kill()
+		return nil, fmt.Errorf("VMM exited during boot: %s", v.stderr.String())
+	}
+}
+
+func (v *vm) hello() (*vmagent.Hello, error) {
+	var conn net.Conn
+	var err error
+	for i := 0; i < 500; i++ {
+		if conn, err = net.Dial("unix", v.socket); err == nil {
+			break
+		}
+		select {
+		case <-v.exited:
+			return nil, errors.New("VMM exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect to the agent port: %w", err)
+	}
+	v.conn = conn
+	v.r = bufio.NewReaderSize(conn, 1<<20)
+	typ, p, err := vmagent.ReadFrame(v.r)
+	if err != nil {
+		return nil, fmt.Errorf("agent hello: %w", err)
+	}
+	if typ == vmagent.FrameFail {
+		return nil, fmt.Errorf("guest agent failed: %s", sanitize(p))
+	}
+	if typ != vmagent.FrameHello {
+		return nil, fmt.Errorf("agent hello: unexpected frame %q", typ)
+	}
+	var h vmagent.Hello
+	if err := json.Unmarshal(p, &h); err != nil {
+		return nil, fmt.Errorf("agent hello: %w", err)
+	}
+	return &h, nil
+}
+
+// kill ends the VMM by its pid (and its process group) and waits for it.
+func (v *vm) kill() {
+	v.killOnce.Do(func() {
+		if v.cmd != nil && v.cmd.Process != nil {
+			syscall.Kill(-v.cmd.Process.Pid, syscall.SIGKILL)
+			v.cmd.Process.Kill()
+			<-v.exited
+		}
+		if v.conn != nil {
+			v.conn.Close()
+		}
+		os.Remove(v.socket)
+	})
+}
+
+// boundedBuffer keeps the first max bytes written to it.
+type boundedBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf bytes.Buffer
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *boundedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.TrimSpace(b.buf.String())
+}
+
+// sanitize makes a guest-supplied message safe to show: bounded, printable.
+func sanitize(p []byte) string {
+	if len(p) > 512 {
+		p = p[:512]
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return '?'
+		}
+		return r
+	}, string(bytes.ToValidUTF8(p, []byte("?"))))
+}
+
+// Sandbox is one VM, booting from Prepare and used for one command.
+type Sandbox struct {
+	m      *MicroVM
+	spec   *tier.Spec
+	dir    string // our files under the run's StateDir
+	ws     string // host workspace directory
+	accel  string
+	vm     *vm
+	ready  chan struct{}
+	hello  *vmagent.Hello
+	bootE  error
+	booted time.Time
+	start  time.Time
+
+	destroyOnce sync.Once
+}
+
+var _ tier.Readier = (*Sandbox)(nil)
+
+// Prepare starts the VM; it boots while the engine copies inputs into the
+// host workspace (WaitReady waits for the agent's hello).
+func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, error) {
+	if spec.EgressSocket != "" {
+		return nil, fmt.Errorf("microvm: network egress is not supported by this tier (the VM has no network device)")
+	}
+	if spec.Session {
+		return nil, fmt.Errorf("microvm: sessions are not supported by this tier")
+	}
+	if spec.StateDir == "" {
+		return nil, errors.New("microvm: Spec.StateDir is required")
+	}
+	acc, err := m.Accel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	disk, err := buildRootDisk(m.cache, spec.ImageDigest, spec.ImageRoot)
+	if err != nil {
+		return nil, fmt.Errorf("image disk: %w", err)
+	}
+	s := &Sandbox{m: m, spec: spec, dir: filepath.Join(spec.StateDir, "microvm"), accel: acc.Accel, ready: make(chan struct{}), start: time.Now()}
+	s.ws = filepath.Join(s.dir, "workspace")
+	if err := os.MkdirAll(s.ws, 0o700); err != nil {
+		return nil, err
+	}
+	mem := int64(512)
+	if spec.Limits.MemoryBytes > 0 {
+		mem = (spec.Limits.MemoryBytes + (1<<20 - 1)) >> 20
+	}
+	vcpus := max(1, min(int(spec.Limits.CPUs+0.999), runtime.NumCPU()))
+	s.vm, err = m.boot(s.dir, disk, acc.Accel, mem+vmOverheadMiB, vcpus)
+	if err != nil {
+		os.RemoveAll(s.dir)
+		return nil, err
+	}
+	go func() {
+		bctx, cancel := context.WithTimeout(context.Background(), m.opts.BootTimeout)
+		defer cancel()
+		s.hello, s.bootE = s.vm.waitHello(bctx)
+		s.booted = time.Now()
+		close(s.ready)
+	}()
+	return s, nil
+}
+
+func (s *Sandbox) Workspace() tier.Workspace { return tier.Workspace{Dir: s.ws, UID: 0, GID: 0} }
+
+// WaitReady waits until the guest agent has said hello.
+func (s *Sandbox) WaitReady(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return s.bootE
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Runtime names the VMM, the accelerator and the guest kernel.
+func (s *Sandbox) runtime() string {
+	r := s.m.vmm.Name() + " accel=" + s.accel
+	if s.hello != nil {
+		r += " guest-kernel=" + sanitize([]byte(s.hello.Kernel))
+	}
+	return r
+}
+
+func (s *Sandbox) infra(start time.Time, format string, args ...any) *tier.Outcome {
+	s.vm.kill()
+	return &tier.Outcome{Termination: result.InfraError, Error: fmt.Sprintf(format, args...), Duration: time.Since(start), Runtime: s.runtime()}
+}
+
+// Exec sends the command and the workspace to the agent and collects the
+// outcome. The wall timeout kills the VMM.
+func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
+	if err := s.WaitReady(ctx); err != nil {
+		return s.infra(time.Now(), "microvm boot: %v", err), nil
+	}
+	// Duration is the command's: a cold sandbox's boot is not in it.
+	start := time.Now()
+	lim := s.spec.Limits
+	req := vmagent.Request{
+		Argv: c.Argv, Env: c.Env, Dir: c.Dir, UID: guestUID,
+		MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUTime: int64(lim.CPUTime), OpenFiles: lim.OpenFiles,
+		FileSizeBytes: lim.FileSizeBytes, WorkspaceBytes: lim.WorkspaceBytes, WorkspaceFiles: lim.WorkspaceFiles, TmpBytes: lim.TmpBytes,
+		Timeout: int64(lim.Timeout),
+	}
+	if req.Dir == "" {
+		req.Dir = "/workspace"
+	}
+	rb, _ := json.Marshal(req)
+	conn := s.vm.conn
+	var wmu sync.Mutex
+	send := func(typ byte, p []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return vmagent.WriteFrame(conn, typ, p)
+	}
+	if err := send(vmagent.FrameRequest, rb); err != nil {
+		return s.infra(start, "send request: %v", err), nil
+	}
+	if err := sendWorkspace(s.ws, &vmagent.FrameWriter{W: send, Typ: vmagent.FrameWorkspace}); err != nil {
+		return s.infra(start, "send workspace: %v", err), nil
+	}
+	if err := send(vmagent.FrameWorkspaceEnd, nil); err != nil {
+		return s.infra(start, "send workspace: %v", err), nil
+	}
+	go func() {
+		if c.Stdin != nil {
+			io.Copy(&vmagent.FrameWriter{W: send, Typ: vmagent.FrameStdin}, c.Stdin)
+		}
+		send(vmagent.FrameStdinEnd, nil)
+	}()
+
+	type collected struct {
+		out  *tier.Outcome
+		res  *vmagent.Result
+		disk bool
+	}
+	done := make(chan collected, 1)
+	go func() {
+		o, r, disk := s.collect(c)
+		done <- collected{o, r, disk}
+	}()
+	timeout := lim.Timeout
+	if timeout <= 0 {
+		timeout = 24 * time.Hour
+	}
+	// The agent enforces the timeout itself (so the guest's counters
+	// survive it); this backstop kills the VMM when the agent does not.
+	timer := time.NewTimer(timeout + timeoutGrace)
+	defer timer.Stop()
+	var got collected
+	select {
+	case got = <-done:
+	case <-timer.C:
+		s.vm.kill()
+		<-done
+		out := &tier.Outcome{Duration: time.Since(start), Runtime: s.runtime()}
+		s.classify(out, nil, true, nil)
+		return out, nil
+	case <-ctx.Done():
+		s.vm.kill()
+		<-done
+		return &tier.Outcome{Termination: result.Timeout, Duration: time.Since(start), Runtime: s.runtime(), Error: "cancelled: " + ctx.Err().Error()}, nil
+	}
+	s.vm.kill()
+	if got.out != nil {
+		got.out.Duration = time.Since(start)
+		got.out.Runtime = s.runtime()
+		return got.out, nil
+	}
+	r := got.res
+	out := &tier.Outcome{Duration: time.Since(start), Runtime: s.runtime()}
+	if r.Error != "" {
+		out.Termination, out.ExitCode, out.Error = result.InfraError, 125, "guest agent: "+sanitize([]byte(r.Error))
+		return out, nil
+	}
+	var exit *tier.Exit
+	if !r.TimedOut {
+		exit = &tier.Exit{Code: r.ExitCode, Signal: r.Signal}
+	}
+	s.classify(out, exit, r.TimedOut, r)
+	if got.disk && r.WorkspaceFull == "" {
+		r.WorkspaceFull = "files"
+	}
+	if full := r.WorkspaceFull; full == "disk" || full == "files" {
+		limit := fmt.Sprint(lim.WorkspaceBytes)
+		if full == "files" {
+			limit = fmt.Sprint(lim.WorkspaceFiles)
+		}
+		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limit})
+		if out.Termination == result.Exited && out.ExitCode != 0 {
+			out.Termination = result.DiskLimit
+		}
+	}
+	return out, nil
+}
+
+// classify fills out from what the guest reported (nil when it was
+// killed first), through the taxonomy all tiers share.
+func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r *vmagent.Result) {
+	obs := tier.Observed{Exit: exit, TimedOut: timedOut, Lost: "the guest agent did not report the program's status"}
+	if r != nil {
+		// The guest's counters are its own word: bounded to sane values.
+		obs.Stats = cgroup.Stats{CPU: max(0, r.CPUDuration()), PeakMemory: max(0, r.PeakMemory), OOMKills: max(0, min(r.OOMKills, 1<<20)), PidsMaxHits: max(0, min(r.PidsMax, 1<<30))}
+		if exit != nil && (exit.Signal < 0 || exit.Signal > 64 || exit.Code < 0 || exit.Code > 255) {
+			obs.Exit = nil
+			obs.Lost = "the guest agent reported an impossible exit status"
+		}
+	}
+	tier.Classify(out, obs, s.spec.Limits)
+	out.CPU, out.PeakMemory = obs.Stats.CPU, obs.Stats.PeakMemory
+}
+
+// collect reads the guest's frames until its result. Every frame is
+// hostile: sizes are bounded by ReadFrame, totals here, and anything out
+// of protocol ends the VM.
+func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool) {
+	fail := func(term result.Termination, format string, args ...any) (*tier.Outcome, *vmagent.Result, bool) {
+		s.vm.kill()
+		return &tier.Outcome{Termination: term, Error: fmt.Sprintf(format, args...)}, nil, false
+	}
+	var outBytes int64
+	var tarPipe *io.PipeWriter
+	var tarDone chan error
+	var diskHit bool
+	lim := s.spec.Limits
+	for {
+		typ, p, err := vmagent.ReadFrame(s.vm.r)
+		if err != nil {
+			if tarPipe != nil {
+				tarPipe.CloseWithError(err)
+				<-tarDone
+			}
+			select {
+			case <-s.vm.exited:
+				return fail(result.InfraError, "the VM ended before the agent's result: %v", err)
+			default:
+			}
+			return fail(result.InfraError, "guest agent channel: %v", err)
+		}
+		switch typ {
+		case vmagent.FrameStdout, vmagent.FrameStderr:
+			outBytes += int64(len(p))
+			if outBytes > s.m.opts.MaxOutputBytes {
+				return fail(result.OutputLimit, "the guest sent more than %d bytes of output; the VM was killed", s.m.opts.MaxOutputBytes)
+			}
+			w := c.Stdout
+			if typ == vmagent.FrameStderr {
+				w = c.Stderr
+			}
+			if w != nil {
+				w.Write(p)
+			}
+		case vmagent.FrameTar:
+			if tarPipe == nil {
+				var pr *io.PipeReader
+				pr, tarPipe = io.Pipe()
+				tarDone = make(chan error, 1)
+				go func() {
+					err := extractWorkspace(pr, s.ws, lim)
+					io.Copy(io.Discard, pr)
+					tarDone <- err
+				}()
+			}
+			tarPipe.Write(p)
+		case vmagent.FrameTarEnd:
+			if tarPipe != nil {
+				tarPipe.Close()
+				err := <-tarDone
+				tarPipe = nil
+				if errors.Is(err, errWorkspaceLimit) {
+					diskHit = true
+				} else if err != nil {
+					return fail(result.InfraError, "workspace from the guest: %v", err)
+				}
+			}
+		case vmagent.FrameResult:
+			var r vmagent.Result
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fail(result.InfraError, "guest result: %v", err)
+			}
+			return nil, &r, diskHit
+		case vmagent.FrameFail:
+			return fail(result.InfraError, "guest agent failed: %s", sanitize(p))
+		default:
+			return fail(result.InfraError, "guest agent sent an unknown frame %q", typ)
+		}
+	}
+}
+
+// sendWorkspace tars the host workspace (the engine's copied inputs).
+func sendWorkspace(dir string, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = root.Readlink(p); err != nil {
+				return err
+			}
+		} else if !fi.Mode().IsRegular() && !fi.IsDir() {
+			return nil
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = p, 0, 0, "", ""
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := root.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.CopyN(tw, f, fi.Size())
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+var errWorkspaceLimit = errors.New("workspace over its limit")
+
+// extractWorkspace replaces the host workspace with the guest's tar,
+// resolving every path inside dir (os.Root: no .., no symlink escapes),
+// creating only directories, regular files and symlinks, and stopping at
+// the workspace limits (the engine's diff then reports what is there).
+func extractWorkspace(r io.Reader, dir string, lim tier.Limits) error {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	maxBytes, maxFiles := lim.WorkspaceBytes, lim.WorkspaceFiles
+	if maxBytes <= 0 {
+		maxBytes = 1 << 30
+	}
+	if maxFiles <= 0 {
+		maxFiles = 100000
+	}
+	var total int64
+	var files int
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name := filepath.Clean(h.Name)
+		if !filepath.IsLocal(name) {
+			return fmt.Errorf("entry %q is outside the workspace", sanitize([]byte(h.Name)))
+		}
+		files++
+		if files > maxFiles+1 || h.Size > maxBytes-total {
+			return errWorkspaceLimit
+		}
+		perm := fs.FileMode(h.Mode) & 0o777
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := root.MkdirAll(name, 0o755); err != nil {
+				return err
+			}
+			root.Chmod(name, perm|0o700)
+		case tar.TypeReg:
+			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+			if err != nil {
+				return err
+			}
+			n, err := io.Copy(f, io.LimitReader(tr, h.Size))
+			f.Close()
+			total += n
+			if err != nil {
+				return err
+			}
+			root.Chtimes(name, h.ModTime, h.ModTime)
+		case tar.TypeSymlink:
+			if err := root.Symlink(h.Linkname, name); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Destroy kills the VMM and removes the socket and the workspace copy.
+func (s *Sandbox) Destroy() error {
+	var err error
+	s.destroyOnce.Do(func() {
+		s.vm.kill()
+		err = os.RemoveAll(s.dir)
+	})
+	return err
+}
+
+// Pid is the VMM's host pid (tests check it is gone after Destroy).
+func (s *Sandbox) Pid() int { return s.vm.cmd.Process.Pid }
