@@ -71,7 +71,7 @@ table below; the verdict's evidence is then marked "[gvisor expectation]".
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", c.ID, c.Category, c.Severity, cell(c.Threat), why, shown)
 	}
-	b.WriteString("| `host-residue` | residue | high | anything a run left on the host: cgroups, init processes, mounts, network namespaces, run directories, temp files | checked after the whole suite | n/a |\n")
+	b.WriteString("| `host-residue` | residue | high | anything a run left on the host: cgroups, init processes, gVisor runtime processes, mounts, network namespaces, run directories, temp files | checked after the whole suite | n/a |\n")
 	return b.String()
 }
 
