@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
@@ -165,6 +166,7 @@ func run(st *reporter) (int, error) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
 
+	forked := time.Now()
 	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
@@ -191,7 +193,7 @@ func run(st *reporter) (int, error) {
 		}
 	}()
 	ws := reap(pid)
-	s := Status{Exited: true}
+	s := Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 	switch {
 	case ws.Exited():
 		s.Exit = ws.ExitStatus()

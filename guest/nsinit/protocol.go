@@ -167,6 +167,11 @@ type Status struct {
 	Exited bool `json:"exited,omitempty"`
 	Exit   int  `json:"exit"`
 	Signal int  `json:"signal,omitempty"`
+	// DurationNS, with Exited, is how long the program ran, from just
+	// before its fork to its reaping, on init's monotonic clock: the
+	// host's own clock sees only when the reports arrive, and a loaded
+	// host can read the start and the end in one batch.
+	DurationNS int64 `json:"duration_ns,omitempty"`
 	// NotFound means the command does not exist in the image (exit 127);
 	// NotExecutable means it exists but cannot be executed (exit 126).
 	NotFound      bool `json:"not_found,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,7 +19,7 @@ import (
 // socket. It runs on the main goroutine, locked to the thread whose
 // bounding set was emptied: every command is forked from that thread.
 func serve(st *reporter, degraded []string) (int, error) {
-	s := &server{st: st, pids: map[int]int{}, procs: map[int]int{}}
+	s := &server{st: st, pids: map[int]int{}, procs: map[int]int{}, forked: map[int]time.Time{}}
 	sigchld := make(chan os.Signal, 64)
 	signal.Notify(sigchld, unix.SIGCHLD)
 	go s.reap(sigchld)
@@ -54,6 +55,8 @@ type server struct {
 	mu    sync.Mutex
 	pids  map[int]int // host-assigned command number -> pid, while running
 	procs map[int]int // pid -> command number
+	// forked is when each running command's fork began (its duration).
+	forked map[int]time.Time
 }
 
 func (s *server) handle(req *Request, fds []int) {
@@ -94,6 +97,7 @@ func (s *server) exec(req *Request, fds []int) {
 		return
 	}
 	s.mu.Lock()
+	forked := time.Now()
 	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
 		Dir:   req.Dir,
 		Env:   req.Env,
@@ -103,6 +107,7 @@ func (s *server) exec(req *Request, fds []int) {
 	if err == nil {
 		s.pids[req.Proc] = pid
 		s.procs[pid] = req.Proc
+		s.forked[pid] = forked
 		s.st.send(Status{Proc: req.Proc, Started: true})
 	}
 	s.mu.Unlock()
@@ -130,11 +135,13 @@ func (s *server) reap(sigchld <-chan os.Signal) {
 				delete(s.procs, pid)
 				delete(s.pids, proc)
 			}
+			forked := s.forked[pid]
+			delete(s.forked, pid)
 			s.mu.Unlock()
 			if !ok {
 				continue
 			}
-			st := Status{Proc: proc, Exited: true}
+			st := Status{Proc: proc, Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 			switch {
 			case ws.Exited():
 				st.Exit = ws.ExitStatus()

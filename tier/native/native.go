@@ -539,10 +539,7 @@ loop:
 	s.cg.Kill()
 	copiers.Wait()
 
-	if started.IsZero() {
-		started = start
-	}
-	out.Duration = ended.Sub(started)
+	out.Duration = programDuration(final, start, started, ended)
 	st, err := s.cg.Stats()
 	if err != nil {
 		return nil, fmt.Errorf("read cgroup stats: %w", err)
@@ -581,6 +578,23 @@ func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.
 		obs.Exit = &tier.Exit{Code: final.Exit, Signal: final.Signal}
 	}
 	tier.Classify(out, obs, lim)
+}
+
+// programDuration is how long the program ran: init's own measurement
+// when it reported one, but never longer than the host saw from sending
+// the command (sent) to reading its end; otherwise the time between the
+// host reading the start and the end reports (from sent when no start
+// was read).
+func programDuration(final *nsinit.Status, sent, started, ended time.Time) time.Duration {
+	if final != nil && final.DurationNS > 0 {
+		if d := time.Duration(final.DurationNS); d <= ended.Sub(sent) {
+			return d
+		}
+	}
+	if started.IsZero() {
+		started = sent
+	}
+	return ended.Sub(started)
 }
 
 // workspaceFull reports "disk" or "files" when the workspace ran out.

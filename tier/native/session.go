@@ -336,10 +336,7 @@ func (p *process) wait() (*tier.Outcome, error) {
 	p.mu.Lock()
 	final, timedOut, started, ended := p.final, p.timedOut, p.started, p.ended
 	p.mu.Unlock()
-	if started.IsZero() {
-		started = p.start
-	}
-	out := &tier.Outcome{Duration: ended.Sub(started), Degradations: append([]string{}, p.s.degraded...)}
+	out := &tier.Outcome{Duration: programDuration(final, p.start, started, ended), Degradations: append([]string{}, p.s.degraded...)}
 	now, err := p.s.cg.Stats()
 	if err != nil {
 		// The sandbox was destroyed under the command.
