@@ -78,8 +78,8 @@ func cmdServe(args []string) int {
 	if err != nil || body <= 0 {
 		return fail(usageError{fmt.Errorf("--max-body %q: want a size such as 64MiB", *maxBody)})
 	}
-	if *pool < 0 || *pool > 64 || *sessionPool < 0 || *sessionPool > 64 {
-		return fail(usageError{fmt.Errorf("--pool and --session-pool take 0 to 64, got %d and %d", *pool, *sessionPool)})
+	if *pool < 0 || *pool > 128 || *sessionPool < 0 || *sessionPool > 128 {
+		return fail(usageError{fmt.Errorf("--pool and --session-pool take 0 to 128, got %d and %d", *pool, *sessionPool)})
 	}
 	class := manifest.Default()
 	if *poolManifest != "" {
