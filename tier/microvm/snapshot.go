@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -345,12 +346,37 @@ func (m *MicroVM) save(ctx context.Context, v *vm, cfg *VMConfig, key string, h 
 		return err
 	}
 	os.Chmod(metaPath, 0o600)
+	pruneSnapshots(filepath.Dir(file), maxSnapshots)
 	// The source VM goes on to serve its own request.
 	resumed = true
 	if _, err := q.cmd("cont", nil, nil); err != nil {
 		return fmt.Errorf("%w: %v", errPaused, err)
 	}
 	return nil
+}
+
+// maxSnapshots is how many configurations keep a snapshot (each is
+// about the guest's used memory: ~90 MiB at the default limits).
+const maxSnapshots = 4
+
+// pruneSnapshots deletes all but the newest keep snapshots in dir.
+func pruneSnapshots(dir string, keep int) {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.vm"))
+	type snap struct {
+		path string
+		t    time.Time
+	}
+	var all []snap
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil {
+			all = append(all, snap{f, fi.ModTime()})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].t.After(all[j].t) })
+	for i := keep; i < len(all); i++ {
+		os.Remove(strings.TrimSuffix(all[i].path, ".vm") + ".json")
+		os.Remove(all[i].path)
+	}
 }
 
 // qmp is a minimal client of QEMU's machine protocol.
