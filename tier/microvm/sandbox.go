@@ -199,6 +199,9 @@ func (v *vm) connect() error {
 
 // kill ends the VMM by its pid (and its process group) and waits for it.
 func (v *vm) kill() {
+	if v == nil { // the VMM never started
+		return
+	}
 	v.killOnce.Do(func() {
 		if v.cmd != nil && v.cmd.Process != nil {
 			syscall.Kill(-v.cmd.Process.Pid, syscall.SIGKILL)

@@ -204,3 +204,14 @@ func sha256hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+// TestVMMMissing: a VMM that cannot start is an infrastructure error
+// naming why, not a panic or a hang.
+func TestVMMMissing(t *testing.T) {
+	v := need(t, microvm.Options{QEMU: "/nonexistent/qemu-system-x86_64", Accel: "tcg"})
+	e := newEngine(t, v)
+	res := runVM(t, e, nil, "true")
+	if res.Termination != result.InfraError || !strings.Contains(res.Error, "no such file") {
+		t.Errorf("termination=%s error=%q", res.Termination, res.Error)
+	}
+}
