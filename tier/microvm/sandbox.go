@@ -336,6 +336,11 @@ func (s *Sandbox) startVM(cfg *VMConfig) {
 				s.hello, s.how, s.booted = &vmagent.Hello{Kernel: meta.Kernel}, "restored", time.Now()
 				return
 			}
+			if s.destroyed() {
+				// Not the snapshot's fault: keep it.
+				s.bootE = errors.New("the sandbox was destroyed while its VM started")
+				return
+			}
 			why = "restore failed: " + err.Error()
 			m.dropSnapshot(key)
 		case errors.Is(err, os.ErrNotExist):
