@@ -33,6 +33,7 @@ import (
 	"github.com/moat-sandbox/moat/tier/gvisor"
 	"github.com/moat-sandbox/moat/tier/microvm"
 	"github.com/moat-sandbox/moat/tier/native"
+	"github.com/moat-sandbox/moat/tier/wasm"
 	"github.com/moat-sandbox/moat/workspace"
 )
 
@@ -151,8 +152,14 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 			return nil, err
 		}
 		t = v
+	case wasm.Name:
+		w, err := wasm.New(wasm.Options{})
+		if err != nil {
+			return nil, err
+		}
+		t = w
 	default:
-		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, microvm"}
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, microvm, wasm"}
 	}
 	e.tiers[name] = t
 	return t, nil
@@ -184,6 +191,11 @@ type Request struct {
 	// sandbox's processes (for host-side inspection: the red-team suite
 	// reads their /proc status from outside). It must not block.
 	OnStart func(id string, procs func() ([]int, error))
+	// OnRuntime, when set, is called just before OnStart on tiers whose
+	// program runs inside a user-space kernel (tier.RuntimeLister), with a
+	// way to list the host pids of that kernel's processes. It must not
+	// block.
+	OnRuntime func(procs func() ([]int, error))
 }
 
 // ErrUsage marks errors in what the caller asked for (bad manifest, bad
@@ -244,6 +256,9 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		}
 	}
 
+	if rl, ok := sb.(tier.RuntimeLister); ok && req.OnRuntime != nil {
+		req.OnRuntime(rl.RuntimeProcs)
+	}
 	if req.OnStart != nil {
 		procs := func() ([]int, error) { return nil, errors.New("this tier cannot list its processes") }
 		if pl, ok := sb.(tier.ProcessLister); ok {

@@ -49,6 +49,13 @@ type Case struct {
 	Argv   []string `yaml:"argv"`
 	Setup  Setup    `yaml:"setup"`
 	Expect Expect   `yaml:"expect"`
+	// PerTier replaces Expect on the named tier, only with a written
+	// reason: a tier whose boundary is elsewhere (gVisor's Sentry serves
+	// the program's system calls itself) is judged by the host-side
+	// evidence of that boundary, never by a weaker check of the same
+	// thing. NotApplicable there is for attacks that make no sense on the
+	// tier; such verdicts are counted apart, never as contained.
+	PerTier map[string]TierExpect `yaml:"per_tier"`
 	// Repeat runs the attack several times (races); every run must be
 	// contained.
 	Repeat int `yaml:"repeat"`
@@ -124,6 +131,30 @@ type Expect struct {
 	DiffBounded int `yaml:"diff_bounded"`
 }
 
+// TierExpect is one tier's own expectation for a case.
+type TierExpect struct {
+	// Reason says why the tier differs and what host-side evidence
+	// stands for the default expectation there. Printed with the verdict.
+	Reason string `yaml:"reason"`
+	// Exactly one of Expect and NotApplicable.
+	Expect        *Expect `yaml:"expect"`
+	NotApplicable bool    `yaml:"not_applicable"`
+}
+
+// forTier returns the case as it is judged on tier, and the reason when
+// the tier has its own expectation.
+func (c *Case) forTier(tier string) (Case, *TierExpect) {
+	te, ok := c.PerTier[tier]
+	if !ok {
+		return *c, nil
+	}
+	cc := *c
+	if te.Expect != nil {
+		cc.Expect = *te.Expect
+	}
+	return cc, &te
+}
+
 // Program returns the argv of the attack.
 func (c *Case) Program() []string {
 	switch {
@@ -154,7 +185,26 @@ func (c *Case) validate() error {
 	if c.Category == "" || c.Threat == "" {
 		return fmt.Errorf("case %s: category and threat are required", c.ID)
 	}
-	e := c.Expect
+	if err := c.Expect.validate(c); err != nil {
+		return err
+	}
+	for tier, te := range c.PerTier {
+		if len(strings.Fields(te.Reason)) < 8 {
+			return fmt.Errorf("case %s: per_tier %s: a reason of at least a sentence is required (why the tier differs, what host-side evidence stands instead)", c.ID, tier)
+		}
+		if (te.Expect != nil) == te.NotApplicable {
+			return fmt.Errorf("case %s: per_tier %s: exactly one of expect and not_applicable", c.ID, tier)
+		}
+		if te.Expect != nil {
+			if err := te.Expect.validate(c); err != nil {
+				return fmt.Errorf("per_tier %s: %w", tier, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Expect) validate(c *Case) error {
 	if len(e.OutputLacks) == 0 && !e.CanaryIntact && !e.NoConnections && len(e.Termination) == 0 &&
 		len(e.Violations) == 0 && e.MaxDurationMS == 0 && e.MaxPeakMemory == "" && len(e.Denied) == 0 &&
 		!e.HostProcs && !e.CopyOutSafe && len(e.FilesAbsent) == 0 && e.DiffBounded == 0 {

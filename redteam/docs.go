@@ -2,6 +2,7 @@ package redteam
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 )
 
@@ -32,6 +33,20 @@ CI also runs the corpus as ` + "`--tier native+session`" + `: every case as the 
 command of a session sandbox (Moat's init serving commands, the path of
 ` + "`moat serve`" + `'s sandboxes), judged the same way.
 
+CI runs it on the gvisor tier too (` + "`--tier gvisor`" + `). There the program's
+processes are the Sentry's, not host processes, so the host-side process
+check reads the runtime's host processes instead: every process in the run's
+cgroup (the Sentry, its systrap stubs, where the program's instructions
+execute, and the gofer) must be runsc, with every thread seccomp-filtered and
+no_new_privs, no capability beyond gVisor's own (CHOWN, DAC_OVERRIDE,
+DAC_READ_SEARCH, FOWNER, FSETID, SETUID, SETGID, SYS_CHROOT, SYS_PTRACE, in
+their own user namespace) and in none of the host's user, mount, pid, network,
+IPC or UTS namespaces; the Go cases that inspect descriptors or roots inspect
+those processes the same way. A case whose default expectation describes the
+native tier's kernel (an operation the Sentry implements for the program, a
+seccomp kill) has its own expectation for the tier, with the reason, in the
+table below; the verdict's evidence is then marked "[gvisor expectation]".
+
 | id | category | severity | threat | why it is contained | fails unsandboxed |
 |---|---|---|---|---|---|
 `)
@@ -40,9 +55,23 @@ command of a session sandbox (Moat's init serving commands, the path of
 		if c.Unsandboxed {
 			shown = "yes"
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", c.ID, c.Category, c.Severity, cell(c.Threat), cell(c.Why), shown)
+		why := cell(c.Why)
+		tiers := make([]string, 0, len(c.PerTier))
+		for t := range c.PerTier {
+			tiers = append(tiers, t)
+		}
+		sort.Strings(tiers)
+		for _, t := range tiers {
+			te := c.PerTier[t]
+			if te.NotApplicable {
+				why += " **On " + t + ", not applicable:** " + cell(te.Reason)
+			} else {
+				why += " **On " + t + ":** " + cell(te.Reason)
+			}
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", c.ID, c.Category, c.Severity, cell(c.Threat), why, shown)
 	}
-	b.WriteString("| `host-residue` | residue | high | anything a run left on the host: cgroups, init processes, mounts, network namespaces, run directories, temp files | checked after the whole suite | n/a |\n")
+	b.WriteString("| `host-residue` | residue | high | anything a run left on the host: cgroups, init processes, gVisor runtime processes, mounts, network namespaces, run directories, temp files | checked after the whole suite | n/a |\n")
 	return b.String()
 }
 

@@ -133,6 +133,22 @@ func (r *runner) residue() Verdict {
 			}
 		}
 	}
+	// gVisor's runtime processes (runsc, its Sentry, stubs and gofer) name
+	// their run's state directory below this home in their command line.
+	runsDir := []byte(filepath.Join(r.e.Home(), "runs") + "/")
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.HasPrefix(b, []byte("runsc")) {
+			continue
+		}
+		if i := bytes.Index(b, runsDir); i >= 0 {
+			id, _, _ := strings.Cut(string(b[i+len(runsDir):]), "/")
+			if !live[id] {
+				left = append(left, "runtime process "+filepath.Base(filepath.Dir(p))+" of run "+id)
+			}
+		}
+	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, line := range strings.Split(string(mi), "\n") {
 			if strings.Contains(line, "moat-redteam") || strings.Contains(line, "/runs/") {

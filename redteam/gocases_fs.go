@@ -119,10 +119,31 @@ type pidWatch struct {
 	seen    int
 	finding string
 	inspect func(pid int) string // "" when the process is fine
+	// runtime: the pids are a user-space kernel's host processes
+	// (startRuntime), judged by inspectRuntime when set, else inspect.
+	runtime        bool
+	inspectRuntime func(pid int) string
+}
+
+// startRuntime watches the runtime's host processes on tiers where the
+// program's are not host processes; start then does nothing.
+func (w *pidWatch) startRuntime(procs func() ([]int, error)) {
+	w.runtime = true
+	if w.inspectRuntime != nil {
+		w.inspect = w.inspectRuntime
+	}
+	w.sample(procs, nil, w.each)
 }
 
 func (w *pidWatch) start(_ string, procs func() ([]int, error)) {
-	w.sample(procs, nil, func(pid int) {
+	if w.runtime {
+		return
+	}
+	w.sample(procs, nil, w.each)
+}
+
+func (w *pidWatch) each(pid int) {
+	{
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if err != nil || len(cmdline) == 0 || bytes.HasPrefix(cmdline, []byte("moat-init\x00")) {
 			return
@@ -137,7 +158,7 @@ func (w *pidWatch) start(_ string, procs func() ([]int, error)) {
 		if w.finding == "" && f != "" {
 			w.finding = fmt.Sprintf("pid %d (%s): %s", pid, clip(strings.Join(strings.Fields(strings.ReplaceAll(string(cmdline), "\x00", " ")), " "), 40), f)
 		}
-	})
+	}
 }
 
 // verdict: escaped with the finding, error when no program process was
@@ -150,6 +171,8 @@ func (w *pidWatch) verdict(ok string) (string, string) {
 		return Escaped, "host /proc: " + w.finding
 	case w.seen == 0:
 		return Error, "the host never saw a program process (the program ended too fast to inspect: make it sleep)"
+	case w.runtime:
+		return Contained, fmt.Sprintf("%s (%d samples of the runtime's host processes: the program's are the Sentry's)", ok, w.seen)
 	}
 	return Contained, fmt.Sprintf("%s (%d samples)", ok, w.seen)
 }
@@ -700,6 +723,9 @@ time.sleep(0.3)
 			return nil
 		},
 		onStart: w.start,
+		// The runtime's processes must not hold them either (they would
+		// serve them to the program): the same inspection.
+		onRuntime: w.startRuntime,
 		check: func(en *env, res *result.Result) (string, string) {
 			w.stop()
 			return w.verdict("no sandbox process held the host's descriptors")
@@ -742,11 +768,39 @@ time.sleep(0.3)
 		}
 		return ""
 	}}
+	// On a user-space kernel's tier the program's root and cwd are the
+	// Sentry's business; the host evidence is that every runtime process
+	// is confined to a root that is not the host's, with its cwd there
+	// (the Sentry chroots into an empty directory, the gofer into the
+	// image), so no host directory is reachable by a relative path.
+	var hostRoot unix.Stat_t
+	if err := unix.Stat("/", &hostRoot); err != nil {
+		return Error, "stat /: " + err.Error(), 0
+	}
+	w.inspectRuntime = func(pid int) string {
+		var cwd, pr unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/cwd", pid), &cwd) != nil ||
+			unix.Stat(fmt.Sprintf("/proc/%d/root", pid), &pr) != nil {
+			return "-"
+		}
+		if same(&pr, &hostRoot) {
+			return "its root is the host's /"
+		}
+		if !same(&cwd, &pr) {
+			t, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+			return fmt.Sprintf("its cwd (%s) is not its root", t)
+		}
+		return ""
+	}
 	defer w.stop()
 	v, ev := r.onceWith(ctx, c, hostHooks{
-		onStart: w.start,
+		onStart:   w.start,
+		onRuntime: w.startRuntime,
 		check: func(en *env, res *result.Result) (string, string) {
 			w.stop()
+			if w.runtime {
+				return w.verdict("every runtime process has a root other than the host's and its cwd at that root")
+			}
 			return w.verdict("every program process has the image as root and /workspace as cwd")
 		},
 	})

@@ -2,6 +2,7 @@ package redteam
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -33,6 +34,8 @@ func init() {
 		Why: "a prober in the sandbox calls every amd64 number 0..471 and every x32 number (nr|0x40000000) with zero arguments; for each one the compiled seccomp.Default() answers with an errno at zero arguments (explicit denials, conditional rules such as socket(0) -> EAFNOSUPPORT, the ENOSYS default, the x32 EPERM), the host requires exactly that errno. " +
 			"Numbers that would disturb the prober are skipped: " + sweepSkipDoc,
 		custom: syscallSweep,
+		PerTier: map[string]TierExpect{"gvisor": {NotApplicable: true,
+			Reason: "the sweep compares the filter installed on the program with the native tier's policy table (seccomp.Default()); on gVisor no such filter is installed on the program: the Sentry implements or refuses each call itself, and the host filters are gVisor's own, whose presence on every host thread of the run the host_procs cases check"}},
 	})
 	register(Case{
 		ID: "priv-inherited-fds", Category: "privilege", Severity: "critical",
@@ -300,11 +303,30 @@ type sampler struct {
 	id   string
 	errs []string
 	seen int
+	// runtime: the tier runs the program inside a user-space kernel and
+	// the sampled processes are the runtime's (onRuntime).
+	runtime bool
+}
+
+// onRuntime samples, with fn, the host processes of a user-space kernel's
+// runtime (engine.Request.OnRuntime, called before OnStart), on tiers where
+// the program's processes are not host processes; onStart then only
+// records the run's id.
+func (s *sampler) onRuntime(fn func(p sandboxProc)) func(func() ([]int, error)) {
+	return func(procs func() ([]int, error)) {
+		s.runtime = true
+		s.onStart(fn)("", procs)
+	}
 }
 
 func (s *sampler) onStart(fn func(p sandboxProc)) func(string, func() ([]int, error)) {
 	return func(id string, procs func() ([]int, error)) {
-		s.id = id
+		if id != "" {
+			s.id = id
+		}
+		if s.runtime && id != "" {
+			return
+		}
 		s.sample(procs, func(err error) {
 			s.mu.Lock()
 			s.errs = append(s.errs, err.Error())
@@ -402,9 +424,31 @@ os.execv("/bin/sleep", ["sleep", "1"])
 			}
 		}
 	}
+	// On a tier with a user-space kernel the program's descriptors are
+	// the Sentry's, not host descriptors: the host-side evidence is that
+	// no runtime process (which would pass it on) holds the planted pipe.
+	var pst unix.Stat_t
+	if err := unix.Fstat(planted, &pst); err != nil {
+		return Error, "fstat: " + err.Error(), 0
+	}
+	pipeName := fmt.Sprintf("pipe:[%d]", pst.Ino)
+	runtimeLook := func(p sandboxProc) {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.pid))
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		checked++
+		for _, e := range ents {
+			if t, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", p.pid, e.Name())); t == pipeName && bad == "" {
+				bad = fmt.Sprintf("runtime pid %d (%s) holds the planted host pipe as fd %s", p.pid, clip(p.cmd, 40), e.Name())
+			}
+		}
+	}
 	m := manifest.Default()
 	m.Tier = r.tier
-	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look)})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look), OnRuntime: s.onRuntime(runtimeLook)})
 	s.stop()
 	closePlanted()
 	if err != nil {
@@ -426,6 +470,9 @@ os.execv("/bin/sleep", ["sleep", "1"])
 		return Error, fmt.Sprintf("the host never read the settled program's descriptors (output %q)", clip(out+decode(res.Stderr), 300)), 1
 	case res.ExitCode != 0 || res.Termination != "exited":
 		return Escaped, fmt.Sprintf("the result says %s with exit %d, the program exited 0: a forged status reached the host (output %q)", res.Termination, res.ExitCode, clip(out, 200)), 1
+	}
+	if s.runtime {
+		return Contained, fmt.Sprintf("the planted host pipe stayed empty; %d samples of the runtime's host descriptor tables: none holds it; the forged status did not reach the result (exit 0)", checked), 1
 	}
 	return Contained, fmt.Sprintf("the planted host pipe stayed empty; %d samples of the program's descriptor table: only 0-2, pipes or /dev/null; the forged status did not reach the result (exit 0)", checked), 1
 }
@@ -518,12 +565,16 @@ print("parent leaves its daemon behind", flush=True)
 	var s sampler
 	m := manifest.Default()
 	m.Tier = r.tier
+	mark := func(p sandboxProc) {
+		mu.Lock()
+		seen[p.pid] = true
+		mu.Unlock()
+	}
+	// On a user-space kernel's tier the daemon lives in the Sentry: the
+	// host evidence is the same, nothing left in the run's cgroup, and
+	// none of the runtime's processes seen during the run still alive.
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog},
-		OnStart: s.onStart(func(p sandboxProc) {
-			mu.Lock()
-			seen[p.pid] = true
-			mu.Unlock()
-		})})
+		OnStart: s.onStart(mark), OnRuntime: s.onRuntime(mark)})
 	s.stop()
 	if err != nil {
 		return Error, "run: " + err.Error(), 1
@@ -536,7 +587,7 @@ print("parent leaves its daemon behind", flush=True)
 	}
 	for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
 		time.Sleep(wait)
-		if left := runProcesses(s.id, seen); len(left) > 0 {
+		if left := runProcesses(s.id, seen, s.runtime); len(left) > 0 {
 			return Escaped, fmt.Sprintf("%v after Run returned, processes of the run are alive: %s", wait, strings.Join(left, "; ")), 1
 		}
 	}
@@ -546,7 +597,11 @@ print("parent leaves its daemon behind", flush=True)
 // runProcesses lists host processes that are still in the run's cgroup, or
 // were seen in the run and still run with a sandbox uid (a pid reused by an
 // unrelated host process keeps its host uid).
-func runProcesses(id string, seen map[int]bool) []string {
+//
+// With runtime, the seen pids are a user-space kernel's host processes,
+// which run as host root: any of them still alive with this run's state
+// directory in its command line (runsc's --root) is left behind.
+func runProcesses(id string, seen map[int]bool, runtime bool) []string {
 	var left []string
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, dir := range procs {
@@ -567,6 +622,12 @@ func runProcesses(id string, seen map[int]bool) []string {
 			continue
 		}
 		st := parseStatus(string(b))
+		if runtime {
+			if cmd, _ := os.ReadFile(dir + "/cmdline"); bytes.Contains(cmd, []byte("/"+id+"/")) && !strings.HasPrefix(st["State"], "Z") {
+				left = append(left, fmt.Sprintf("runtime pid %d (%s)", pid, clip(strings.ReplaceAll(string(cmd), "\x00", " "), 60)))
+			}
+			continue
+		}
 		uid, _ := strconv.ParseInt(firstField(st["Uid"]), 10, 64)
 		if uid >= 0x70000000 && !strings.HasPrefix(st["State"], "Z") {
 			cmd, _ := os.ReadFile(dir + "/cmdline")
@@ -631,6 +692,26 @@ time.sleep(0.5)
 			}
 		}
 	}
+	// On a user-space kernel's tier the program's descriptors are the
+	// Sentry's and its RLIMIT_NOFILE is applied in the Sentry by the guest:
+	// the host evidence is that the program's descriptors never become host
+	// descriptors, i.e. no runtime process's host descriptor table grows
+	// past runtimeFDs (the Sentry holds ~126 of its own, measured).
+	const runtimeFDs = 512
+	hostMost := 0
+	runtimeLook := func(p sandboxProc) {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.pid))
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		checked++
+		hostMost = max(hostMost, len(ents))
+		if len(ents) > runtimeFDs && bad == "" {
+			bad = fmt.Sprintf("runtime pid %d (%s) holds %d host descriptors, bound %d: the program's descriptors reach the host", p.pid, clip(p.cmd, 40), len(ents), runtimeFDs)
+		}
+	}
 	m := manifest.Default()
 	m.Resources.OpenFiles = limit
 	m.Resources.Timeout = manifest.Duration(4 * time.Second)
@@ -639,13 +720,24 @@ time.sleep(0.5)
 		return Error, "manifest: " + err.Error(), 0
 	}
 	m.Tier = r.tier
-	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look)})
+	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look), OnRuntime: s.onRuntime(runtimeLook)})
 	s.stop()
 	if err != nil {
 		return Error, "run: " + err.Error(), 1
 	}
 	if p := s.problem(); p != "" {
 		return Error, p, 1
+	}
+	if s.runtime {
+		switch {
+		case bad != "":
+			return Escaped, bad, 1
+		case checked == 0:
+			return Error, "the host never read a runtime process's descriptors", 1
+		case !strings.Contains(decode(res.Stdout), "opened"):
+			return Error, fmt.Sprintf("the program never hit the limit (output %q)", clip(decode(res.Stdout)+decode(res.Stderr), 200)), 1
+		}
+		return Contained, fmt.Sprintf("the program reached EMFILE inside the Sentry; %d samples of the runtime's host descriptor tables: at most %d, bound %d", checked, hostMost, runtimeFDs), 1
 	}
 	switch {
 	case bad != "":

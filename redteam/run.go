@@ -153,6 +153,15 @@ func (r *runner) run(ctx context.Context, c *Case) Verdict {
 		v.Verdict, v.Evidence = NotApplicable, "the case does not apply to the "+r.tier+" tier"
 		return v
 	}
+	cc, te := c.forTier(r.tier)
+	c = &cc
+	if te != nil {
+		if te.NotApplicable {
+			v.Verdict, v.Evidence = NotApplicable, "not applicable on "+r.tier+": "+te.Reason
+			return v
+		}
+		defer func() { v.Evidence = "[" + r.tier + " expectation] " + v.Evidence }()
+	}
 	for _, req := range c.Requires {
 		if why := missing(req); why != "" {
 			v.Verdict, v.Evidence = NotApplicable, why
@@ -294,6 +303,9 @@ type hostHooks struct {
 	request func(req *engine.Request)
 	// onStart is called with the run's id and process lister.
 	onStart func(id string, procs func() ([]int, error))
+	// onRuntime is called, before onStart, on tiers with a user-space
+	// kernel, with the lister of its host processes.
+	onRuntime func(procs func() ([]int, error))
 	// check judges host state after the run; it runs before the
 	// declarative checks, so its evidence comes first.
 	check func(en *env, res *result.Result) (verdict, evidence string)
@@ -344,10 +356,19 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 		os.Setenv("MOAT_REDTEAM_CANARY_"+c.envKey(), en.canary)
 		defer os.Unsetenv("MOAT_REDTEAM_CANARY_" + c.envKey())
 	}
-	var procs procWatch
+	procs := procWatch{runtimeExe: r.runtimeExe()}
 	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: en.outDir}
-	req.OnStart = func(id string, pl func() ([]int, error)) {
+	req.OnRuntime = func(pl func() ([]int, error)) {
 		if c.Expect.HostProcs {
+			procs.runtime = true
+			procs.start("", pl)
+		}
+		if h.onRuntime != nil {
+			h.onRuntime(pl)
+		}
+	}
+	req.OnStart = func(id string, pl func() ([]int, error)) {
+		if c.Expect.HostProcs && !procs.runtime {
 			procs.start(id, pl)
 		}
 		if h.onStart != nil {
@@ -480,7 +501,11 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 			}
 			return Escaped, ev
 		}
-		held = append(held, fmt.Sprintf("host /proc: %d thread samples unprivileged and filtered", procs.threads))
+		if procs.runtime {
+			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the runtime (%d processes) seccomp-filtered, no_new_privs, no capability beyond gVisor's, in their own namespaces", procs.threads, len(procs.pids)))
+		} else {
+			held = append(held, fmt.Sprintf("host /proc: %d thread samples unprivileged and filtered", procs.threads))
+		}
 	}
 	if e.CopyOutSafe {
 		if ev := copyOutEvidence(en); ev != "" {
@@ -614,18 +639,28 @@ func missing(req string) string {
 // run lives.
 type procWatch struct {
 	poller
-	mu      sync.Mutex
-	threads int
-	bad     string
-	errs    []string
+	// runtime: the tier runs the program inside a user-space kernel, and
+	// the pids are the runtime's host processes (inspectRuntime), the
+	// executable runtimeExe.
+	runtime    bool
+	runtimeExe string
+	mu         sync.Mutex
+	threads    int
+	pids       map[int]bool
+	bad        string
+	errs       []string
 }
 
 func (w *procWatch) start(_ string, procs func() ([]int, error)) {
+	each := w.inspect
+	if w.runtime {
+		each = w.inspectRuntime
+	}
 	w.sample(procs, func(err error) {
 		w.mu.Lock()
 		w.errs = append(w.errs, err.Error())
 		w.mu.Unlock()
-	}, w.inspect)
+	}, each)
 }
 
 // poller polls a run's host pids every 5 ms while the run lives and hands
@@ -745,4 +780,91 @@ func firstField(s string) string {
 		return ""
 	}
 	return f[0]
+}
+
+// runtimeCaps are the capabilities gVisor's own processes keep on the host
+// (within their user namespace, whose map is the identity: gVisor's
+// standard model runs them as root): the Sentry CHOWN, DAC_OVERRIDE,
+// DAC_READ_SEARCH, FOWNER, FSETID, SYS_PTRACE (it traces its systrap
+// stubs); the gofer the first five and SYS_CHROOT, plus SETUID and SETGID
+// when it serves host sockets. Any other bit (SYS_ADMIN, NET_ADMIN,
+// SYS_MODULE...) is a gain.
+const runtimeCaps = 1<<0 | 1<<1 | 1<<2 | 1<<3 | 1<<4 | 1<<6 | 1<<7 | 1<<18 | 1<<19
+
+// runtimeExe is the executable of the tier's runtime processes (runsc for
+// gVisor), resolved, or "" for tiers without one.
+func (r *runner) runtimeExe() string {
+	t, err := r.e.Tier(r.tier)
+	if err != nil {
+		return ""
+	}
+	x, ok := t.(interface{ Runsc() string })
+	if !ok {
+		return ""
+	}
+	p, err := filepath.EvalSymlinks(x.Runsc())
+	if err != nil {
+		return x.Runsc()
+	}
+	return p
+}
+
+// hostNamespaces are the namespaces moat itself runs in, which no runtime
+// process may share (the cgroup namespace is not listed: runsc leaves its
+// processes in the host's, and they see cgroupfs only as far as their
+// mount namespace, an empty chroot, shows it).
+var hostNamespaces = []string{"user", "mnt", "pid", "net", "ipc", "uts"}
+
+// inspectRuntime judges one host process of a user-space kernel's runtime
+// (the Sentry, a systrap stub where the program's instructions execute,
+// the gofer): it must be the runtime's executable, every thread
+// seccomp-filtered with no_new_privs, no capability beyond runtimeCaps in
+// any set, in none of the host's namespaces.
+func (w *procWatch) inspectRuntime(pid int) {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return // exited meanwhile
+	}
+	var shared []string
+	for _, ns := range hostNamespaces {
+		mine, err1 := os.Readlink("/proc/self/ns/" + ns)
+		its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err1 == nil && err2 == nil && mine == its {
+			shared = append(shared, ns)
+		}
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		st := parseStatus(string(b))
+		w.mu.Lock()
+		w.threads++
+		if w.pids == nil {
+			w.pids = map[int]bool{}
+		}
+		w.pids[pid] = true
+		if w.bad == "" {
+			var extra uint64
+			for _, set := range []string{"CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"} {
+				v, _ := strconv.ParseUint(st[set], 16, 64)
+				extra |= v &^ runtimeCaps
+			}
+			switch {
+			case w.runtimeExe == "" || strings.TrimSuffix(exe, " (deleted)") != w.runtimeExe:
+				w.bad = fmt.Sprintf("host pid %d in the run's cgroup runs %s, not the runtime %s", pid, exe, w.runtimeExe)
+			case st["Seccomp"] != "2":
+				w.bad = fmt.Sprintf("runtime pid %d (%s) is not seccomp-filtered (Seccomp %s)", pid, t, st["Seccomp"])
+			case st["NoNewPrivs"] != "1":
+				w.bad = fmt.Sprintf("runtime pid %d (%s) lacks no_new_privs", pid, t)
+			case extra != 0:
+				w.bad = fmt.Sprintf("runtime pid %d (%s) has capabilities beyond gVisor's own: %#x", pid, t, extra)
+			case len(shared) > 0:
+				w.bad = fmt.Sprintf("runtime pid %d shares the host's %v namespaces", pid, shared)
+			}
+		}
+		w.mu.Unlock()
+	}
 }

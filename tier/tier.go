@@ -65,6 +65,16 @@ type ProcessLister interface {
 	Procs() ([]int, error)
 }
 
+// RuntimeLister is implemented by sandboxes whose program runs inside a
+// user-space kernel, so that the program's processes are not host
+// processes: RuntimeProcs lists the host pids of the runtime's processes
+// that stand between the program and the host kernel (for gVisor: every
+// host process in the sandbox's cgroup, the Sentry, its systrap stubs and
+// the gofer) while the sandbox lives.
+type RuntimeLister interface {
+	RuntimeProcs() ([]int, error)
+}
+
 // Spec is what a tier needs to build a sandbox. Sizes are in bytes.
 type Spec struct {
 	ID        string
@@ -178,6 +188,11 @@ type Capabilities struct {
 	// Sessions: the tier prepares sandboxes that run many commands
 	// (Spec.Session, Sessioner).
 	Sessions bool
+	// OnlyGuests: the tier runs only its own WebAssembly guests (python3,
+	// a JavaScript engine), not Linux programs: no shell, no /proc, no
+	// processes, no raw system calls. Conformance cases that need those
+	// are not applicable to it.
+	OnlyGuests bool
 	// Missing explains each protection the tier cannot apply here.
 	Missing []string
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/tier/gvisor"
 	"github.com/moat-sandbox/moat/tier/microvm"
 	"github.com/moat-sandbox/moat/tier/native"
+	"github.com/moat-sandbox/moat/tier/wasm"
 )
 
 func newFlags(name, usage string) *flag.FlagSet {
@@ -96,7 +97,7 @@ func cmdManifest(args []string) int {
 		return 0
 	}
 	fmt.Printf("%s: valid (digest %s)\n", fs.Arg(0), m.Digest())
-	if m.Tier != "native" && m.Tier != "gvisor" && m.Tier != "microvm" {
+	if m.Tier != "native" && m.Tier != "gvisor" && m.Tier != "microvm" && m.Tier != "wasm" {
 		fmt.Fprintf(os.Stderr, "note: tier %q is valid in a manifest but not implemented in this version of moat; 'moat run' will refuse it\n", m.Tier)
 	}
 	return 0
@@ -231,8 +232,12 @@ func cmdDoctor(args []string) int {
 		fmt.Printf("  microvm ready: %s, guest kernel %s, accelerator %s\n", v.VMM(), v.KernelVersion(), acc.Accel)
 		fmt.Printf("          %s\n", strings.ReplaceAll(acc.Reason, "\n", " "))
 	}
-	for _, t := range []string{"wasm"} {
-		fmt.Printf("  %-7s not implemented yet\n", t)
+	if w, err := wasm.New(wasm.Options{}); err != nil {
+		fmt.Printf("  wasm    unavailable: %v\n", err)
+	} else {
+		g := w.Guests()
+		fmt.Printf("  wasm    ready: %s, guests python sha256:%.12s, js sha256:%.12s\n", w.Version(), g["python"], g["js"])
+		w.Close()
 	}
 	e, err := engine.New(engine.Options{})
 	if err != nil {

@@ -88,7 +88,30 @@ type sandbox struct {
 	destroyErr  error
 }
 
-var _ tier.Sandbox = (*sandbox)(nil)
+var (
+	_ tier.Sandbox       = (*sandbox)(nil)
+	_ tier.RuntimeLister = (*sandbox)(nil)
+)
+
+// RuntimeProcs implements tier.RuntimeLister: the host processes in the
+// run's cgroup, which runsc puts there (the Sentry, its systrap stub
+// processes, where the program's instructions execute, and the gofer).
+// The runsc commands Moat starts (run, exec) are Moat's children outside
+// the cgroup and run no program code. Until the guest has reported ready it
+// lists nothing: runsc is still setting the Sentry and gofer up (they
+// install their seccomp filters at the end of it) and no program has
+// started.
+func (s *sandbox) RuntimeProcs() ([]int, error) {
+	select {
+	case <-s.ready:
+	default:
+		return nil, nil
+	}
+	if s.readyErr != nil {
+		return nil, s.readyErr
+	}
+	return s.cg.Procs()
+}
 
 // Prepare implements tier.Tier: cgroup, workspace and bundle, then it boots
 // the sandbox (`runsc run` of the guest's init, ~0.15 s) and returns while
