@@ -69,6 +69,15 @@ type Request struct {
 	// the command's cgroup at it and still reports its counters. The host
 	// kills the whole VM a grace period later regardless.
 	Timeout int64 `json:"timeout_ns"`
+	// Entropy is fresh randomness from the host. A VM restored from a
+	// snapshot starts with the same kernel RNG state as every other clone:
+	// the agent mixes this into the kernel's pool and forces a reseed
+	// before it starts the command.
+	Entropy []byte `json:"entropy,omitempty"`
+	// Time is the host's wall clock (Unix ns) when it sent the request;
+	// the agent sets the guest's clock to it (a restored guest's clock is
+	// the snapshot's).
+	Time int64 `json:"time_ns,omitempty"`
 }
 
 // Result is what the agent observed.

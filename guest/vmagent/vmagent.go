@@ -12,6 +12,7 @@ package vmagent
 import (
 	"archive/tar"
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -187,6 +189,9 @@ func (a *agent) serve() error {
 	}
 	if req.UID <= 0 {
 		return errors.New("request: refusing to run the command as root")
+	}
+	if err := freshen(&req); err != nil {
+		return err
 	}
 	if err := mountRun(&req); err != nil {
 		return err
@@ -524,4 +529,49 @@ func (a *agent) sendWorkspace(dir string) error {
 		return err
 	}
 	return a.send(FrameTarEnd, nil)
+}
+
+// The random(4) ioctls (linux/random.h).
+const (
+	rndAddEntropy = 0x40085203 // _IOW('R', 0x03, int[2])
+	rndReseedCRNG = 0x5207     // _IO('R', 0x07)
+)
+
+// freshen makes this VM's state its own before the command starts: a VM
+// restored from a snapshot shares the kernel's RNG state and an old clock
+// with every other clone. The host's entropy is mixed into the input pool
+// (credited, so the kernel counts it) and the CRNG is reseeded at once:
+// adding entropy alone changes /dev/urandom's output only at the next
+// scheduled reseed. A request with entropy that cannot be applied fails:
+// the command must not run with an RNG shared with other VMs.
+func freshen(req *Request) error {
+	if req.Time > 0 {
+		ts := unix.NsecToTimespec(req.Time)
+		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+			return fmt.Errorf("set the clock: %w", err)
+		}
+	}
+	if len(req.Entropy) == 0 {
+		return nil
+	}
+	if len(req.Entropy) > 4096 {
+		return errors.New("request: more than 4096 bytes of entropy")
+	}
+	n := (len(req.Entropy) + 3) / 4 * 4
+	buf := make([]byte, 8+n)
+	binary.NativeEndian.PutUint32(buf[0:], uint32(8*len(req.Entropy))) // entropy_count, bits
+	binary.NativeEndian.PutUint32(buf[4:], uint32(len(req.Entropy)))   // buf_size, bytes
+	copy(buf[8:], req.Entropy)
+	f, err := os.OpenFile("/dev/urandom", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("entropy: %w", err)
+	}
+	defer f.Close()
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+		return fmt.Errorf("entropy: RNDADDENTROPY: %w", e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndReseedCRNG, 0); e != 0 {
+		return fmt.Errorf("entropy: RNDRESEEDCRNG: %w", e)
+	}
+	return nil
 }

@@ -51,6 +51,10 @@ type Options struct {
 	// flood is counted like on the other tiers, while a guest cannot keep
 	// the host reading forever). The writers cap what is kept.
 	MaxOutputBytes int64
+	// NoSnapshot turns snapshots off: every VM boots its kernel (default:
+	// on unless $MOAT_MICROVM_SNAPSHOT=off). With snapshots, the first VM
+	// of a configuration is saved once booted and later ones restore it.
+	NoSnapshot bool
 	// Console, when set, is a directory where each VM's serial console is
 	// written (debugging only).
 	Console string
@@ -68,6 +72,9 @@ type MicroVM struct {
 	mu        sync.Mutex
 	initramfs string
 	accel     *AccelReport
+	digests   map[string]digestEntry // file digests, by path
+	verified  map[string]fileID      // snapshot files whose sha256 was checked, by key
+	saving    map[string]bool        // snapshots being made, by key
 }
 
 var _ tier.Tier = (*MicroVM)(nil)
@@ -96,6 +103,9 @@ func New(opts Options) (*MicroVM, error) {
 	if opts.Console == "" {
 		opts.Console = os.Getenv("MOAT_MICROVM_CONSOLE")
 	}
+	if os.Getenv("MOAT_MICROVM_SNAPSHOT") == "off" {
+		opts.NoSnapshot = true
+	}
 	if opts.BootTimeout == 0 {
 		opts.BootTimeout = 60 * time.Second
 	}
@@ -113,7 +123,8 @@ func New(opts Options) (*MicroVM, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", tier.ErrUnavailable, err)
 	}
-	m := &MicroVM{opts: opts, vmm: &QEMU{Binary: opts.QEMU}, kernel: k, cache: filepath.Join(opts.Home, "microvm")}
+	m := &MicroVM{opts: opts, vmm: &QEMU{Binary: opts.QEMU}, kernel: k, cache: filepath.Join(opts.Home, "microvm"),
+		digests: map[string]digestEntry{}, verified: map[string]fileID{}, saving: map[string]bool{}}
 	m.cmdline = cmdline
 	if khz := hostTSCkHz(); khz > 0 {
 		m.cmdline += " tsc_early_khz=" + strconv.FormatInt(khz, 10)

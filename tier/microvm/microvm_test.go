@@ -79,7 +79,7 @@ func run(m *testing.M) int {
 
 func residue(agentDir string) []string {
 	var left []string
-	for _, pat := range []string{".tmp-*", ".probe-root-*", "images/.tmp-*"} {
+	for _, pat := range []string{".tmp-*", ".probe-root-*", "images/.tmp-*", "snapshots/.tmp-*"} {
 		m, _ := filepath.Glob(filepath.Join(home, "microvm", pat))
 		left = append(left, m...)
 	}

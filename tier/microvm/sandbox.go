@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,6 +70,7 @@ func hostTSCkHz() int64 {
 type vm struct {
 	cmd    *exec.Cmd
 	socket string
+	qmp    string // QMP socket path, when the VMM has one
 	stderr *boundedBuffer
 
 	killOnce sync.Once
@@ -79,6 +81,15 @@ type vm struct {
 
 // boot starts a VM whose socket lives in dir.
 func (m *MicroVM) boot(dir, disk, accel string, memMiB int64, vcpus int) (*vm, error) {
+	cfg, err := m.config(dir, disk, accel, memMiB, vcpus)
+	if err != nil {
+		return nil, err
+	}
+	return m.startVMM(cfg, nil)
+}
+
+// config is the VM for one sandbox, its sockets in dir.
+func (m *MicroVM) config(dir, disk, accel string, memMiB int64, vcpus int) (*VMConfig, error) {
 	initrd, err := m.assets()
 	if err != nil {
 		return nil, err
@@ -91,12 +102,18 @@ func (m *MicroVM) boot(dir, disk, accel string, memMiB int64, vcpus int) (*vm, e
 		cfg.Cmdline = strings.Replace(m.cmdline, "quiet loglevel=1", "loglevel=7", 1)
 		cfg.Console = filepath.Join(m.opts.Console, filepath.Base(filepath.Dir(dir))+".console")
 	}
-	v := &vm{socket: cfg.Socket, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
+	return cfg, nil
+}
+
+// startVMM starts the VMM for cfg; extra are its file descriptors 3, 4...
+func (m *MicroVM) startVMM(cfg *VMConfig, extra []*os.File) (*vm, error) {
+	v := &vm{socket: cfg.Socket, qmp: cfg.QMP, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
 	cmd, err := m.vmm.Command(cfg)
 	if err != nil {
 		return nil, err
 	}
 	cmd.Stderr = v.stderr
+	cmd.ExtraFiles = extra
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
 	}
@@ -138,23 +155,9 @@ func (v *vm) waitHello(ctx context.Context) (*vmagent.Hello, error) {
 }
 
 func (v *vm) hello() (*vmagent.Hello, error) {
-	var conn net.Conn
-	var err error
-	for i := 0; i < 500; i++ {
-		if conn, err = net.Dial("unix", v.socket); err == nil {
-			break
-		}
-		select {
-		case <-v.exited:
-			return nil, errors.New("VMM exited")
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err := v.connect(); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("connect to the agent port: %w", err)
-	}
-	v.conn = conn
-	v.r = bufio.NewReaderSize(conn, 1<<20)
 	typ, p, err := vmagent.ReadFrame(v.r)
 	if err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
@@ -172,8 +175,33 @@ func (v *vm) hello() (*vmagent.Hello, error) {
 	return &h, nil
 }
 
+// connect connects to the VMM's end of the agent port.
+func (v *vm) connect() error {
+	var conn net.Conn
+	var err error
+	for i := 0; i < 500; i++ {
+		if conn, err = net.Dial("unix", v.socket); err == nil {
+			break
+		}
+		select {
+		case <-v.exited:
+			return errors.New("VMM exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("connect to the agent port: %w", err)
+	}
+	v.conn = conn
+	v.r = bufio.NewReaderSize(conn, 1<<20)
+	return nil
+}
+
 // kill ends the VMM by its pid (and its process group) and waits for it.
 func (v *vm) kill() {
+	if v == nil { // the VMM never started
+		return
+	}
 	v.killOnce.Do(func() {
 		if v.cmd != nil && v.cmd.Process != nil {
 			syscall.Kill(-v.cmd.Process.Pid, syscall.SIGKILL)
@@ -184,6 +212,9 @@ func (v *vm) kill() {
 			v.conn.Close()
 		}
 		os.Remove(v.socket)
+		if v.qmp != "" {
+			os.Remove(v.qmp)
+		}
 	})
 }
 
@@ -235,6 +266,10 @@ type Sandbox struct {
 	bootE  error
 	booted time.Time
 	start  time.Time
+	how    string // how the VM started: restored, or cold boot and why
+
+	mu   sync.Mutex // guards vm and gone while the VM starts
+	gone bool       // Destroy was called
 
 	destroyOnce sync.Once
 }
@@ -271,19 +306,117 @@ func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, e
 		mem = (spec.Limits.MemoryBytes + (1<<20 - 1)) >> 20
 	}
 	vcpus := max(1, min(int(spec.Limits.CPUs+0.999), runtime.NumCPU()))
-	s.vm, err = m.boot(s.dir, disk, acc.Accel, mem+vmOverheadMiB, vcpus)
+	cfg, err := m.config(s.dir, disk, acc.Accel, mem+vmOverheadMiB, vcpus)
 	if err != nil {
 		os.RemoveAll(s.dir)
 		return nil, err
 	}
-	go func() {
-		bctx, cancel := context.WithTimeout(context.Background(), m.opts.BootTimeout)
-		defer cancel()
-		s.hello, s.bootE = s.vm.waitHello(bctx)
-		s.booted = time.Now()
-		close(s.ready)
-	}()
+	go s.startVM(cfg)
 	return s, nil
+}
+
+// startVM gets the sandbox a VM whose agent waits for the request:
+// restored from the configuration's snapshot when there is a valid one,
+// else booted (and, when there is no snapshot yet, saved as the
+// snapshot before it serves its own request). Why it was booted is kept
+// in s.how and reported in the outcome's Runtime.
+func (s *Sandbox) startVM(cfg *VMConfig) {
+	defer close(s.ready)
+	m := s.m
+	ctx, cancel := context.WithTimeout(context.Background(), m.opts.BootTimeout)
+	defer cancel()
+	key, why := m.snapshotKey(cfg)
+	if key != "" {
+		f, meta, err := m.openSnapshot(key)
+		switch {
+		case err == nil:
+			rc := *cfg
+			rc.QMP = filepath.Join(s.dir, "qmp.sock")
+			if _, err = m.restore(ctx, &rc, f, s.track); err == nil {
+				s.hello, s.how, s.booted = &vmagent.Hello{Kernel: meta.Kernel}, "restored", time.Now()
+				return
+			}
+			if s.destroyed() {
+				// Not the snapshot's fault: keep it.
+				s.bootE = errors.New("the sandbox was destroyed while its VM started")
+				return
+			}
+			why = "restore failed: " + err.Error()
+			m.dropSnapshot(key)
+		case errors.Is(err, os.ErrNotExist):
+			why = "no snapshot yet"
+		default:
+			why = "snapshot rejected: " + err.Error()
+			m.dropSnapshot(key)
+		}
+	}
+	if s.destroyed() {
+		s.bootE = errors.New("the sandbox was destroyed while its VM started")
+		return
+	}
+	s.how = "cold boot (" + why + ")"
+	save := key != "" && m.claimSave(key)
+	if save {
+		defer m.releaseSave(key)
+		cfg.QMP = filepath.Join(s.dir, "qmp.sock")
+	}
+	v, err := m.startVMM(cfg, nil)
+	if err != nil {
+		s.bootE = err
+		return
+	}
+	if !s.track(v) {
+		s.bootE = errors.New("the sandbox was destroyed while its VM started")
+		return
+	}
+	s.hello, s.bootE = v.waitHello(ctx)
+	s.booted = time.Now()
+	if s.bootE == nil && save {
+		if err := m.save(ctx, v, cfg, key, s.hello); err != nil {
+			s.how += "; snapshot not saved: " + err.Error()
+			if errors.Is(err, errPaused) {
+				v.kill()
+				s.bootE = err
+			}
+		} else {
+			s.how += "; saved as the snapshot"
+		}
+	}
+}
+
+// track makes v the sandbox's VM; false (and v killed) when the sandbox
+// was destroyed meanwhile.
+func (s *Sandbox) track(v *vm) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		v.kill()
+		return false
+	}
+	s.vm = v
+	return true
+}
+
+func (s *Sandbox) destroyed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gone
+}
+
+func (m *MicroVM) claimSave(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.saving[key] {
+		return false
+	}
+	m.saving[key] = true
+	return true
+}
+
+func (m *MicroVM) releaseSave(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.saving, key)
 }
 
 func (s *Sandbox) Workspace() tier.Workspace { return tier.Workspace{Dir: s.ws, UID: 0, GID: 0} }
@@ -303,6 +436,9 @@ func (s *Sandbox) runtime() string {
 	r := s.m.vmm.Name() + " accel=" + s.accel
 	if s.hello != nil {
 		r += " guest-kernel=" + sanitize([]byte(s.hello.Kernel))
+	}
+	if s.how != "" {
+		r += " start=" + s.how
 	}
 	return r
 }
@@ -326,6 +462,12 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUTime: int64(lim.CPUTime), OpenFiles: lim.OpenFiles,
 		FileSizeBytes: lim.FileSizeBytes, WorkspaceBytes: lim.WorkspaceBytes, WorkspaceFiles: lim.WorkspaceFiles, TmpBytes: lim.TmpBytes,
 		Timeout: int64(lim.Timeout),
+		// Every VM's own randomness and the current time: a restored VM
+		// has its snapshot's RNG state and clock.
+		Entropy: make([]byte, 64), Time: time.Now().UnixNano(),
+	}
+	if _, err := rand.Read(req.Entropy); err != nil {
+		return s.infra(start, "entropy for the guest: %v", err), nil
 	}
 	if req.Dir == "" {
 		req.Dir = "/workspace"
@@ -636,11 +778,36 @@ func extractWorkspace(r io.Reader, dir string, lim tier.Limits) error {
 func (s *Sandbox) Destroy() error {
 	var err error
 	s.destroyOnce.Do(func() {
-		s.vm.kill()
+		s.mu.Lock()
+		s.gone = true
+		v := s.vm
+		s.mu.Unlock()
+		if v != nil {
+			v.kill()
+		}
+		// The starter sees the VM die (or the sandbox gone) and ends.
+		<-s.ready
+		s.mu.Lock()
+		v = s.vm
+		s.mu.Unlock()
+		if v != nil {
+			v.kill()
+		}
 		err = os.RemoveAll(s.dir)
 	})
 	return err
 }
 
-// Pid is the VMM's host pid (tests check it is gone after Destroy).
-func (s *Sandbox) Pid() int { return s.vm.cmd.Process.Pid }
+// Pid is the VMM's host pid (tests check it is gone after Destroy), or 0.
+func (s *Sandbox) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vm == nil || s.vm.cmd == nil {
+		return 0
+	}
+	return s.vm.cmd.Process.Pid
+}
+
+// Started says how the sandbox's VM started: "restored", or "cold boot
+// (why)" (tests and benchmarks check it).
+func (s *Sandbox) Started() string { return s.how }

@@ -19,6 +19,12 @@ type VMConfig struct {
 	MemoryMiB int64
 	VCPUs     int
 	Accel     string // "kvm" or "tcg"
+	// QMP, when set, is a Unix socket path for QEMU's machine protocol
+	// (snapshot and restore).
+	QMP string
+	// Incoming starts the VM waiting for a migration stream (QMP
+	// migrate-incoming) instead of booting the kernel.
+	Incoming bool
 	// Console, when set, receives the guest's serial console (debugging).
 	Console string
 }
@@ -52,7 +58,7 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 	if cfg.Console != "" {
 		serial = "file:" + cfg.Console
 	}
-	return []string{
+	args := []string{
 		"-M", "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=" + strconv.FormatBool(cfg.Console != ""),
 		"-accel", cfg.Accel,
 		"-cpu", cpu,
@@ -72,11 +78,18 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 		"-device", "virtio-serial-device,max_ports=2",
 		"-device", "virtserialport,chardev=agent,name=moat",
 	}
+	if cfg.QMP != "" {
+		args = append(args, "-qmp", "unix:"+cfg.QMP+",server=on,wait=off")
+	}
+	if cfg.Incoming {
+		args = append(args, "-incoming", "defer")
+	}
+	return args
 }
 
 // Command is the VMM process for cfg, not yet started.
 func (q *QEMU) Command(cfg *VMConfig) (*exec.Cmd, error) {
-	for _, p := range []string{cfg.Kernel, cfg.Initramfs, cfg.RootDisk, cfg.Socket, cfg.Console} {
+	for _, p := range []string{cfg.Kernel, cfg.Initramfs, cfg.RootDisk, cfg.Socket, cfg.Console, cfg.QMP} {
 		if strings.ContainsRune(p, ',') {
 			return nil, fmt.Errorf("path %q contains a comma, which QEMU's option syntax cannot take", p)
 		}
