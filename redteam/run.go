@@ -76,7 +76,16 @@ func Run(ctx context.Context, e *engine.Engine, opts Options) ([]Verdict, error)
 		if mode != "" && mode != "session" {
 			return nil, fmt.Errorf("tier %q: the only mode is +session (each case as the only command of a session sandbox)", label)
 		}
-		if _, err := e.Tier(tierName); err != nil {
+		t, err := e.Tier(tierName)
+		if err == nil && t.Capabilities().OnlyGuests {
+			r.inProcess = true
+			if g, ok := t.(interface{ RunsGuest(argv []string) bool }); ok {
+				r.guests = g.RunsGuest
+			} else {
+				return nil, fmt.Errorf("tier %s runs only guests but cannot say which commands are guests", tierName)
+			}
+		}
+		if err != nil {
 			for _, c := range selected {
 				v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: label, Verdict: NotApplicable, Evidence: "tier unavailable: " + err.Error()}
 				out = append(out, v)
@@ -136,18 +145,65 @@ type runner struct {
 	// when every case runs as the only command of a session sandbox.
 	label   string
 	session bool
+	// guests, on a tier that runs only its own WebAssembly guests, says
+	// whether it runs argv (nil: every command runs).
+	guests func(argv []string) bool
+	// inProcess: the program runs inside moat's own process (wasm), so
+	// the host-side process check is that the run created no host
+	// process at all.
+	inProcess bool
 }
 
-// exec runs one request the way this runner attacks the tier.
+// exec runs one request the way this runner attacks the tier. On a tier
+// that runs only its own guests (wasm), a command that is not one of them
+// (sh, sleep, a Linux binary) is marked on the case's context: the attack
+// never ran, so the case cannot be contained (run turns it into
+// not-applicable unless the host saw an escape).
 func (r *runner) exec(ctx context.Context, req *engine.Request) (*result.Result, error) {
 	req.Session = r.session
+	if r.guests != nil {
+		if m, ok := ctx.Value(notGuestKey{}).(*notGuest); ok {
+			m.mark(req.Argv, r.guests(req.Argv))
+		}
+	}
 	return r.e.Run(ctx, req)
 }
 
+// notGuest records the first command of a case that the tier could not
+// run as a guest.
+type notGuest struct {
+	mu     sync.Mutex
+	argv   []string
+	guests int // commands of the case that did run as guests
+}
+
+type notGuestKey struct{}
+
+func (n *notGuest) mark(argv []string, guest bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if guest {
+		n.guests++
+	} else if n.argv == nil {
+		n.argv = append([]string{}, argv...)
+	}
+}
+
+// command names the refused command ("" if none) and whether every
+// command of the case was refused (nothing of the attack ran at all).
+func (n *notGuest) command() (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.argv == nil {
+		return "", false
+	}
+	return strings.Join(n.argv[:min(len(n.argv), 2)], " "), n.guests == 0
+}
+
 // run executes one case (all its repeats) and judges it.
-func (r *runner) run(ctx context.Context, c *Case) Verdict {
+func (r *runner) run(ctx context.Context, c *Case) (v Verdict) {
 	start := time.Now()
-	v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.label}
+	v = Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.label}
 	defer func() { v.Seconds = time.Since(start).Seconds() }()
 	if len(c.Tiers) > 0 && !contains(c.Tiers, r.tier) {
 		v.Verdict, v.Evidence = NotApplicable, "the case does not apply to the "+r.tier+" tier"
@@ -167,6 +223,21 @@ func (r *runner) run(ctx context.Context, c *Case) Verdict {
 			v.Verdict, v.Evidence = NotApplicable, why
 			return v
 		}
+	}
+	if r.guests != nil {
+		// A command the tier refused (not a guest): that part of the
+		// attack never ran, so the case cannot be contained.
+		ng := &notGuest{}
+		// Named result: the deferred functions below rewrite what run
+		// returns.
+		ctx = context.WithValue(ctx, notGuestKey{}, ng)
+		defer func() {
+			// An escape stands if part of the attack ran as a guest;
+			// when nothing ran, an unmet expectation is no escape.
+			if cmd, none := ng.command(); cmd != "" && (v.Verdict != Escaped || none) {
+				v.Verdict, v.Evidence = NotApplicable, fmt.Sprintf("not applicable on %s: the attack's command %q is not a guest the tier runs (python3, node); the tier refused it, so the attack never ran (was: %s: %s)", r.tier, cmd, v.Verdict, clip(v.Evidence, 120))
+			}
+		}()
 	}
 	if c.custom != nil {
 		v.Verdict, v.Evidence, v.Runs = c.custom(ctx, r)
@@ -368,6 +439,10 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 		}
 	}
 	req.OnStart = func(id string, pl func() ([]int, error)) {
+		if c.Expect.HostProcs && r.inProcess {
+			procs.inProcess = true
+			pl = procs.moatChildren
+		}
 		if c.Expect.HostProcs && !procs.runtime {
 			procs.start(id, pl)
 		}
@@ -494,7 +569,15 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 		}
 		held = append(held, fmt.Sprintf("%d operations refused", len(e.Denied)))
 	}
-	if e.HostProcs {
+	if e.HostProcs && procs.inProcess {
+		if ev := procs.verdict(); ev != "" {
+			if strings.HasPrefix(ev, "error: ") {
+				return Error, ev
+			}
+			return Escaped, ev
+		}
+		held = append(held, fmt.Sprintf("host /proc: %d samples while the guest ran in moat's process, no host process created", procs.samples))
+	} else if e.HostProcs {
 		if ev := procs.verdict(); ev != "" {
 			if strings.HasPrefix(ev, "error: ") {
 				return Error, ev
@@ -644,17 +727,24 @@ type procWatch struct {
 	// executable runtimeExe.
 	runtime    bool
 	runtimeExe string
-	mu         sync.Mutex
-	threads    int
-	pids       map[int]bool
-	bad        string
-	errs       []string
+	// inProcess: the program is a guest in moat's own process (wasm); the
+	// pids are moat's child processes, of which there must be none.
+	inProcess bool
+	samples   int
+	mu        sync.Mutex
+	threads   int
+	pids      map[int]bool
+	bad       string
+	errs      []string
 }
 
 func (w *procWatch) start(_ string, procs func() ([]int, error)) {
 	each := w.inspect
 	if w.runtime {
 		each = w.inspectRuntime
+	}
+	if w.inProcess {
+		each = w.inspectChild
 	}
 	w.sample(procs, func(err error) {
 		w.mu.Lock()
@@ -754,6 +844,15 @@ func (w *procWatch) verdict() string {
 	defer w.mu.Unlock()
 	if w.bad != "" {
 		return w.bad
+	}
+	if w.inProcess {
+		if w.samples == 0 {
+			if len(w.errs) > 0 {
+				return "error: " + w.errs[0]
+			}
+			return "error: the host never sampled moat's processes while the guest ran (the program ended too fast: make it sleep)"
+		}
+		return ""
 	}
 	if w.threads == 0 {
 		if len(w.errs) > 0 {
@@ -866,5 +965,58 @@ func (w *procWatch) inspectRuntime(pid int) {
 			}
 		}
 		w.mu.Unlock()
+	}
+}
+
+// moatChildren lists moat's own child processes, for a tier whose guest
+// runs inside moat (wasm): the guest has no way to create a process, so any
+// child that appears while it runs (other than the red-team's own "moat
+// run" helpers) is one it made the host start. Each listing is a sample.
+func (w *procWatch) moatChildren() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	me := os.Getpid()
+	exe, _ := os.Executable()
+	var kids []int
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the command's closing parenthesis: state ppid ...
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(me) {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if exe != "" && bytes.HasPrefix(cmd, []byte(exe+"\x00run\x00")) {
+			continue // a case's own "moat run" helper
+		}
+		kids = append(kids, pid)
+	}
+	w.mu.Lock()
+	w.samples++
+	w.mu.Unlock()
+	return kids, nil
+}
+
+// inspectChild judges a child of moat seen during an in-process run: its
+// existence is the escape.
+func (w *procWatch) inspectChild(pid int) {
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.bad == "" {
+		w.bad = fmt.Sprintf("host pid %d (%s) is a child of moat while the in-process guest ran", pid, strings.ReplaceAll(string(cmd), "\x00", " "))
 	}
 }
