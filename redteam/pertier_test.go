@@ -150,3 +150,14 @@ func TestMoatChildrenCanFail(t *testing.T) {
 		t.Errorf("no sample taken, verdict %q, want an error", ev)
 	}
 }
+
+// TestInspectVMMCanFail: a VMM never seen seccomp-filtered (this test
+// process) is an escape, not a pass.
+func TestInspectVMMCanFail(t *testing.T) {
+	w := &procWatch{runtime: true, vmm: true, runtimeExe: "/nonexistent/qemu"}
+	w.inspectVMM(os.Getpid())
+	w.inspectVMM(os.Getpid())
+	if ev := w.verdict(); !strings.Contains(ev, "never had its seccomp filter") {
+		t.Errorf("verdict %q, want the missing filter found", ev)
+	}
+}

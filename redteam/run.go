@@ -427,7 +427,7 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 		os.Setenv("MOAT_REDTEAM_CANARY_"+c.envKey(), en.canary)
 		defer os.Unsetenv("MOAT_REDTEAM_CANARY_" + c.envKey())
 	}
-	procs := procWatch{runtimeExe: r.runtimeExe()}
+	procs := procWatch{runtimeExe: r.runtimeExe(), vmm: r.tier == "microvm"}
 	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: en.outDir}
 	req.OnRuntime = func(pl func() ([]int, error)) {
 		if c.Expect.HostProcs {
@@ -584,7 +584,9 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 			}
 			return Escaped, ev
 		}
-		if procs.runtime {
+		if procs.vmm {
+			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the VMM (%d processes) are %s, seccomp-filtered (-sandbox), no_new_privs, holding no writable host file outside moat's state and the root disk read-only (%d start-up samples before QEMU installed it not judged; also not judged, see THREATS: %s)", procs.threads, len(procs.pids), procs.runtimeExe, procs.preSandbox, procs.vmmGap))
+		} else if procs.runtime {
 			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the runtime (%d processes) seccomp-filtered, no_new_privs, no capability beyond gVisor's, in their own namespaces", procs.threads, len(procs.pids)))
 		} else {
 			held = append(held, fmt.Sprintf("host /proc: %d thread samples unprivileged and filtered", procs.threads))
@@ -727,6 +729,16 @@ type procWatch struct {
 	// executable runtimeExe.
 	runtime    bool
 	runtimeExe string
+	// vmm: the runtime is a virtual machine monitor (microvm's QEMU);
+	// inspectVMM judges it, and vmmGap records what it is not (yet)
+	// confined by.
+	vmm    bool
+	vmmGap string
+	// filtered: VMM pids seen with their seccomp filter installed; until
+	// then a sample is QEMU's own start-up (it installs -sandbox before
+	// creating the machine and its vCPUs), counted in preSandbox.
+	filtered   map[int]bool
+	preSandbox int
 	// inProcess: the program is a guest in moat's own process (wasm); the
 	// pids are moat's child processes, of which there must be none.
 	inProcess bool
@@ -742,6 +754,9 @@ func (w *procWatch) start(_ string, procs func() ([]int, error)) {
 	each := w.inspect
 	if w.runtime {
 		each = w.inspectRuntime
+		if w.vmm {
+			each = w.inspectVMM
+		}
 	}
 	if w.inProcess {
 		each = w.inspectChild
@@ -845,6 +860,9 @@ func (w *procWatch) verdict() string {
 	if w.bad != "" {
 		return w.bad
 	}
+	if w.vmm && w.threads == 0 && w.preSandbox > 0 {
+		return fmt.Sprintf("the VMM was sampled %d times and never had its seccomp filter (-sandbox) installed", w.preSandbox)
+	}
 	if w.inProcess {
 		if w.samples == 0 {
 			if len(w.errs) > 0 {
@@ -897,13 +915,18 @@ func (r *runner) runtimeExe() string {
 	if err != nil {
 		return ""
 	}
-	x, ok := t.(interface{ Runsc() string })
-	if !ok {
+	var exe string
+	switch x := t.(type) {
+	case interface{ Runsc() string }:
+		exe = x.Runsc()
+	case interface{ VMMBinary() string }:
+		exe = x.VMMBinary()
+	default:
 		return ""
 	}
-	p, err := filepath.EvalSymlinks(x.Runsc())
+	p, err := filepath.EvalSymlinks(exe)
 	if err != nil {
-		return x.Runsc()
+		return exe
 	}
 	return p
 }
@@ -1018,5 +1041,94 @@ func (w *procWatch) inspectChild(pid int) {
 	defer w.mu.Unlock()
 	if w.bad == "" {
 		w.bad = fmt.Sprintf("host pid %d (%s) is a child of moat while the in-process guest ran", pid, strings.ReplaceAll(string(cmd), "\x00", " "))
+	}
+}
+
+// inspectVMM judges one host process of a microvm run: it must be the VMM
+// executable, every thread seccomp-filtered (QEMU's -sandbox) with
+// no_new_privs, and hold no host file open for writing except under moat's
+// state directories, the shared root disk image only read-only. Its uid,
+// capabilities, namespaces and cgroup are recorded (vmmGap), not judged:
+// the tier does not confine QEMU by them yet (docs/THREATS.md).
+func (w *procWatch) inspectVMM(pid int) {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return
+	}
+	st0, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	ps := parseStatus(string(st0))
+	w.mu.Lock()
+	if w.filtered == nil {
+		w.filtered = map[int]bool{}
+	}
+	if !w.filtered[pid] {
+		if ps["Seccomp"] != "2" {
+			w.preSandbox++
+			w.mu.Unlock()
+			return
+		}
+		w.filtered[pid] = true
+	}
+	w.mu.Unlock()
+	var bad string
+	if w.runtimeExe == "" || strings.TrimSuffix(exe, " (deleted)") != w.runtimeExe {
+		bad = fmt.Sprintf("host pid %d of the run runs %s, not the VMM %s", pid, exe, w.runtimeExe)
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil || !strings.HasPrefix(target, "/") || target == "/dev/null" {
+			continue // pipes, sockets, eventfds, exited meanwhile
+		}
+		info, _ := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
+		var flags int64
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				flags, _ = strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			}
+		}
+		writable := flags&3 != 0
+		switch {
+		case strings.Contains(target, "/microvm/images/") && writable:
+			bad = fmt.Sprintf("the VMM (pid %d) holds the shared root disk %s writable (flags %o)", pid, target, flags)
+		case writable && !strings.HasPrefix(target, "/var/lib/moat") && !strings.HasPrefix(target, os.Getenv("MOAT_HOME")+"/"):
+			bad = fmt.Sprintf("the VMM (pid %d) holds host file %s open for writing (flags %o)", pid, target, flags)
+		}
+	}
+	var shared []string
+	for _, ns := range hostNamespaces {
+		mine, err1 := os.Readlink("/proc/self/ns/" + ns)
+		its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err1 == nil && err2 == nil && mine == its {
+			shared = append(shared, ns)
+		}
+	}
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	inMoat := strings.Contains(string(cg), "/moat/")
+	gap := fmt.Sprintf("QEMU runs as host uid %s with CapEff %s, in the host's %v namespaces, in a moat cgroup: %v", firstField(ps["Uid"]), ps["CapEff"], shared, inMoat)
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		st := parseStatus(string(b))
+		w.mu.Lock()
+		w.threads++
+		if w.pids == nil {
+			w.pids = map[int]bool{}
+		}
+		w.pids[pid] = true
+		w.vmmGap = gap
+		switch {
+		case w.bad != "":
+		case bad != "":
+			w.bad = bad
+		case st["Seccomp"] != "2":
+			w.bad = fmt.Sprintf("VMM pid %d (%s) is not seccomp-filtered (Seccomp %s)", pid, t, st["Seccomp"])
+		case st["NoNewPrivs"] != "1":
+			w.bad = fmt.Sprintf("VMM pid %d (%s) lacks no_new_privs", pid, t)
+		}
+		w.mu.Unlock()
 	}
 }

@@ -644,3 +644,20 @@ func (s *Sandbox) Destroy() error {
 
 // Pid is the VMM's host pid (tests check it is gone after Destroy).
 func (s *Sandbox) Pid() int { return s.vm.cmd.Process.Pid }
+
+// RuntimeProcs implements tier.RuntimeLister: the program runs inside the
+// VM, so the host processes that stand for it are the VMM's (QEMU). The
+// red-team suite judges their confinement from the host's /proc.
+func (s *Sandbox) RuntimeProcs() ([]int, error) {
+	if s.vm == nil || s.vm.cmd.Process == nil {
+		return nil, nil
+	}
+	pid := s.vm.cmd.Process.Pid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
+		return nil, nil // exited
+	}
+	return []int{pid}, nil
+}
+
+// VMMBinary is the host path of the VMM executable.
+func (m *MicroVM) VMMBinary() string { return m.opts.QEMU }
