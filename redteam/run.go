@@ -490,6 +490,10 @@ func (c *Case) envKey() string {
 func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, string) {
 	e := c.Expect
 	var held []string
+	if res.Termination == result.InfraError {
+		// Moat failed to run the attack: nothing was judged.
+		return Error, "the tier failed to run the case (infra-error): " + clip(res.Error, 200)
+	}
 	out := decode(res.Stdout) + "\n" + decode(res.Stderr)
 	for _, s := range e.OutputLacks {
 		s = expand(s, en.vars)
