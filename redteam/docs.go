@@ -65,6 +65,19 @@ egress proxy, which the tier refuses, host processes' descriptor tables) are
 not applicable with the reason. The wasm entries are kept in one table,
 ` + "`redteam/wasmtier.go`" + `.
 
+On the microvm tier (` + "`--tier microvm`" + `, by hand: one VM boot per case under
+TCG makes the whole corpus far longer than CI's budget) the program runs in
+the guest kernel, so the host-side process check reads the VMM instead:
+the run's QEMU process must be QEMU's executable, every thread
+seccomp-filtered (QEMU's ` + "`-sandbox`" + `; samples from before QEMU installs it,
+during its own start-up, are counted and not judged, and a VMM never seen
+filtered is an escape) with no_new_privs, holding no host file open for
+writing outside Moat's state directories and the shared root disk only
+read-only. Its uid, capabilities, namespaces and cgroup are printed in the
+evidence, not judged: the tier does not confine QEMU by them yet
+(docs/THREATS.md). A run that ends infra-error is an error, never contained
+or escaped.
+
 | id | category | severity | threat | why it is contained | fails unsandboxed |
 |---|---|---|---|---|---|
 `)
