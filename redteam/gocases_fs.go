@@ -221,6 +221,7 @@ done
 getent passwd; getent shadow 2>&1
 grep -r '^root:' /etc 2>/dev/null | head -20
 `}
+	r.forGuests(c, wasmAccountFiles)
 	v, ev := r.onceWith(ctx, c, hostHooks{check: func(en *env, res *result.Result) (string, string) {
 		out := decode(res.Stdout) + "\n" + decode(res.Stderr)
 		for i, s := range secrets {
@@ -411,6 +412,7 @@ ls -la /workspace /workspace/sub
 		Setup:  Setup{Canary: true, Output: true},
 		Expect: Expect{OutputLacks: []string{"{canary}"}, CanaryIntact: true, CopyOutSafe: true},
 	}
+	r.forGuests(c, wasmLinksToHost)
 	v, ev := r.onceWith(ctx, c, hostHooks{check: func(en *env, res *result.Result) (string, string) {
 		var bad string
 		n := 0
@@ -489,8 +491,12 @@ func ioInputSymlinkRefused(ctx context.Context, r *runner) (string, string, int)
 		}
 		m.Tier = r.tier
 		var started atomic.Bool
+		argv := []string{"sh", "-c", "cat in/*/secret.txt in/*/shadow in/*/*/*/shadow in/secret.txt 2>&1; echo ran"}
+		if r.guests != nil {
+			argv = []string{"python3", "-c", wasmReadInputs}
+		}
 		res, err := r.exec(ctx, &engine.Request{Manifest: m,
-			Argv:    []string{"sh", "-c", "cat in/*/secret.txt in/*/shadow in/*/*/*/shadow in/secret.txt 2>&1; echo ran"},
+			Argv:    argv,
 			OnStart: func(string, func() ([]int, error)) { started.Store(true) }})
 		os.RemoveAll(dir)
 		runs++

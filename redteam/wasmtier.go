@@ -226,6 +226,61 @@ except OSError as e:
 sys.exit(1)
 `
 
+// forGuests replaces a Go case's shell program by the same attack in
+// Python on a tier that runs only its own guests (wasm).
+func (r *runner) forGuests(c *Case, python string) {
+	if r.guests != nil {
+		c.Sh, c.Argv, c.Python = "", nil, python
+	}
+}
+
+// The Python forms of Go cases' shell attacks (forGuests).
+const wasmReadInputs = `import glob
+for p in glob.glob("in/*/secret.txt") + glob.glob("in/*/shadow") + glob.glob("in/*/*/*/shadow") + ["in/secret.txt"]:
+    try:
+        print(open(p).read())
+    except OSError as e:
+        print(p, "denied", e.errno)
+print("ran")
+`
+
+const wasmAccountFiles = `import os
+for f in ["/etc/shadow", "/etc/gshadow", "/etc/passwd", "/etc/group"]:
+    for p in [f, "/proc/1/root" + f, "/proc/self/root" + f, "/workspace/../.." + f, "../../.." + f]:
+        try:
+            print(open(p).read())
+        except OSError as e:
+            print(p, "denied", e.errno)
+for d, _, fs in os.walk("/"):
+    for n in fs:
+        try:
+            for line in open(os.path.join(d, n), errors="replace"):
+                if line.startswith("root:"):
+                    print(line)
+        except OSError:
+            pass
+`
+
+const wasmLinksToHost = `import os
+os.chdir("/workspace")
+os.makedirs("sub", exist_ok=True)
+for t, n in [("{canary_path}", "sym-canary"), ("/etc/passwd", "sym-passwd"), (os.path.dirname("{canary_path}"), "sym-dir"),
+             ("../../../../../../../..{canary_path}", "sym-rel"), ("/proc/self/root{canary_path}", "sym-proc"),
+             ("../sym-canary", "sub/chain"), ("../sym-dir/secret.txt", "sub/through-dir")]:
+    try:
+        os.symlink(t, n)
+        print("symlink", n, "made")
+    except OSError as e:
+        print("symlink", n, "denied", e.errno)
+for t, n in [("{canary_path}", "hard-canary"), ("/proc/self/root{canary_path}", "hard-proc"), ("/etc/passwd", "hard-passwd")]:
+    try:
+        os.link(t, n)
+        print("link", n, "made")
+    except OSError as e:
+        print("link", n, "denied", e.errno)
+print(sorted(os.listdir(".")), sorted(os.listdir("sub")))
+`
+
 // applyTierTable adds the tables' entries to the cases they name.
 func applyTierTable(all []Case) error {
 	byID := map[string]*Case{}
