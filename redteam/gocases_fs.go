@@ -270,6 +270,7 @@ done
 ls -la /root /root/.ssh /root/.aws /home /home/* 2>&1 | head -40
 find / -xdev \( -name 'id_*' -o -name credentials -o -name .netrc \) -print 2>/dev/null | head -20
 `}
+	r.forGuests(c, wasmHomeSecrets)
 	v, ev := r.onceWith(ctx, c, hostHooks{
 		prepare: func(en *env) error { en.vars["home"] = home; return nil },
 		check: func(en *env, res *result.Result) (string, string) {
@@ -524,6 +525,7 @@ ls -a /tmp /var/tmp /run 2>&1
 ls -la / /proc/self/root/ /proc/1/cwd/ 2>&1
 hostname; cat /proc/sys/kernel/hostname
 `, Setup: Setup{Canary: true}, Expect: Expect{OutputLacks: []string{"{canary}"}}}
+	r.forGuests(c, wasmHostPaths)
 	var id atomic.Value
 	v, ev := r.onceWith(ctx, c, hostHooks{
 		onStart: func(rid string, _ func() ([]int, error)) { id.Store(rid) },

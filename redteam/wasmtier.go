@@ -281,6 +281,45 @@ for t, n in [("{canary_path}", "hard-canary"), ("/proc/self/root{canary_path}", 
 print(sorted(os.listdir(".")), sorted(os.listdir("sub")))
 `
 
+const wasmHomeSecrets = `import os
+for f in [".ssh/id_ed25519", ".ssh/id_rsa", ".aws/credentials", ".kube/config", ".docker/config.json", ".netrc", ".git-credentials", ".config/gcloud/ad.json"]:
+    for p in ["{home}/" + f, "/proc/1/root{home}/" + f, "/proc/self/root{home}/" + f, os.environ.get("HOME", "/") + "/" + f, "/workspace/../..{home}/" + f]:
+        try:
+            print(open(p).read())
+        except OSError as e:
+            print(p, "denied", e.errno)
+for d in ["/root", "/root/.ssh", "/root/.aws", "/home"]:
+    try:
+        print(d, os.listdir(d))
+    except OSError as e:
+        print(d, "denied", e.errno)
+for d, _, names in os.walk("/"):
+    for n in names:
+        if n.startswith("id_") or n in ("credentials", ".netrc"):
+            try:
+                print(os.path.join(d, n), open(os.path.join(d, n)).read())
+            except OSError as e:
+                print(os.path.join(d, n), "denied", e.errno)
+`
+
+const wasmHostPaths = `import os, socket
+for p in ["/proc/self/mountinfo", "/proc/self/cgroup", "/proc/1/cgroup", "/proc/self/mounts", "/proc/1/mountinfo", "/proc/sys/kernel/hostname"]:
+    try:
+        print(open(p).read())
+    except OSError as e:
+        print(p, "denied", e.errno)
+for d in ["/tmp", "/var/tmp", "/run", "/", "/proc/self/root/", "/proc/1/cwd/", "/usr/local/lib/python3.11"]:
+    try:
+        print(d, sorted(os.listdir(d))[:50])
+    except OSError as e:
+        print(d, "denied", e.errno)
+try:
+    print("hostname", socket.gethostname())
+except Exception as e:
+    print("hostname", e)
+print(os.getcwd(), dict(os.environ))
+`
+
 // applyTierTable adds the tables' entries to the cases they name.
 func applyTierTable(all []Case) error {
 	byID := map[string]*Case{}
