@@ -91,6 +91,15 @@ func TestTierTable(t *testing.T) {
 	if n != len(wasmTable) {
 		t.Errorf("%d cases carry a wasm entry, the table has %d", n, len(wasmTable))
 	}
+	m := 0
+	for _, c := range all {
+		if _, ok := c.PerTier["microvm"]; ok {
+			m++
+		}
+	}
+	if m != len(microvmTable) {
+		t.Errorf("%d cases carry a microvm entry, the table has %d", m, len(microvmTable))
+	}
 	// A variant replaces the program, keeping the case's attack id.
 	var c Case
 	for _, x := range all {

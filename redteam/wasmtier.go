@@ -326,7 +326,7 @@ func applyTierTable(all []Case) error {
 	for i := range all {
 		byID[all[i].ID] = &all[i]
 	}
-	for tier, table := range map[string]map[string]TierExpect{"wasm": wasmTable} {
+	for tier, table := range map[string]map[string]TierExpect{"wasm": wasmTable, "microvm": microvmTable} {
 		for id, te := range table {
 			c, ok := byID[id]
 			if !ok {
