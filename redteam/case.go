@@ -139,6 +139,10 @@ type TierExpect struct {
 	// Exactly one of Expect and NotApplicable.
 	Expect        *Expect `yaml:"expect"`
 	NotApplicable bool    `yaml:"not_applicable"`
+	// Python, with Expect, replaces the attack program on the tier by the
+	// same attack written in Python, for a tier that runs no shell (wasm):
+	// the attack is the case's, only its language differs.
+	Python string `yaml:"python"`
 }
 
 // forTier returns the case as it is judged on tier, and the reason when
@@ -151,6 +155,9 @@ func (c *Case) forTier(tier string) (Case, *TierExpect) {
 	cc := *c
 	if te.Expect != nil {
 		cc.Expect = *te.Expect
+	}
+	if te.Python != "" {
+		cc.Sh, cc.Argv, cc.Python = "", nil, te.Python
 	}
 	return cc, &te
 }
@@ -189,16 +196,27 @@ func (c *Case) validate() error {
 		return err
 	}
 	for tier, te := range c.PerTier {
-		if len(strings.Fields(te.Reason)) < 8 {
-			return fmt.Errorf("case %s: per_tier %s: a reason of at least a sentence is required (why the tier differs, what host-side evidence stands instead)", c.ID, tier)
+		if err := c.validateTier(tier, te); err != nil {
+			return err
 		}
-		if (te.Expect != nil) == te.NotApplicable {
-			return fmt.Errorf("case %s: per_tier %s: exactly one of expect and not_applicable", c.ID, tier)
-		}
-		if te.Expect != nil {
-			if err := te.Expect.validate(c); err != nil {
-				return fmt.Errorf("per_tier %s: %w", tier, err)
-			}
+	}
+	return nil
+}
+
+// validateTier checks one tier's own expectation.
+func (c *Case) validateTier(tier string, te TierExpect) error {
+	if len(strings.Fields(te.Reason)) < 8 {
+		return fmt.Errorf("case %s: per_tier %s: a reason of at least a sentence is required (why the tier differs, what host-side evidence stands instead)", c.ID, tier)
+	}
+	if (te.Expect != nil) == te.NotApplicable {
+		return fmt.Errorf("case %s: per_tier %s: exactly one of expect and not_applicable", c.ID, tier)
+	}
+	if te.Python != "" && (te.Expect == nil || c.custom != nil) {
+		return fmt.Errorf("case %s: per_tier %s: python (a variant of the attack) needs expect, and a declarative case", c.ID, tier)
+	}
+	if te.Expect != nil {
+		if err := te.Expect.validate(c); err != nil {
+			return fmt.Errorf("per_tier %s: %w", tier, err)
 		}
 	}
 	return nil
@@ -253,6 +271,9 @@ func Cases() ([]Case, error) {
 		}
 	}
 	all = append(all, goCases()...)
+	if err := applyTierTable(all); err != nil {
+		return nil, err
+	}
 	sort.SliceStable(all, func(i, j int) bool {
 		if all[i].Category != all[j].Category {
 			return all[i].Category < all[j].Category

@@ -47,6 +47,37 @@ native tier's kernel (an operation the Sentry implements for the program, a
 seccomp kill) has its own expectation for the tier, with the reason, in the
 table below; the verdict's evidence is then marked "[gvisor expectation]".
 
+CI runs it on the wasm tier too (` + "`--tier wasm`" + `). A WebAssembly guest
+(CPython-WASI, QuickJS) runs inside moat's own process and reaches the host
+only through the WASI preview 1 imports wazero implements: no shell, no
+processes, no signals, no sockets, no ctypes. A case whose command is not a
+guest (sh, a Linux program) never runs there: the runner reports it
+not-applicable, saying which command the tier refused, never contained (an
+escape stands if part of the attack did run as a guest). Where the attack can
+be written in Python (reading the host canary through ..,
+symlinks, absolute paths and /proc; moat's environment; a sweep of every
+reachable file; loopback connections; copy-out links; a disk fill), the case
+runs a Python variant of the same attack, judged by the same host-side
+checks. On this tier the host-side process check is that moat has no child
+process at all while the guest runs (sampled from the host's /proc every
+5 ms). Cases that attack what the tier does not have (Linux system calls, the
+egress proxy, which the tier refuses, host processes' descriptor tables) are
+not applicable with the reason. The wasm entries are kept in one table,
+` + "`redteam/wasmtier.go`" + `.
+
+On the microvm tier (` + "`--tier microvm`" + `, by hand: one VM boot per case under
+TCG makes the whole corpus far longer than CI's budget) the program runs in
+the guest kernel, so the host-side process check reads the VMM instead:
+the run's QEMU process must be QEMU's executable, every thread
+seccomp-filtered (QEMU's ` + "`-sandbox`" + `; samples from before QEMU installs it,
+during its own start-up, are counted and not judged, and a VMM never seen
+filtered is an escape) with no_new_privs, holding no host file open for
+writing outside Moat's state directories and the shared root disk only
+read-only. Its uid, capabilities, namespaces and cgroup are printed in the
+evidence, not judged: the tier does not confine QEMU by them yet
+(docs/THREATS.md). A run that ends infra-error is an error, never contained
+or escaped.
+
 | id | category | severity | threat | why it is contained | fails unsandboxed |
 |---|---|---|---|---|---|
 `)

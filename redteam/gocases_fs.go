@@ -221,6 +221,7 @@ done
 getent passwd; getent shadow 2>&1
 grep -r '^root:' /etc 2>/dev/null | head -20
 `}
+	r.forGuests(c, wasmAccountFiles)
 	v, ev := r.onceWith(ctx, c, hostHooks{check: func(en *env, res *result.Result) (string, string) {
 		out := decode(res.Stdout) + "\n" + decode(res.Stderr)
 		for i, s := range secrets {
@@ -269,6 +270,7 @@ done
 ls -la /root /root/.ssh /root/.aws /home /home/* 2>&1 | head -40
 find / -xdev \( -name 'id_*' -o -name credentials -o -name .netrc \) -print 2>/dev/null | head -20
 `}
+	r.forGuests(c, wasmHomeSecrets)
 	v, ev := r.onceWith(ctx, c, hostHooks{
 		prepare: func(en *env) error { en.vars["home"] = home; return nil },
 		check: func(en *env, res *result.Result) (string, string) {
@@ -411,6 +413,7 @@ ls -la /workspace /workspace/sub
 		Setup:  Setup{Canary: true, Output: true},
 		Expect: Expect{OutputLacks: []string{"{canary}"}, CanaryIntact: true, CopyOutSafe: true},
 	}
+	r.forGuests(c, wasmLinksToHost)
 	v, ev := r.onceWith(ctx, c, hostHooks{check: func(en *env, res *result.Result) (string, string) {
 		var bad string
 		n := 0
@@ -489,8 +492,12 @@ func ioInputSymlinkRefused(ctx context.Context, r *runner) (string, string, int)
 		}
 		m.Tier = r.tier
 		var started atomic.Bool
+		argv := []string{"sh", "-c", "cat in/*/secret.txt in/*/shadow in/*/*/*/shadow in/secret.txt 2>&1; echo ran"}
+		if r.guests != nil {
+			argv = []string{"python3", "-c", wasmReadInputs}
+		}
 		res, err := r.exec(ctx, &engine.Request{Manifest: m,
-			Argv:    []string{"sh", "-c", "cat in/*/secret.txt in/*/shadow in/*/*/*/shadow in/secret.txt 2>&1; echo ran"},
+			Argv:    argv,
 			OnStart: func(string, func() ([]int, error)) { started.Store(true) }})
 		os.RemoveAll(dir)
 		runs++
@@ -518,6 +525,7 @@ ls -a /tmp /var/tmp /run 2>&1
 ls -la / /proc/self/root/ /proc/1/cwd/ 2>&1
 hostname; cat /proc/sys/kernel/hostname
 `, Setup: Setup{Canary: true}, Expect: Expect{OutputLacks: []string{"{canary}"}}}
+	r.forGuests(c, wasmHostPaths)
 	var id atomic.Value
 	v, ev := r.onceWith(ctx, c, hostHooks{
 		onStart: func(rid string, _ func() ([]int, error)) { id.Store(rid) },

@@ -2,6 +2,7 @@ package redteam
 
 import (
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -73,5 +74,99 @@ func TestInspectRuntimeCanFail(t *testing.T) {
 				t.Errorf("verdict %q, want it to contain %q", ev, tc.want)
 			}
 		})
+	}
+}
+
+func TestTierTable(t *testing.T) {
+	all, err := Cases()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range all {
+		if _, ok := c.PerTier["wasm"]; ok {
+			n++
+		}
+	}
+	if n != len(wasmTable) {
+		t.Errorf("%d cases carry a wasm entry, the table has %d", n, len(wasmTable))
+	}
+	m := 0
+	for _, c := range all {
+		if _, ok := c.PerTier["microvm"]; ok {
+			m++
+		}
+	}
+	if m != len(microvmTable) {
+		t.Errorf("%d cases carry a microvm entry, the table has %d", m, len(microvmTable))
+	}
+	// A variant replaces the program, keeping the case's attack id.
+	var c Case
+	for _, x := range all {
+		if x.ID == "res-disk-bomb" {
+			c = x
+		}
+	}
+	cc, te := c.forTier("wasm")
+	if te == nil || cc.Sh != "" || cc.Python == "" || c.Sh == "" {
+		t.Errorf("res-disk-bomb on wasm: sh %q python %q (default sh %q), want the Python variant", cc.Sh, cc.Python, c.Sh)
+	}
+	// Entries naming a missing case, or a tier entry twice, are refused.
+	one := []Case{{ID: "only", PerTier: map[string]TierExpect{"wasm": {Reason: "already has an entry for the wasm tier here", NotApplicable: true}}}}
+	if err := applyTierTable(one); err == nil {
+		t.Error("a table naming cases that do not exist was accepted")
+	}
+}
+
+// TestNotGuest: a case that ran only refused commands cannot be contained or
+// escaped; one that also ran a guest keeps an escape.
+func TestNotGuest(t *testing.T) {
+	var n notGuest
+	if cmd, _ := n.command(); cmd != "" {
+		t.Fatalf("nothing marked, got %q", cmd)
+	}
+	n.mark([]string{"sh", "-c", "x"}, false)
+	if cmd, none := n.command(); cmd != "sh -c" || !none {
+		t.Errorf("got %q %v, want sh -c and nothing ran", cmd, none)
+	}
+	n.mark([]string{"python3", "-c", "x"}, true)
+	if _, none := n.command(); none {
+		t.Error("a guest ran, but the case says nothing did")
+	}
+}
+
+// TestMoatChildrenCanFail: a child of this process must be seen and judged
+// an escape by the in-process (wasm) check.
+func TestMoatChildrenCanFail(t *testing.T) {
+	cmd := exec.Command("sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sleep binary: ", err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	w := &procWatch{inProcess: true}
+	pids, err := w.moatChildren()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pids {
+		w.inspectChild(p)
+	}
+	if ev := w.verdict(); !strings.Contains(ev, "child of moat") {
+		t.Errorf("verdict %q with child %d running, want an escape", ev, cmd.Process.Pid)
+	}
+	w2 := &procWatch{inProcess: true}
+	if ev := w2.verdict(); !strings.HasPrefix(ev, "error: ") {
+		t.Errorf("no sample taken, verdict %q, want an error", ev)
+	}
+}
+
+// TestInspectVMMCanFail: a VMM never seen seccomp-filtered (this test
+// process) is an escape, not a pass.
+func TestInspectVMMCanFail(t *testing.T) {
+	w := &procWatch{runtime: true, vmm: true, runtimeExe: "/nonexistent/qemu"}
+	w.inspectVMM(os.Getpid())
+	w.inspectVMM(os.Getpid())
+	if ev := w.verdict(); !strings.Contains(ev, "never had its seccomp filter") {
+		t.Errorf("verdict %q, want the missing filter found", ev)
 	}
 }

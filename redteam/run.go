@@ -76,7 +76,16 @@ func Run(ctx context.Context, e *engine.Engine, opts Options) ([]Verdict, error)
 		if mode != "" && mode != "session" {
 			return nil, fmt.Errorf("tier %q: the only mode is +session (each case as the only command of a session sandbox)", label)
 		}
-		if _, err := e.Tier(tierName); err != nil {
+		t, err := e.Tier(tierName)
+		if err == nil && t.Capabilities().OnlyGuests {
+			r.inProcess = true
+			if g, ok := t.(interface{ RunsGuest(argv []string) bool }); ok {
+				r.guests = g.RunsGuest
+			} else {
+				return nil, fmt.Errorf("tier %s runs only guests but cannot say which commands are guests", tierName)
+			}
+		}
+		if err != nil {
 			for _, c := range selected {
 				v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: label, Verdict: NotApplicable, Evidence: "tier unavailable: " + err.Error()}
 				out = append(out, v)
@@ -136,18 +145,65 @@ type runner struct {
 	// when every case runs as the only command of a session sandbox.
 	label   string
 	session bool
+	// guests, on a tier that runs only its own WebAssembly guests, says
+	// whether it runs argv (nil: every command runs).
+	guests func(argv []string) bool
+	// inProcess: the program runs inside moat's own process (wasm), so
+	// the host-side process check is that the run created no host
+	// process at all.
+	inProcess bool
 }
 
-// exec runs one request the way this runner attacks the tier.
+// exec runs one request the way this runner attacks the tier. On a tier
+// that runs only its own guests (wasm), a command that is not one of them
+// (sh, sleep, a Linux binary) is marked on the case's context: the attack
+// never ran, so the case cannot be contained (run turns it into
+// not-applicable unless the host saw an escape).
 func (r *runner) exec(ctx context.Context, req *engine.Request) (*result.Result, error) {
 	req.Session = r.session
+	if r.guests != nil {
+		if m, ok := ctx.Value(notGuestKey{}).(*notGuest); ok {
+			m.mark(req.Argv, r.guests(req.Argv))
+		}
+	}
 	return r.e.Run(ctx, req)
 }
 
+// notGuest records the first command of a case that the tier could not
+// run as a guest.
+type notGuest struct {
+	mu     sync.Mutex
+	argv   []string
+	guests int // commands of the case that did run as guests
+}
+
+type notGuestKey struct{}
+
+func (n *notGuest) mark(argv []string, guest bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if guest {
+		n.guests++
+	} else if n.argv == nil {
+		n.argv = append([]string{}, argv...)
+	}
+}
+
+// command names the refused command ("" if none) and whether every
+// command of the case was refused (nothing of the attack ran at all).
+func (n *notGuest) command() (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.argv == nil {
+		return "", false
+	}
+	return strings.Join(n.argv[:min(len(n.argv), 2)], " "), n.guests == 0
+}
+
 // run executes one case (all its repeats) and judges it.
-func (r *runner) run(ctx context.Context, c *Case) Verdict {
+func (r *runner) run(ctx context.Context, c *Case) (v Verdict) {
 	start := time.Now()
-	v := Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.label}
+	v = Verdict{Case: c.ID, Category: c.Category, Severity: c.Severity, Tier: r.label}
 	defer func() { v.Seconds = time.Since(start).Seconds() }()
 	if len(c.Tiers) > 0 && !contains(c.Tiers, r.tier) {
 		v.Verdict, v.Evidence = NotApplicable, "the case does not apply to the "+r.tier+" tier"
@@ -167,6 +223,21 @@ func (r *runner) run(ctx context.Context, c *Case) Verdict {
 			v.Verdict, v.Evidence = NotApplicable, why
 			return v
 		}
+	}
+	if r.guests != nil {
+		// A command the tier refused (not a guest): that part of the
+		// attack never ran, so the case cannot be contained.
+		ng := &notGuest{}
+		// Named result: the deferred functions below rewrite what run
+		// returns.
+		ctx = context.WithValue(ctx, notGuestKey{}, ng)
+		defer func() {
+			// An escape stands if part of the attack ran as a guest;
+			// when nothing ran, an unmet expectation is no escape.
+			if cmd, none := ng.command(); cmd != "" && (v.Verdict != Escaped || none) {
+				v.Verdict, v.Evidence = NotApplicable, fmt.Sprintf("not applicable on %s: the attack's command %q is not a guest the tier runs (python3, node); the tier refused it, so the attack never ran (was: %s: %s)", r.tier, cmd, v.Verdict, clip(v.Evidence, 120))
+			}
+		}()
 	}
 	if c.custom != nil {
 		v.Verdict, v.Evidence, v.Runs = c.custom(ctx, r)
@@ -356,7 +427,7 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 		os.Setenv("MOAT_REDTEAM_CANARY_"+c.envKey(), en.canary)
 		defer os.Unsetenv("MOAT_REDTEAM_CANARY_" + c.envKey())
 	}
-	procs := procWatch{runtimeExe: r.runtimeExe()}
+	procs := procWatch{runtimeExe: r.runtimeExe(), vmm: r.tier == "microvm"}
 	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: en.outDir}
 	req.OnRuntime = func(pl func() ([]int, error)) {
 		if c.Expect.HostProcs {
@@ -368,6 +439,10 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 		}
 	}
 	req.OnStart = func(id string, pl func() ([]int, error)) {
+		if c.Expect.HostProcs && r.inProcess {
+			procs.inProcess = true
+			pl = procs.moatChildren
+		}
 		if c.Expect.HostProcs && !procs.runtime {
 			procs.start(id, pl)
 		}
@@ -415,6 +490,10 @@ func (c *Case) envKey() string {
 func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, string) {
 	e := c.Expect
 	var held []string
+	if res.Termination == result.InfraError {
+		// Moat failed to run the attack: nothing was judged.
+		return Error, "the tier failed to run the case (infra-error): " + clip(res.Error, 200)
+	}
 	out := decode(res.Stdout) + "\n" + decode(res.Stderr)
 	for _, s := range e.OutputLacks {
 		s = expand(s, en.vars)
@@ -494,14 +573,24 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 		}
 		held = append(held, fmt.Sprintf("%d operations refused", len(e.Denied)))
 	}
-	if e.HostProcs {
+	if e.HostProcs && procs.inProcess {
 		if ev := procs.verdict(); ev != "" {
 			if strings.HasPrefix(ev, "error: ") {
 				return Error, ev
 			}
 			return Escaped, ev
 		}
-		if procs.runtime {
+		held = append(held, fmt.Sprintf("host /proc: %d samples while the guest ran in moat's process, no host process created", procs.samples))
+	} else if e.HostProcs {
+		if ev := procs.verdict(); ev != "" {
+			if strings.HasPrefix(ev, "error: ") {
+				return Error, ev
+			}
+			return Escaped, ev
+		}
+		if procs.vmm {
+			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the VMM (%d processes) are %s, seccomp-filtered (-sandbox), no_new_privs, holding no writable host file outside moat's state and the root disk read-only (%d start-up samples before QEMU installed it not judged; also not judged, see THREATS: %s)", procs.threads, len(procs.pids), procs.runtimeExe, procs.preSandbox, procs.vmmGap))
+		} else if procs.runtime {
 			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the runtime (%d processes) seccomp-filtered, no_new_privs, no capability beyond gVisor's, in their own namespaces", procs.threads, len(procs.pids)))
 		} else {
 			held = append(held, fmt.Sprintf("host /proc: %d thread samples unprivileged and filtered", procs.threads))
@@ -644,17 +733,37 @@ type procWatch struct {
 	// executable runtimeExe.
 	runtime    bool
 	runtimeExe string
-	mu         sync.Mutex
-	threads    int
-	pids       map[int]bool
-	bad        string
-	errs       []string
+	// vmm: the runtime is a virtual machine monitor (microvm's QEMU);
+	// inspectVMM judges it, and vmmGap records what it is not (yet)
+	// confined by.
+	vmm    bool
+	vmmGap string
+	// filtered: VMM pids seen with their seccomp filter installed; until
+	// then a sample is QEMU's own start-up (it installs -sandbox before
+	// creating the machine and its vCPUs), counted in preSandbox.
+	filtered   map[int]bool
+	preSandbox int
+	// inProcess: the program is a guest in moat's own process (wasm); the
+	// pids are moat's child processes, of which there must be none.
+	inProcess bool
+	samples   int
+	mu        sync.Mutex
+	threads   int
+	pids      map[int]bool
+	bad       string
+	errs      []string
 }
 
 func (w *procWatch) start(_ string, procs func() ([]int, error)) {
 	each := w.inspect
 	if w.runtime {
 		each = w.inspectRuntime
+		if w.vmm {
+			each = w.inspectVMM
+		}
+	}
+	if w.inProcess {
+		each = w.inspectChild
 	}
 	w.sample(procs, func(err error) {
 		w.mu.Lock()
@@ -755,6 +864,18 @@ func (w *procWatch) verdict() string {
 	if w.bad != "" {
 		return w.bad
 	}
+	if w.vmm && w.threads == 0 && w.preSandbox > 0 {
+		return fmt.Sprintf("the VMM was sampled %d times and never had its seccomp filter (-sandbox) installed", w.preSandbox)
+	}
+	if w.inProcess {
+		if w.samples == 0 {
+			if len(w.errs) > 0 {
+				return "error: " + w.errs[0]
+			}
+			return "error: the host never sampled moat's processes while the guest ran (the program ended too fast: make it sleep)"
+		}
+		return ""
+	}
 	if w.threads == 0 {
 		if len(w.errs) > 0 {
 			return "error: " + w.errs[0]
@@ -798,13 +919,18 @@ func (r *runner) runtimeExe() string {
 	if err != nil {
 		return ""
 	}
-	x, ok := t.(interface{ Runsc() string })
-	if !ok {
+	var exe string
+	switch x := t.(type) {
+	case interface{ Runsc() string }:
+		exe = x.Runsc()
+	case interface{ VMMBinary() string }:
+		exe = x.VMMBinary()
+	default:
 		return ""
 	}
-	p, err := filepath.EvalSymlinks(x.Runsc())
+	p, err := filepath.EvalSymlinks(exe)
 	if err != nil {
-		return x.Runsc()
+		return exe
 	}
 	return p
 }
@@ -864,6 +990,148 @@ func (w *procWatch) inspectRuntime(pid int) {
 			case len(shared) > 0:
 				w.bad = fmt.Sprintf("runtime pid %d shares the host's %v namespaces", pid, shared)
 			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+// moatChildren lists moat's own child processes, for a tier whose guest
+// runs inside moat (wasm): the guest has no way to create a process, so any
+// child that appears while it runs (other than the red-team's own "moat
+// run" helpers) is one it made the host start. Each listing is a sample.
+func (w *procWatch) moatChildren() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	me := os.Getpid()
+	exe, _ := os.Executable()
+	var kids []int
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the command's closing parenthesis: state ppid ...
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(me) {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if exe != "" && bytes.HasPrefix(cmd, []byte(exe+"\x00run\x00")) {
+			continue // a case's own "moat run" helper
+		}
+		kids = append(kids, pid)
+	}
+	w.mu.Lock()
+	w.samples++
+	w.mu.Unlock()
+	return kids, nil
+}
+
+// inspectChild judges a child of moat seen during an in-process run: its
+// existence is the escape.
+func (w *procWatch) inspectChild(pid int) {
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.bad == "" {
+		w.bad = fmt.Sprintf("host pid %d (%s) is a child of moat while the in-process guest ran", pid, strings.ReplaceAll(string(cmd), "\x00", " "))
+	}
+}
+
+// inspectVMM judges one host process of a microvm run: it must be the VMM
+// executable, every thread seccomp-filtered (QEMU's -sandbox) with
+// no_new_privs, and hold no host file open for writing except under moat's
+// state directories, the shared root disk image only read-only. Its uid,
+// capabilities, namespaces and cgroup are recorded (vmmGap), not judged:
+// the tier does not confine QEMU by them yet (docs/THREATS.md).
+func (w *procWatch) inspectVMM(pid int) {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return
+	}
+	st0, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	ps := parseStatus(string(st0))
+	w.mu.Lock()
+	if w.filtered == nil {
+		w.filtered = map[int]bool{}
+	}
+	if !w.filtered[pid] {
+		if ps["Seccomp"] != "2" {
+			w.preSandbox++
+			w.mu.Unlock()
+			return
+		}
+		w.filtered[pid] = true
+	}
+	w.mu.Unlock()
+	var bad string
+	if w.runtimeExe == "" || strings.TrimSuffix(exe, " (deleted)") != w.runtimeExe {
+		bad = fmt.Sprintf("host pid %d of the run runs %s, not the VMM %s", pid, exe, w.runtimeExe)
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil || !strings.HasPrefix(target, "/") || target == "/dev/null" {
+			continue // pipes, sockets, eventfds, exited meanwhile
+		}
+		info, _ := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
+		var flags int64
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				flags, _ = strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			}
+		}
+		writable := flags&3 != 0
+		switch {
+		case strings.Contains(target, "/microvm/images/") && writable:
+			bad = fmt.Sprintf("the VMM (pid %d) holds the shared root disk %s writable (flags %o)", pid, target, flags)
+		case writable && !strings.HasPrefix(target, "/var/lib/moat") && !strings.HasPrefix(target, os.Getenv("MOAT_HOME")+"/"):
+			bad = fmt.Sprintf("the VMM (pid %d) holds host file %s open for writing (flags %o)", pid, target, flags)
+		}
+	}
+	var shared []string
+	for _, ns := range hostNamespaces {
+		mine, err1 := os.Readlink("/proc/self/ns/" + ns)
+		its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err1 == nil && err2 == nil && mine == its {
+			shared = append(shared, ns)
+		}
+	}
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	inMoat := strings.Contains(string(cg), "/moat/")
+	gap := fmt.Sprintf("QEMU runs as host uid %s with CapEff %s, in the host's %v namespaces, in a moat cgroup: %v", firstField(ps["Uid"]), ps["CapEff"], shared, inMoat)
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		st := parseStatus(string(b))
+		w.mu.Lock()
+		w.threads++
+		if w.pids == nil {
+			w.pids = map[int]bool{}
+		}
+		w.pids[pid] = true
+		w.vmmGap = gap
+		switch {
+		case w.bad != "":
+		case bad != "":
+			w.bad = bad
+		case st["Seccomp"] != "2":
+			w.bad = fmt.Sprintf("VMM pid %d (%s) is not seccomp-filtered (Seccomp %s)", pid, t, st["Seccomp"])
+		case st["NoNewPrivs"] != "1":
+			w.bad = fmt.Sprintf("VMM pid %d (%s) lacks no_new_privs", pid, t)
 		}
 		w.mu.Unlock()
 	}

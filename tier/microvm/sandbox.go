@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/vmagent"
 	"github.com/moat-sandbox/moat/result"
@@ -114,6 +116,13 @@ func (m *MicroVM) startVMM(cfg *VMConfig, extra []*os.File) (*vm, error) {
 	}
 	cmd.Stderr = v.stderr
 	cmd.ExtraFiles = extra
+	// The VMM gets stdio and extra, nothing else: a descriptor Moat's
+	// process holds without close-on-exec (one a library or an embedding
+	// program opened without it) must not reach QEMU, which a guest that
+	// took it over could use.
+	if err := closeOnExec(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
 	}
@@ -811,3 +820,42 @@ func (s *Sandbox) Pid() int {
 // Started says how the sandbox's VM started: "restored", or "cold boot
 // (why)" (tests and benchmarks check it).
 func (s *Sandbox) Started() string { return s.how }
+
+// RuntimeProcs implements tier.RuntimeLister: the program runs inside the
+// VM, so the host processes that stand for it are the VMM's (QEMU). The
+// red-team suite judges their confinement from the host's /proc.
+func (s *Sandbox) RuntimeProcs() ([]int, error) {
+	pid := s.Pid()
+	if pid == 0 {
+		return nil, nil
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
+		return nil, nil // exited
+	}
+	return []int{pid}, nil
+}
+
+// VMMBinary is the host path of the VMM executable.
+func (m *MicroVM) VMMBinary() string { return m.opts.QEMU }
+
+// closeOnExec marks every descriptor of this process above stderr
+// close-on-exec. exec.Cmd still passes ExtraFiles (the child dup2s them
+// into place, which clears the flag on the copy).
+func closeOnExec() error {
+	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	// Kernels before 5.11: each open descriptor by name.
+	ents, rerr := os.ReadDir("/proc/self/fd")
+	if rerr != nil {
+		return fmt.Errorf("mark descriptors close-on-exec: %v; list them: %w", err, rerr)
+	}
+	for _, e := range ents {
+		fd, _ := strconv.Atoi(e.Name())
+		if fd > 2 {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
+		}
+	}
+	return nil
+}

@@ -369,3 +369,15 @@ func (l *linearMemory) Free() { l.buf = nil }
 func readOnly(root *os.Root) experimentalsys.FS {
 	return &experimentalsysfs.ReadFS{FS: &experimentalsysfs.AdaptFS{FS: root.FS()}}
 }
+
+// RunsGuest reports whether argv names one of the tier's guests (python3,
+// node/qjs): anything else (sh, a Linux program) is refused with exit 127.
+// The red-team suite uses it to tell an attack that never ran from one
+// that was contained.
+func (w *WASM) RunsGuest(argv []string) bool {
+	if len(argv) == 0 {
+		return false
+	}
+	g, _, _ := w.guestArgv(argv)
+	return g != nil
+}
