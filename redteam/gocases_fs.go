@@ -172,7 +172,7 @@ func (w *pidWatch) verdict(ok string) (string, string) {
 	case w.seen == 0:
 		return Error, "the host never saw a program process (the program ended too fast to inspect: make it sleep)"
 	case w.runtime:
-		return Contained, fmt.Sprintf("%s (%d samples of the runtime's host processes: the program's are the Sentry's)", ok, w.seen)
+		return Contained, fmt.Sprintf("%s (%d samples of the runtime's host processes, which stand for the program's: the Sentry's or the VMM's)", ok, w.seen)
 	}
 	return Contained, fmt.Sprintf("%s (%d samples)", ok, w.seen)
 }
