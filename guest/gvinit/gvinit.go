@@ -26,18 +26,18 @@ package gvinit
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/guest/relay"
 )
 
 // Arg is the hidden first argument that makes the moat binary this guest.
@@ -87,7 +87,7 @@ func initMain(args []string) {
 		if err != nil {
 			fail(1, "moat guest init: egress: listen on 127.0.0.1:%d: %v", port, err)
 		}
-		go relay(l, args[0])
+		go relay.Serve(l, args[0], maxRelayed)
 	default:
 		fail(2, "moat guest init: want no arguments or SOCKET PORT")
 	}
@@ -117,53 +117,6 @@ func reap() {
 		case <-sigs:
 		case <-time.After(time.Second):
 		}
-	}
-}
-
-// relay copies each connection accepted on l to a new connection to the
-// host's proxy socket. It never interprets the bytes; a failed connect
-// closes the client, so the network fails closed.
-func relay(l net.Listener, socket string) {
-	sem := make(chan struct{}, maxRelayed)
-	pause := time.Millisecond
-	for {
-		c, err := l.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil {
-			// EMFILE and the like: the program may be flooding the
-			// relay, which must outlive that.
-			time.Sleep(pause)
-			pause = min(2*pause, 100*time.Millisecond)
-			continue
-		}
-		pause = time.Millisecond
-		select {
-		case sem <- struct{}{}:
-		default:
-			c.Close()
-			continue
-		}
-		go func() {
-			defer func() { <-sem }()
-			defer c.Close()
-			up, err := net.Dial("unix", socket)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				io.Copy(up, c)
-				up.(*net.UnixConn).CloseWrite()
-			}()
-			io.Copy(c, up)
-			c.(*net.TCPConn).CloseWrite()
-			wg.Wait()
-		}()
 	}
 }
 

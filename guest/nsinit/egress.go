@@ -1,13 +1,9 @@
 package nsinit
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
-	"sync"
-	"time"
 )
 
 // maxBridged bounds the bridge's concurrent connections; the proxy applies
@@ -32,56 +28,4 @@ func listenEgress(port int) (net.Listener, error) {
 		return nil, fmt.Errorf("egress: listen on 127.0.0.1:%d: %w", port, err)
 	}
 	return l, nil
-}
-
-// bridgeEgress copies each connection accepted on l to a new connection to
-// the host's proxy socket, reached through init's own descriptor. It never
-// interprets the bytes: the proxy on the host decides everything. A failed
-// connect closes the client: the network fails closed.
-func bridgeEgress(l net.Listener, limit int) {
-	sem := make(chan struct{}, limit)
-	target := fmt.Sprintf("/proc/self/fd/%d", EgressFD)
-	pause := time.Millisecond
-	for {
-		c, err := l.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil {
-			// EMFILE, ECONNABORTED and the like: the program may be
-			// flooding us; the bridge must outlive that, not leave the
-			// run's egress dead. Back off and accept again.
-			time.Sleep(pause)
-			pause = min(2*pause, 100*time.Millisecond)
-			continue
-		}
-		pause = time.Millisecond
-		select {
-		case sem <- struct{}{}:
-		default:
-			c.Close()
-			continue
-		}
-		go func() {
-			defer func() { <-sem }()
-			defer c.Close()
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				io.Copy(up, c)
-				up.(*net.UnixConn).CloseWrite()
-			}()
-			io.Copy(c, up)
-			if tc, ok := c.(*net.TCPConn); ok {
-				tc.CloseWrite()
-			}
-			wg.Wait()
-		}()
-	}
 }

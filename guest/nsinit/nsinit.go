@@ -18,6 +18,7 @@ import (
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/guest/relay"
 	"github.com/moat-sandbox/moat/seccomp"
 )
 
@@ -128,7 +129,7 @@ func run(st *reporter) (int, error) {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
 	}
 	if egress != nil {
-		go bridgeEgress(egress, bridgeLimit(cfg.Rlimits.NoFile))
+		go relay.Serve(egress, fmt.Sprintf("/proc/self/fd/%d", EgressFD), bridgeLimit(cfg.Rlimits.NoFile))
 	}
 	if start.Serve {
 		// From here on init is exactly as confined as the commands it
