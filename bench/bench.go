@@ -87,8 +87,9 @@ type Report struct {
 	// CLIRunsPerSecond is the same through the moat binary.
 	CLIRunsPerSecond float64 `json:"cli_runs_per_second"`
 	// CgroupV1MigrationMS is the median time to move a process into a v1
-	// cgroup after 50 ms without migrations (what a cold 'moat run' pays
-	// on a v1 host); 0 on v2, where runs are born in their cgroup.
+	// cgroup by pid after 50 ms without migrations (what a cold run would
+	// pay if its init did not move its own threads in); 0 on v2, where
+	// runs are born in their cgroup.
 	CgroupV1MigrationMS float64 `json:"cgroup_v1_migration_ms"`
 }
 
@@ -267,10 +268,11 @@ func runOn(ctx context.Context, e *engine.Engine, m *manifest.Manifest, argv []s
 	return nil
 }
 
-// MigrationCost measures a cold cgroup v1 migration: the kernel's global
-// cgroup_threadgroup_rwsem makes the first writer after a quiet spell wait
-// for an RCU grace period. It explains most of the gap between a cold
-// 'moat run' and the in-process engine on v1 hosts.
+// MigrationCost measures a cold cgroup v1 migration by pid (Cgroup.Add): the
+// kernel's global cgroup_threadgroup_rwsem makes the first writer after a
+// quiet spell wait for an RCU grace period. A run's init does not pay it:
+// each of its threads moves itself (cgroup.Join), which skips that lock;
+// only a moat built with cgo (cgroup.CanJoin false) still moves init by pid.
 func MigrationCost() (float64, error) {
 	h, err := cgroup.Detect()
 	if err != nil {
@@ -358,7 +360,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "sequential /bin/true: %.0f runs/s in-process, %.0f runs/s through the moat binary   (target >= 100)\n", r.RunsPerSecond, r.CLIRunsPerSecond)
 	if r.CgroupV1MigrationMS > 0 {
-		fmt.Fprintf(w, "cgroup v1 migration after 50 ms idle: %.2f ms median (every cold 'moat run' on a v1 host pays it; see 'moat doctor')\n", r.CgroupV1MigrationMS)
+		fmt.Fprintf(w, "cgroup v1 migration by pid after 50 ms idle: %.2f ms median (what a cold run would wait if init did not move itself in; see cgroup.JoinFiles)\n", r.CgroupV1MigrationMS)
 	}
 	for _, s := range r.SkipReasons {
 		fmt.Fprintf(w, "note: %s\n", s)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/bench"
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/kernel"
@@ -210,12 +211,12 @@ func cmdDoctor(args []string) int {
 	} else {
 		fmt.Println("  native  ready")
 		if ms, err := bench.MigrationCost(); err == nil && ms > 0 {
-			fmt.Printf("  native  cgroup v1: moving a run's init into its cgroup takes %.2f ms when cold\n", ms)
-			if ms > 1 {
-				fmt.Println("          The kernel waits for an RCU grace period. A v1 hierarchy mounted with favordynmods")
-				fmt.Println("          trades slightly slower forks host-wide for fast migrations, e.g.:")
-				fmt.Println("            mkdir -p /run/cgroup-dynmods && mount -t cgroup -o none,name=dynmods,favordynmods cgroup /run/cgroup-dynmods")
-				fmt.Println("          On cgroup v2 hosts runs are born in their cgroup and never wait.")
+			if cgroup.CanJoin {
+				fmt.Printf("  native  cgroup v1: each run's init moves its own threads into the run's cgroup, which\n")
+				fmt.Printf("          skips the RCU grace period (%.2f ms here) that a move by pid waits for when cold\n", ms)
+			} else {
+				fmt.Printf("  native  cgroup v1: moving a run's init into its cgroup takes %.2f ms when cold: this moat\n", ms)
+				fmt.Println("          was built with cgo, so init cannot move its own threads; build it with CGO_ENABLED=0")
 			}
 		}
 	}

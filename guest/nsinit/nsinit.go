@@ -18,6 +18,7 @@ import (
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/relay"
 	"github.com/moat-sandbox/moat/seccomp"
 )
@@ -67,6 +68,20 @@ func run(st *reporter) (int, error) {
 	cfg := &Config{}
 	if err := ReadFrame(cfgPipe, &cfg.Setup); err != nil {
 		return 1, fmt.Errorf("read setup: %w", err)
+	}
+	// Into the run's cgroup first (v1), so that everything init does from
+	// here on, and everything it starts, is counted and limited there.
+	if n := cfg.CgroupFDs; n > 0 {
+		if n > 16 {
+			return 1, fmt.Errorf("setup: %d cgroup files; at most 16 hierarchies", n)
+		}
+		fds := make([]int, n)
+		for i := range fds {
+			fds[i] = CgroupFD + i
+		}
+		if err := cgroup.Join(fds); err != nil {
+			return 1, err
+		}
 	}
 	if !filepath.IsAbs(cfg.Root) {
 		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)

@@ -11,8 +11,12 @@
 //	----                                   ----------------------------------
 //	create cgroup, detached workspace
 //	clone(CLONE_NEW*) + uid/gid maps  --->  starts, blocks reading fd 3
-//	send Setup frame on fd 3          --->  mounts, pivot_root, hostname, loopback;
-//	(v1) move init into the cgroup          then blocks reading fd 3 again
+//	  (v2: born in the cgroup;
+//	   v1: its tasks files on fd 8...)
+//	send Setup frame on fd 3          --->  (v1) every thread moves itself into
+//	                                        the cgroup; mounts, pivot_root,
+//	                                        hostname, loopback;
+//	                                        then blocks reading fd 3 again
 //	send Start frame                  --->  unshare cgroupns, rlimits, drop caps,
 //	                                        setuid, Landlock, seccomp;
 //	(a warm pool's sandbox waits here)      then blocks reading fd 3 again
@@ -27,10 +31,12 @@
 // host sends on SessionFD (see session.go), reporting {"proc":N,...}.
 //
 // Frames are a 4-byte little-endian length and that many bytes of JSON.
-// Setup happens while the host is still migrating init into its cgroup
-// (on cgroup v1 a migration waits for an RCU grace period); nothing runs
-// confined, and no program at all, before the Start frame, which the host
-// sends only once init is inside the cgroup. Init confines itself before it
+// Init is inside the run's cgroup before it does anything but read the
+// Setup frame: on v2 it is born there; on v1 each of its threads moves
+// itself through the tasks files the host opened (a thread moving itself
+// skips the lock whose first writer waits for an RCU grace period, which a
+// move by pid from the host pays on every cold run; see cgroup.JoinFiles).
+// No program runs before the Command frame. Init confines itself before it
 // knows the command, so a prepared sandbox has only fork and exec left.
 //
 // Everything this package sends back is read by the host as hostile input:
@@ -67,6 +73,11 @@ const (
 	// the host sends one Request per message (an exec carries the
 	// command's stdin, stdout and stderr as SCM_RIGHTS), until it closes.
 	SessionFD = 7
+	// CgroupFD is the first of the run's cgroup v1 "tasks" files, opened
+	// by the host for writing (Setup.CgroupFDs says how many follow):
+	// init moves itself in (cgroup.Join). Absent on cgroup v2, where init
+	// is born in its cgroup (CLONE_INTO_CGROUP).
+	CgroupFD = 8
 )
 
 // MaxRequestBytes bounds one session Request message.
@@ -145,6 +156,11 @@ type Setup struct {
 	// Landlock requires the Landlock ruleset; when false and the kernel
 	// lacks Landlock, init goes on and reports the degradation.
 	RequireLandlock bool `json:"require_landlock"`
+
+	// CgroupFDs is how many cgroup v1 "tasks" files the host passed from
+	// CgroupFD on: init moves every one of its threads into the run's
+	// cgroup through them before anything else.
+	CgroupFDs int `json:"cgroup_fds,omitempty"`
 }
 
 // Rlimits are the backstop limits set on the program.

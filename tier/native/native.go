@@ -218,6 +218,19 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 		extra = append(extra, child) // fd 7
 	}
+	// cgroup v1: init moves itself in through the tasks files (fds 8...),
+	// which costs no RCU grace period; see cgroup.JoinFiles.
+	joins, err := s.cg.JoinFiles()
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	childEnds = append(childEnds, joins...)
+	if len(joins) > 0 {
+		for len(extra) < nsinit.CgroupFD-3 {
+			extra = append(extra, nil) // fds 6, 7 stay closed when unused
+		}
+		extra = append(extra, joins...)
+	}
 	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
 
 	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: idRange}}
@@ -271,18 +284,22 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 			CPUSeconds: uint64((lim.CPUTime + time.Second - 1) / time.Second),
 		},
 	}
+	setup.CgroupFDs = len(joins)
 	if err = nsinit.WriteFrame(s.cfgW, &setup); err != nil {
 		return nil, fmt.Errorf("send init setup: %w", err)
 	}
-	if _, ok := s.cg.FD(); !ok {
-		// cgroup v1: init cannot start the program before the Command
-		// frame, which Exec sends only after this.
+	if _, v2 := s.cg.FD(); !v2 && len(joins) == 0 {
+		// cgroup v1 in a cgo build (cgroup.CanJoin): moved by pid, the
+		// slow way, while init builds its root; init reads the Start
+		// frame only after this.
 		if err = s.cg.Add(cmd.Process.Pid); err != nil {
 			return nil, fmt.Errorf("move init into cgroup: %w", err)
 		}
 	}
-	// Init is inside the cgroup: it may confine itself now, while the
-	// caller copies the inputs in (or while the sandbox waits in a pool).
+	// Init is inside the cgroup before it reads this frame (born there on
+	// v2, moved itself on v1 right after the Setup frame): it may confine
+	// itself now, while the caller copies the inputs in (or while the
+	// sandbox waits in a pool).
 	if err = nsinit.WriteFrame(s.cfgW, &nsinit.Start{Serve: s.sess != nil}); err != nil {
 		return nil, fmt.Errorf("send start to init: %w", err)
 	}
