@@ -78,6 +78,11 @@ type Request struct {
 	// the agent sets the guest's clock to it (a restored guest's clock is
 	// the snapshot's).
 	Time int64 `json:"time_ns,omitempty"`
+	// EgressPort, when non-zero, grants egress: the agent brings the
+	// loopback interface up and relays connections to 127.0.0.1:EgressPort
+	// over the egress port (see egress.go). Without it the guest's
+	// loopback stays down and the egress port, if any, unused.
+	EgressPort int `json:"egress_port,omitempty"`
 }
 
 // Result is what the agent observed.
