@@ -25,6 +25,10 @@ import (
 //
 // The host treats every frame from the guest as hostile: MaxFrame bounds
 // one frame, and the host bounds the sum of each kind.
+//
+// With an egress grant (Request.EgressPort) the VM has a second port,
+// EgressPortName, that carries yamux streams and nothing else (egress.go);
+// the frames above never travel on it.
 const (
 	FrameHello        byte = 'H' // guest: JSON Hello
 	FrameRequest      byte = 'R' // host: JSON Request
