@@ -46,10 +46,6 @@ const Arg = "__moat_gvisor_guest"
 // Ready is the line init writes on its stdout once it serves.
 const Ready = "ready"
 
-// maxRelayed bounds the relay's concurrent connections; the proxy on the
-// host applies the manifest's real connection limits.
-const maxRelayed = 64
-
 // Main runs the guest. It never returns.
 func Main() {
 	if len(os.Args) < 3 {
@@ -87,7 +83,7 @@ func initMain(args []string) {
 		if err != nil {
 			fail(1, "moat guest init: egress: listen on 127.0.0.1:%d: %v", port, err)
 		}
-		go relay.Serve(l, args[0], maxRelayed)
+		go relay.Serve(l, args[0], relay.MaxConns)
 	default:
 		fail(2, "moat guest init: want no arguments or SOCKET PORT")
 	}

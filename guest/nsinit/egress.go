@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/moat-sandbox/moat/guest/relay"
 )
 
-// maxBridged bounds the bridge's concurrent connections; the proxy applies
-// the manifest's real limits on the host side.
-const maxBridged = 64
+// maxBridged bounds the bridge's concurrent connections: the relay's
+// bound, shared by every tier; the proxy applies the manifest's real
+// limits on the host side.
+const maxBridged = relay.MaxConns
 
 // bridgeLimit is how many connections the bridge may hold at once within
 // init's descriptor limit (init lives under the run's open_files rlimit):

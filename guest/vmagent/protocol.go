@@ -25,6 +25,10 @@ import (
 //
 // The host treats every frame from the guest as hostile: MaxFrame bounds
 // one frame, and the host bounds the sum of each kind.
+//
+// With an egress grant (Request.EgressPort) the VM has a second port,
+// EgressPortName, that carries yamux streams and nothing else (egress.go);
+// the frames above never travel on it.
 const (
 	FrameHello        byte = 'H' // guest: JSON Hello
 	FrameRequest      byte = 'R' // host: JSON Request
@@ -78,6 +82,11 @@ type Request struct {
 	// the agent sets the guest's clock to it (a restored guest's clock is
 	// the snapshot's).
 	Time int64 `json:"time_ns,omitempty"`
+	// EgressPort, when non-zero, grants egress: the agent brings the
+	// loopback interface up and relays connections to 127.0.0.1:EgressPort
+	// over the egress port (see egress.go). Without it the guest's
+	// loopback stays down and the egress port, if any, unused.
+	EgressPort int `json:"egress_port,omitempty"`
 }
 
 // Result is what the agent observed.

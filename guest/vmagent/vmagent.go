@@ -102,7 +102,7 @@ func setup() (*os.File, error) {
 			return nil, err
 		}
 	}
-	port, err := openPort()
+	port, err := openPort("moat")
 	if err != nil {
 		return nil, err
 	}
@@ -144,13 +144,13 @@ func waitFor(path string) error {
 	return fmt.Errorf("%s did not appear", path)
 }
 
-// openPort finds the virtio-serial port named "moat".
-func openPort() (*os.File, error) {
+// openPort finds the virtio-serial port with this name.
+func openPort(want string) (*os.File, error) {
 	for i := 0; i < 1000; i++ {
 		ports, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
 		for _, p := range ports {
 			name, _ := os.ReadFile(p)
-			if strings.TrimSpace(string(name)) == "moat" {
+			if strings.TrimSpace(string(name)) == want {
 				dev := "/dev/" + filepath.Base(filepath.Dir(p))
 				if err := waitFor(dev); err != nil {
 					return nil, err
@@ -160,7 +160,7 @@ func openPort() (*os.File, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return nil, errors.New("virtio-serial port moat did not appear")
+	return nil, fmt.Errorf("virtio-serial port %s did not appear", want)
 }
 
 type agent struct {
@@ -195,6 +195,11 @@ func (a *agent) serve() error {
 	}
 	if err := mountRun(&req); err != nil {
 		return err
+	}
+	if req.EgressPort != 0 {
+		if err := startEgress(req.EgressPort); err != nil {
+			return err
+		}
 	}
 	// The workspace tar arrives next.
 	pr, pw := io.Pipe()

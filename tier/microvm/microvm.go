@@ -2,7 +2,8 @@
 // guest kernel in a VM started by a real VMM (QEMU's microvm machine),
 // with the image as a read-only virtio disk, no network device, and
 // Moat's guest agent (guest/vmagent) as PID 1, spoken to over one
-// virtio-serial port.
+// virtio-serial port. A run granted egress gets a second port whose
+// streams the host relays to Moat's egress proxy, and nothing else.
 //
 // The host never trusts the guest: frames are bounded, output and
 // workspace are capped, paths are resolved inside the workspace with
@@ -145,12 +146,14 @@ func (m *MicroVM) KernelVersion() string { return m.kernel.version }
 
 func (m *MicroVM) Capabilities() tier.Capabilities {
 	return tier.Capabilities{
-		MemoryLimit:  true, // the VM's RAM, and a cgroup in the guest
-		PidsLimit:    true,
-		NetworkNone:  true, // no network device at all
-		WorkspaceCap: true,
+		MemoryLimit: true, // the VM's RAM, and a cgroup in the guest
+		PidsLimit:   true,
+		NetworkNone: true, // no network device at all
+		// Egress through Moat's proxy only, over a second virtio-serial
+		// port (egress.go); still no network device.
+		NetworkEgress: true,
+		WorkspaceCap:  true,
 		Missing: []string{
-			"network-egress: the VM has no network device and no proxy channel yet",
 			"sessions: one command per VM",
 		},
 	}

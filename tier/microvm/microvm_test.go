@@ -3,11 +3,16 @@ package microvm_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -336,5 +341,175 @@ func TestPool(t *testing.T) {
 	}
 	for _, st := range e.PoolStats() {
 		t.Logf("pool after close: %+v", st)
+	}
+}
+
+// egressServer serves on the host's loopback: "/big" is size bytes, any
+// other path body; it counts requests.
+func egressServer(t *testing.T, body string, size int) (port string, hits *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits = &atomic.Int64{}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if r.URL.Path == "/big" {
+			w.Write(bytes.Repeat([]byte("b"), size))
+			return
+		}
+		fmt.Fprint(w, body)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	_, port, _ = net.SplitHostPort(l.Addr().String())
+	return port, hits
+}
+
+// TestEgress: with an allowlist the VM reaches the granted host (on the
+// host's loopback, through Moat's proxy over the egress port) with curl
+// and urllib, many connections at once; a host that is not granted is
+// refused and logged; the byte budget holds; there is no DNS, no route
+// off the VM, no raw socket and no UDP out. Then a second VM of the same
+// configuration is restored from its snapshot and its egress works too.
+// Two VMs in all.
+func TestEgress(t *testing.T) {
+	v := need(t, microvm.Options{})
+	e := newEngine(t, v)
+	granted, grantedHits := egressServer(t, "granted-body", 2<<20)
+	other, otherHits := egressServer(t, "other-body", 0)
+	grant := func(m *manifest.Manifest) {
+		// A memory limit of its own: this configuration's snapshot is not
+		// another test's.
+		m.Resources.Memory = 320 << 20
+		m.Network.Mode = "allowlist"
+		m.Network.Allow = []string{"localhost:" + granted}
+		m.Network.AllowAddresses = []string{"127.0.0.1"}
+		m.Network.MaxBytesIn = 1 << 20
+	}
+	base := runtime.NumGoroutine()
+	script := strings.NewReplacer("GRANTED", granted, "OTHER", other).Replace(`
+import json, os, socket, subprocess, threading, urllib.request
+out = {}
+def get(path, port=GRANTED):
+    try:
+        return urllib.request.urlopen("http://localhost:%s%s" % (port, path), timeout=20).read().decode()[:40]
+    except Exception as e:
+        return "ERR " + type(e).__name__
+out["urllib"] = get("/")
+out["curl"] = subprocess.run(["curl", "-sS", "-m", "20", "http://localhost:GRANTED/"], capture_output=True, text=True).stdout
+res = [None] * 12
+def worker(i): res[i] = get("/")
+ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(res))]
+[t.start() for t in ts]; [t.join() for t in ts]
+out["parallel"] = sum(r == "granted-body" for r in res)
+out["other"] = get("/", OTHER)
+try:
+    n = len(urllib.request.urlopen("http://localhost:GRANTED/big", timeout=20).read())
+    out["big"] = n
+except Exception as e:
+    out["big"] = "ERR " + type(e).__name__
+try:
+    socket.getaddrinfo("example.com", 80); out["dns"] = "RESOLVED"
+except OSError as e:
+    out["dns"] = "failed"
+out["resolv"] = [l for l in open("/etc/resolv.conf").read().splitlines() if l.startswith("nameserver")] if os.path.exists("/etc/resolv.conf") else []
+out["routes"] = open("/proc/net/route").read().splitlines()[1:]
+out["ifaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
+def attempt(name, f):
+    try:
+        f(); out[name] = "OK"
+    except OSError as e:
+        out[name] = e.errno
+attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("icmp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))
+attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53)))
+attempt("udp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).sendto(b"x", ("2001:4860:4860::8888", 53)))
+attempt("tcp", lambda: socket.create_connection(("10.0.2.2", GRANTED), timeout=3))
+attempt("tcp_host", lambda: socket.create_connection(("169.254.169.254", 80), timeout=3))
+print(json.dumps(out))
+`)
+	res := runVM(t, e, grant, "python3", "-c", script)
+	if res.Termination != result.Exited || res.ExitCode != 0 {
+		t.Fatalf("termination %s exit %d error %q stderr %q", res.Termination, res.ExitCode, res.Error, clip(res.Stderr.Data))
+	}
+	t.Logf("runtime: %s; %.0f ms; stdout %s", res.Runtime, res.DurationMS, res.Stdout.Data)
+	var out map[string]any
+	if err := json.Unmarshal([]byte(res.Stdout.Data), &out); err != nil {
+		t.Fatalf("stdout %q: %v", res.Stdout.Data, err)
+	}
+	for _, tc := range []struct {
+		name string
+		key  string
+		want any
+	}{
+		{"urllib through the proxy", "urllib", "granted-body"},
+		{"curl through the proxy", "curl", "granted-body"},
+		{"twelve connections at once", "parallel", float64(12)},
+		{"a host not granted is refused", "other", "ERR HTTPError"},
+		{"the byte budget ends the download", "big", "ERR IncompleteRead"},
+		{"no DNS", "dns", "failed"},
+		{"no resolver configured", "resolv", []any{}},
+		{"no route", "routes", []any{}},
+		{"loopback only", "ifaces", []any{"lo"}},
+		{"no raw socket", "raw", float64(syscall.EPERM)},
+		{"no ICMP socket", "icmp", float64(syscall.EACCES)},
+		{"no packet socket", "packet", float64(syscall.EPERM)},
+		{"no UDP out", "udp", float64(syscall.ENETUNREACH)},
+		{"no UDP out over IPv6", "udp6", float64(syscall.ENETUNREACH)},
+		{"no direct TCP", "tcp", float64(syscall.ENETUNREACH)},
+		{"no metadata service", "tcp_host", float64(syscall.ENETUNREACH)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := out[tc.key]; fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("%s = %#v, want %#v", tc.key, got, tc.want)
+			}
+		})
+	}
+	if n := otherHits.Load(); n != 0 {
+		t.Errorf("the server that is not granted was reached %d times", n)
+	}
+	if n := grantedHits.Load(); n != 15 {
+		t.Errorf("the granted server was reached %d times, want 15", n)
+	}
+	log := map[string]int{}
+	for _, a := range res.Network {
+		log[fmt.Sprintf("%s:%d %s", a.Host, a.Port, a.Reason)]++
+	}
+	t.Logf("network log: %v", log)
+	for k, n := range map[string]int{
+		"localhost:" + granted + " allowed":       14,
+		"localhost:" + granted + " limit-bytes":   1,
+		"localhost:" + other + " not-allowlisted": 1,
+	} {
+		if log[k] != n {
+			t.Errorf("network log has %d × %q, want %d: %v", log[k], k, n, log)
+		}
+	}
+
+	// The second VM of this configuration is restored from the snapshot
+	// the first one saved (or restored): the egress port works after a
+	// restore too.
+	res = runVM(t, e, grant, "python3", "-c", `import urllib.request as u; print(u.urlopen("http://localhost:`+granted+`/", timeout=20).read().decode())`)
+	if res.Termination != result.Exited || res.ExitCode != 0 || res.Stdout.Data != "granted-body\n" {
+		t.Errorf("restored: termination %s exit %d stdout %q stderr %q", res.Termination, res.ExitCode, res.Stdout.Data, clip(res.Stderr.Data))
+	}
+	if !strings.Contains(res.Runtime, "start=restored") {
+		t.Errorf("the second VM was not restored: %s", res.Runtime)
+	}
+	if len(res.Network) != 1 || !res.Network[0].Allowed {
+		t.Errorf("restored VM's network log: %+v", res.Network)
+	}
+	// Both runs are destroyed: their egress sessions, streams, relays
+	// and proxies are gone with them.
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines left after the runs, %d before:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -68,17 +68,24 @@ func hostTSCkHz() int64 {
 	return 0
 }
 
-// vm is one running VMM process and the host end of its agent port.
+// vm is one running VMM process and the host end of its agent port (and
+// of its egress port, when it has one).
 type vm struct {
-	cmd    *exec.Cmd
-	socket string
-	qmp    string // QMP socket path, when the VMM has one
-	stderr *boundedBuffer
+	cmd         *exec.Cmd
+	socket      string
+	qmp         string // QMP socket path, when the VMM has one
+	egressSock  string // the egress port's socket, when the VM has one
+	egressProxy string // where the egress port's streams are relayed
+	stderr      *boundedBuffer
 
 	killOnce sync.Once
 	exited   chan struct{}
 	conn     net.Conn
 	r        *bufio.Reader
+
+	mu     sync.Mutex // guards egress and killed against a kill during connect
+	egress *egressChannel
+	killed bool
 }
 
 // boot starts a VM whose socket lives in dir.
@@ -109,7 +116,7 @@ func (m *MicroVM) config(dir, disk, accel string, memMiB int64, vcpus int) (*VMC
 
 // startVMM starts the VMM for cfg; extra are its file descriptors 3, 4...
 func (m *MicroVM) startVMM(cfg *VMConfig, extra []*os.File) (*vm, error) {
-	v := &vm{socket: cfg.Socket, qmp: cfg.QMP, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
+	v := &vm{socket: cfg.Socket, qmp: cfg.QMP, egressSock: cfg.Egress, egressProxy: cfg.EgressProxy, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
 	cmd, err := m.vmm.Command(cfg)
 	if err != nil {
 		return nil, err
@@ -184,26 +191,52 @@ func (v *vm) hello() (*vmagent.Hello, error) {
 	return &h, nil
 }
 
-// connect connects to the VMM's end of the agent port.
+// connect connects to the VMM's end of the agent port, and of the egress
+// port when the VM has one (whose host end then serves at once: the guest
+// sends nothing on it before its request grants egress).
 func (v *vm) connect() error {
-	var conn net.Conn
-	var err error
-	for i := 0; i < 500; i++ {
-		if conn, err = net.Dial("unix", v.socket); err == nil {
-			break
-		}
-		select {
-		case <-v.exited:
-			return errors.New("VMM exited")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	conn, err := v.dial(v.socket)
 	if err != nil {
 		return fmt.Errorf("connect to the agent port: %w", err)
 	}
 	v.conn = conn
 	v.r = bufio.NewReaderSize(conn, 1<<20)
+	if v.egressSock == "" {
+		return nil
+	}
+	ec, err := v.dial(v.egressSock)
+	if err != nil {
+		return fmt.Errorf("connect to the egress port: %w", err)
+	}
+	ch, err := newEgressChannel(ec, v.egressProxy, vmagent.EgressMaxConns)
+	if err != nil {
+		return fmt.Errorf("egress port: %w", err)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.killed {
+		ch.Close()
+		return errors.New("VMM killed")
+	}
+	v.egress = ch
 	return nil
+}
+
+// dial connects to one of the VMM's sockets, waiting for QEMU to create it.
+func (v *vm) dial(path string) (net.Conn, error) {
+	var conn net.Conn
+	var err error
+	for i := 0; i < 500; i++ {
+		if conn, err = net.Dial("unix", path); err == nil {
+			return conn, nil
+		}
+		select {
+		case <-v.exited:
+			return nil, errors.New("VMM exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil, err
 }
 
 // kill ends the VMM by its pid (and its process group) and waits for it.
@@ -220,9 +253,19 @@ func (v *vm) kill() {
 		if v.conn != nil {
 			v.conn.Close()
 		}
+		v.mu.Lock()
+		v.killed = true
+		ch := v.egress
+		v.mu.Unlock()
+		if ch != nil {
+			ch.Close()
+		}
 		os.Remove(v.socket)
 		if v.qmp != "" {
 			os.Remove(v.qmp)
+		}
+		if v.egressSock != "" {
+			os.Remove(v.egressSock)
 		}
 	})
 }
@@ -288,9 +331,6 @@ var _ tier.Readier = (*Sandbox)(nil)
 // Prepare starts the VM; it boots while the engine copies inputs into the
 // host workspace (WaitReady waits for the agent's hello).
 func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, error) {
-	if spec.EgressSocket != "" {
-		return nil, fmt.Errorf("microvm: network egress is not supported by this tier (the VM has no network device)")
-	}
 	if spec.Session {
 		return nil, fmt.Errorf("microvm: sessions are not supported by this tier")
 	}
@@ -319,6 +359,11 @@ func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, e
 	if err != nil {
 		os.RemoveAll(s.dir)
 		return nil, err
+	}
+	if spec.EgressSocket != "" {
+		// The only way out: a second port to the host, whose end leads
+		// to the run's egress proxy. Still no network device.
+		cfg.Egress, cfg.EgressProxy = filepath.Join(s.dir, "egress.sock"), spec.EgressSocket
 	}
 	go s.startVM(cfg)
 	return s, nil
@@ -480,6 +525,9 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	}
 	if req.Dir == "" {
 		req.Dir = "/workspace"
+	}
+	if s.spec.EgressSocket != "" {
+		req.EgressPort = tier.EgressPort
 	}
 	rb, _ := json.Marshal(req)
 	conn := s.vm.conn

@@ -116,6 +116,13 @@ func (m *MicroVM) snapshotKey(cfg *VMConfig) (string, string) {
 	fmt.Fprintf(h, "%s %+v\n", filepath.Base(cfg.RootDisk), idOf(fi))
 	c := *cfg
 	c.Kernel, c.Initramfs, c.RootDisk, c.Socket, c.QMP, c.Incoming = "K", "I", "D", "S", "Q", false
+	// The egress port's path is per run like the agent's; whether there is
+	// one is not (it is a device of the VM): a VM with the port is a
+	// different snapshot from one without.
+	if c.Egress != "" {
+		c.Egress = "E"
+	}
+	c.EgressProxy = ""
 	fmt.Fprintln(h, strings.Join(q.Args(&c), "\x00"))
 	return hex.EncodeToString(h.Sum(nil))[:32], ""
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/moat-sandbox/moat/guest/vmagent"
 )
 
 // VMConfig is one VM to boot: what every VMM needs, in Moat's terms.
@@ -27,6 +29,14 @@ type VMConfig struct {
 	Incoming bool
 	// Console, when set, receives the guest's serial console (debugging).
 	Console string
+	// Egress, when set, is the Unix socket path the VMM listens on for a
+	// second virtio-serial port, the egress channel (only with an egress
+	// grant; the VM never gets a network device).
+	Egress string
+	// EgressProxy is the host's egress proxy socket that the host end of
+	// the egress port relays each stream to. It is not part of the VMM's
+	// command line.
+	EgressProxy string
 }
 
 // VMM starts VMs. QEMU's microvm machine is the one implementation;
@@ -46,13 +56,20 @@ type QEMU struct {
 func (q *QEMU) Name() string { return "qemu-microvm" }
 
 // Args is the QEMU command line for cfg: no default devices, no network,
-// no option ROMs; one virtio-mmio disk, one virtio-serial port.
+// no option ROMs; one virtio-mmio disk, one virtio-serial port, and a
+// second one for the egress channel only when cfg has one.
 func (q *QEMU) Args(cfg *VMConfig) []string {
 	// Under TCG the default CPU model: with "max" the guest kernel's TSC
 	// calibration hangs on this QEMU.
 	cpu := "qemu64"
 	if cfg.Accel == "kvm" {
 		cpu = "host"
+	}
+	// Port 0 of a virtio-serial device is reserved for a console, so
+	// max_ports is the named ports plus one.
+	ports := 2
+	if cfg.Egress != "" {
+		ports = 3
 	}
 	serial := "none"
 	if cfg.Console != "" {
@@ -75,8 +92,13 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 		"-drive", "id=root,file=" + cfg.RootDisk + ",format=raw,if=none,readonly=on",
 		"-device", "virtio-blk-device,drive=root",
 		"-chardev", "socket,id=agent,path=" + cfg.Socket + ",server=on,wait=off",
-		"-device", "virtio-serial-device,max_ports=2",
+		"-device", "virtio-serial-device,max_ports=" + strconv.Itoa(ports),
 		"-device", "virtserialport,chardev=agent,name=moat",
+	}
+	if cfg.Egress != "" {
+		args = append(args,
+			"-chardev", "socket,id=egress,path="+cfg.Egress+",server=on,wait=off",
+			"-device", "virtserialport,chardev=egress,name="+vmagent.EgressPortName)
 	}
 	if cfg.QMP != "" {
 		args = append(args, "-qmp", "unix:"+cfg.QMP+",server=on,wait=off")
@@ -89,7 +111,7 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 
 // Command is the VMM process for cfg, not yet started.
 func (q *QEMU) Command(cfg *VMConfig) (*exec.Cmd, error) {
-	for _, p := range []string{cfg.Kernel, cfg.Initramfs, cfg.RootDisk, cfg.Socket, cfg.Console, cfg.QMP} {
+	for _, p := range []string{cfg.Kernel, cfg.Initramfs, cfg.RootDisk, cfg.Socket, cfg.Console, cfg.QMP, cfg.Egress} {
 		if strings.ContainsRune(p, ',') {
 			return nil, fmt.Errorf("path %q contains a comma, which QEMU's option syntax cannot take", p)
 		}

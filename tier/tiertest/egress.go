@@ -33,7 +33,8 @@ func httpServer(t *testing.T, body string) (port string, hits *atomic.Int64) {
 
 // egressCases need Moat's egress proxy: the sandbox reaches a granted host
 // on the host's loopback through HTTP_PROXY, and nothing else, neither a
-// host that is not granted nor anything without the proxy.
+// host that is not granted nor anything without the proxy (TCP, UDP, raw
+// sockets, its own DNS).
 func egressCases() []Case {
 	var grantedHits, otherHits *atomic.Int64
 	return []Case{{
@@ -66,6 +67,20 @@ for host in ["127.0.0.1", "10.0.2.2", "8.8.8.8"]:
         socket.create_connection((host, {granted}), timeout=2); print("DIRECT", host)
     except OSError as e:
         print("direct refused", host, e.errno)
+# The grant opens the proxy and nothing else: no resolver, no UDP out, no
+# raw sockets.
+try:
+    socket.getaddrinfo("example.com", 80); print("RESOLVED")
+except OSError as e:
+    print("no dns", e.errno)
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53)); print("DIRECT udp")
+except OSError as e:
+    print("udp refused", e.errno)
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print("DIRECT raw")
+except OSError as e:
+    print("raw refused", e.errno)
 `),
 		Check: func(t *testing.T, res *result.Result, env map[string]string) {
 			wantExit(t, res, 0)
@@ -77,6 +92,9 @@ for host in ["127.0.0.1", "10.0.2.2", "8.8.8.8"]:
 			}
 			if strings.Contains(res.Stdout.Data, "DIRECT") {
 				t.Errorf("a direct connection bypassed the proxy: %q", res.Stdout.Data)
+			}
+			if strings.Contains(res.Stdout.Data, "RESOLVED") {
+				t.Errorf("the sandbox resolved a name itself: %q", res.Stdout.Data)
 			}
 			if grantedHits.Load() != 1 {
 				t.Errorf("granted server hits = %d, want 1", grantedHits.Load())
