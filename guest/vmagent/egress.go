@@ -57,15 +57,12 @@ func EgressConfig() *yamux.Config {
 	}
 }
 
-// startEgress brings the guest's loopback up and serves 127.0.0.1:port,
-// each connection a stream over the egress port. It fails rather than
-// start the command without the egress it was granted.
+// startEgress serves 127.0.0.1:port (loopback is up already), each
+// connection a stream over the egress port. It fails rather than start
+// the command without the egress it was granted.
 func startEgress(port int) error {
 	if port <= 0 || port > 65535 {
 		return fmt.Errorf("egress: bad port %d", port)
-	}
-	if err := loopbackUp(); err != nil {
-		return fmt.Errorf("egress: bring lo up: %w", err)
 	}
 	f, err := openPort(EgressPortName)
 	if err != nil {

@@ -196,6 +196,12 @@ func (a *agent) serve() error {
 	if err := mountRun(&req); err != nil {
 		return err
 	}
+	// Loopback only, as on every tier with network mode none: the
+	// program may talk to itself (a local server and its tests), and the
+	// VM has no other interface, so this opens no route off it.
+	if err := loopbackUp(); err != nil {
+		return fmt.Errorf("bring lo up: %w", err)
+	}
 	if req.EgressPort != 0 {
 		if err := startEgress(req.EgressPort); err != nil {
 			return err
