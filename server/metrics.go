@@ -1,72 +1,58 @@
 package server
 
 import (
+	"bufio"
+	"fmt"
+	"math"
 	"net/http"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/result"
 )
 
-// metrics are the series docs/API.md lists. Labels take values from closed
-// sets only (tiers, terminations, violation kinds, denial reasons, route
+// metrics are the series docs/API.md lists, written in Prometheus' text
+// exposition format (version 0.0.4). Labels take values from closed sets
+// only (tiers, terminations, violation kinds, denial reasons, route
 // patterns), never from a client's input, so the series stay bounded.
+//
+// Written here rather than with the Prometheus client library: every
+// sandbox's init is a moat process, and that library's package
+// initialisation (its default registry, the Go and process collectors,
+// procfs' regular expressions) was about 30% of the instructions a moat
+// process ran before main (callgrind), paid on every run whether or not a
+// server ever scraped. See docs/RATIONALE.md.
 type metrics struct {
-	handler  http.Handler
-	reg      *prometheus.Registry
-	runs     *prometheus.CounterVec
-	duration prometheus.Histogram
-	denials  *prometheus.CounterVec
-	limits   *prometheus.CounterVec
-	http     *prometheus.CounterVec
+	s        *Server
+	runs     counterVec // tier, termination
+	duration histogram
+	denials  counterVec // reason
+	limits   counterVec // kind
+	http     counterVec // route, code
 }
 
-func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+func newMetrics(s *Server) *metrics {
+	return &metrics{
+		s: s,
+		runs: counterVec{name: "moat_runs_total", labels: []string{"tier", "termination"},
+			help: "Programs that ended (one-shot runs and sandbox commands), by tier and termination."},
+		duration: histogram{name: "moat_run_duration_seconds",
+			help:    "Wall-clock duration of programs that ended (one-shot runs and sandbox commands).",
+			buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}},
+		denials: counterVec{name: "moat_denials_total", labels: []string{"reason"},
+			help: "Network attempts the egress proxy refused, by reason."},
+		limits: counterVec{name: "moat_limit_hits_total", labels: []string{"kind"},
+			help: "Limits and policies programs ran into (result violations), by kind."},
+		http: counterVec{name: "moat_http_requests_total", labels: []string{"route", "code"},
+			help: "HTTP requests by route pattern and status code."},
 	}
-	m := &metrics{
-		handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		reg:     reg,
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "moat_runs_total",
-			Help: "Programs that ended (one-shot runs and sandbox commands), by tier and termination.",
-		}, []string{"tier", "termination"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "moat_run_duration_seconds",
-			Help:    "Wall-clock duration of programs that ended (one-shot runs and sandbox commands).",
-			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
-		}),
-		denials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "moat_denials_total",
-			Help: "Network attempts the egress proxy refused, by reason.",
-		}, []string{"reason"}),
-		limits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "moat_limit_hits_total",
-			Help: "Limits and policies programs ran into (result violations), by kind.",
-		}, []string{"kind"}),
-		http: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "moat_http_requests_total",
-			Help: "HTTP requests by route pattern and status code.",
-		}, []string{"route", "code"}),
-	}
-	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "moat_sandboxes_active",
-		Help: "Sandboxes alive: sessions plus one-shot runs in flight.",
-	}, func() float64 {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return float64(s.active)
-	})
-	for _, c := range []prometheus.Collector{m.runs, m.duration, m.denials, m.limits, m.http, active, &poolCollector{b: s.cfg.Backend}} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
 }
 
 // observe counts one ended program.
@@ -74,52 +60,199 @@ func (m *metrics) observe(res *result.Result) {
 	if res == nil {
 		return
 	}
-	m.runs.WithLabelValues(res.Tier, string(res.Termination)).Inc()
-	m.duration.Observe(res.DurationMS / 1000)
+	m.runs.inc(res.Tier, string(res.Termination))
+	m.duration.observe(res.DurationMS / 1000)
 	for _, n := range res.Network {
 		if !n.Allowed {
-			m.denials.WithLabelValues(n.Reason).Inc()
+			m.denials.inc(n.Reason)
 		}
 	}
 	for _, v := range res.Violations {
-		m.limits.WithLabelValues(v.Kind).Inc()
+		m.limits.inc(v.Kind)
 	}
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) error {
-	s.metrics.handler.ServeHTTP(w, r)
-	return nil
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	bw := bufio.NewWriter(w)
+	s.metrics.write(bw)
+	return bw.Flush()
 }
 
-var (
-	poolReadyDesc  = prometheus.NewDesc("moat_pool_ready", "Sandboxes prepared and waiting in a warm pool.", []string{"pool"}, nil)
-	poolTakenDesc  = prometheus.NewDesc("moat_pool_taken_total", "Sandboxes handed out from a warm pool.", []string{"pool"}, nil)
-	poolMissesDesc = prometheus.NewDesc("moat_pool_misses_total", "Requests a warm pool could not serve from ready sandboxes.", []string{"pool"}, nil)
-)
+// write renders every series: the counters and the histogram, then the
+// gauges read now (active sandboxes, the Backend's pools), then the
+// server process's own.
+func (m *metrics) write(w *bufio.Writer) {
+	m.runs.write(w)
+	m.duration.write(w)
+	m.denials.write(w)
+	m.limits.write(w)
+	m.http.write(w)
 
-// poolCollector reads the Backend's pools at scrape time; a Backend without
-// pools yields no pool series.
-type poolCollector struct{ b Backend }
+	m.s.mu.Lock()
+	active := m.s.active
+	m.s.mu.Unlock()
+	header(w, "moat_sandboxes_active", "gauge", "Sandboxes alive: sessions plus one-shot runs in flight.")
+	fmt.Fprintf(w, "moat_sandboxes_active %d\n", active)
 
-func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- poolReadyDesc
-	ch <- poolTakenDesc
-	ch <- poolMissesDesc
-}
-
-func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
-	pr, ok := c.b.(PoolReporter)
-	if !ok {
-		return
-	}
-	seen := map[string]bool{}
-	for _, p := range pr.PoolStats() {
-		if seen[p.Pool] {
-			continue // a duplicate series would fail the whole scrape
+	if pr, ok := m.s.cfg.Backend.(PoolReporter); ok {
+		var stats []PoolStat
+		seen := map[string]bool{}
+		for _, p := range pr.PoolStats() {
+			if !seen[p.Pool] { // a duplicate series would fail the whole scrape
+				seen[p.Pool] = true
+				stats = append(stats, p)
+			}
 		}
-		seen[p.Pool] = true
-		ch <- prometheus.MustNewConstMetric(poolReadyDesc, prometheus.GaugeValue, float64(p.Ready), p.Pool)
-		ch <- prometheus.MustNewConstMetric(poolTakenDesc, prometheus.CounterValue, float64(p.Taken), p.Pool)
-		ch <- prometheus.MustNewConstMetric(poolMissesDesc, prometheus.CounterValue, float64(p.Misses), p.Pool)
+		slices.SortFunc(stats, func(a, b PoolStat) int { return strings.Compare(a.Pool, b.Pool) })
+		for _, g := range []struct {
+			name, typ, help string
+			value           func(PoolStat) uint64
+		}{
+			{"moat_pool_ready", "gauge", "Sandboxes prepared and waiting in a warm pool.", func(p PoolStat) uint64 { return uint64(max(p.Ready, 0)) }},
+			{"moat_pool_taken_total", "counter", "Sandboxes handed out from a warm pool.", func(p PoolStat) uint64 { return p.Taken }},
+			{"moat_pool_misses_total", "counter", "Requests a warm pool could not serve from ready sandboxes.", func(p PoolStat) uint64 { return p.Misses }},
+		} {
+			if len(stats) == 0 {
+				break
+			}
+			header(w, g.name, g.typ, g.help)
+			for _, p := range stats {
+				fmt.Fprintf(w, "%s{pool=%s} %d\n", g.name, labelValue(p.Pool), g.value(p))
+			}
+		}
 	}
+	writeProcess(w)
+}
+
+// writeProcess writes the series the Prometheus client's Go and process
+// collectors are best known for, under their usual names.
+func writeProcess(w *bufio.Writer) {
+	header(w, "go_goroutines", "gauge", "Number of goroutines that currently exist.")
+	fmt.Fprintf(w, "go_goroutines %d\n", runtime.NumGoroutine())
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		header(w, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.")
+		fmt.Fprintf(w, "process_cpu_seconds_total %s\n", formatFloat(cpu.Seconds()))
+	}
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		header(w, "process_open_fds", "gauge", "Number of open file descriptors.")
+		fmt.Fprintf(w, "process_open_fds %d\n", len(ents))
+	}
+	if b, err := os.ReadFile("/proc/self/statm"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 1 {
+			if pages, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				header(w, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.")
+				fmt.Fprintf(w, "process_resident_memory_bytes %d\n", pages*int64(os.Getpagesize()))
+			}
+		}
+	}
+	header(w, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.")
+	fmt.Fprintf(w, "process_start_time_seconds %s\n", formatFloat(float64(processStart.UnixNano())/1e9))
+}
+
+var processStart = time.Now()
+
+func header(w *bufio.Writer, name, typ, help string) {
+	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+}
+
+// counterVec is a counter with labels; a series exists once incremented.
+type counterVec struct {
+	name, help string
+	labels     []string
+
+	mu     sync.Mutex
+	values map[string]float64 // by the rendered label set
+}
+
+func (c *counterVec) inc(values ...string) {
+	if len(values) != len(c.labels) {
+		panic(fmt.Sprintf("metric %s: %d label values for %d labels", c.name, len(values), len(c.labels)))
+	}
+	// Labels in name order, as the client library rendered them.
+	pairs := make([]string, len(values))
+	for i, v := range values {
+		pairs[i] = c.labels[i] + "=" + labelValue(v)
+	}
+	slices.Sort(pairs)
+	key := "{" + strings.Join(pairs, ",") + "}"
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.values == nil {
+		c.values = map[string]float64{}
+	}
+	c.values[key]++
+}
+
+func (c *counterVec) write(w *bufio.Writer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	header(w, c.name, "counter", c.help)
+	keys := make([]string, 0, len(c.values))
+	for k := range c.values {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "%s%s %s\n", c.name, k, formatFloat(c.values[k]))
+	}
+}
+
+// histogram is a cumulative histogram without labels.
+type histogram struct {
+	name, help string
+	buckets    []float64 // upper bounds, ascending; +Inf is implicit
+
+	mu     sync.Mutex
+	counts []uint64 // per bucket, not cumulative; len(buckets)+1
+	sum    float64
+	count  uint64
+}
+
+func (h *histogram) observe(v float64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.counts == nil {
+		h.counts = make([]uint64, len(h.buckets)+1)
+	}
+	i, _ := slices.BinarySearch(h.buckets, v) // the first bound >= v
+	h.counts[i]++
+	h.sum += v
+	h.count++
+}
+
+func (h *histogram) write(w *bufio.Writer) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	header(w, h.name, "histogram", h.help)
+	var cum uint64
+	for i, le := range h.buckets {
+		if h.counts != nil {
+			cum += h.counts[i]
+		}
+		fmt.Fprintf(w, "%s_bucket{le=%q} %d\n", h.name, formatFloat(le), cum)
+	}
+	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", h.name, h.count)
+	fmt.Fprintf(w, "%s_sum %s\n%s_count %d\n", h.name, formatFloat(h.sum), h.name, h.count)
+}
+
+// labelValue renders a label value: double quotes, with backslash, double
+// quote and newline escaped as the text format requires.
+func labelValue(v string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+	return `"` + r.Replace(v) + `"`
+}
+
+func formatFloat(f float64) string {
+	switch {
+	case math.IsInf(f, 1):
+		return "+Inf"
+	case math.IsInf(f, -1):
+		return "-Inf"
+	case math.IsNaN(f):
+		return "NaN"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }

@@ -31,8 +31,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/moat-sandbox/moat/audit"
 )
 
@@ -73,9 +71,6 @@ type Config struct {
 	// ReapInterval is how often expired sandboxes are looked for.
 	// Default 1s.
 	ReapInterval time.Duration
-	// Registry receives the metrics and is what GET /metrics serves. Nil:
-	// a new registry with the Go and process collectors.
-	Registry *prometheus.Registry
 }
 
 func (c *Config) setDefaults() error {
@@ -182,12 +177,7 @@ func New(cfg Config) (*Server, error) {
 		shutdownDone: make(chan struct{}),
 	}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
-	m, err := newMetrics(cfg.Registry, s)
-	if err != nil {
-		s.stop()
-		return nil, fmt.Errorf("server: register metrics: %w", err)
-	}
-	s.metrics = m
+	s.metrics = newMetrics(s)
 	s.routesInit()
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	go s.reap()
@@ -278,7 +268,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if route == "" {
 			route = "unmatched"
 		}
-		s.metrics.http.WithLabelValues(route, strconv.Itoa(rw.status())).Inc()
+		s.metrics.http.inc(route, strconv.Itoa(rw.status()))
 	}()
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		s.unrouted(rw, r)

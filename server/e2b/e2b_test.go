@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/moat-sandbox/moat/server"
 )
 
@@ -38,7 +36,7 @@ func newEnv(t *testing.T) *env {
 	b := &fakeBackend{dir: t.TempDir(), live: map[string]*fakeSession{}}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	api, err := server.New(server.Config{Backend: b, Auditor: fakeAuditor{}, Logger: log, MaxBodyBytes: 1 << 16,
-		ReapInterval: 20 * time.Millisecond, Registry: prometheus.NewRegistry()})
+		ReapInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
