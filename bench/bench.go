@@ -271,8 +271,7 @@ func runOn(ctx context.Context, e *engine.Engine, m *manifest.Manifest, argv []s
 // MigrationCost measures a cold cgroup v1 migration by pid (Cgroup.Add): the
 // kernel's global cgroup_threadgroup_rwsem makes the first writer after a
 // quiet spell wait for an RCU grace period. A run's init does not pay it:
-// each of its threads moves itself (cgroup.Join), which skips that lock;
-// only a moat built with cgo (cgroup.CanJoin false) still moves init by pid.
+// its main thread moves itself (cgroup.Join), which skips that lock.
 func MigrationCost() (float64, error) {
 	h, err := cgroup.Detect()
 	if err != nil {

@@ -10,9 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -324,21 +322,20 @@ func (c *Cgroup) Add(pid int) error {
 }
 
 // JoinFiles opens, on v1, every hierarchy's "tasks" file of the cgroup
-// for writing, for a process to move itself in with Join instead of being
+// for writing, for a thread to move itself in with Join instead of being
 // moved with Add. Open them as root: the kernel judges a write by the
-// credentials of the file's opener, so the process may be an
-// unprivileged one (init in its user namespace). The caller closes them.
-// On v2, and in a build that cannot Join (CanJoin), it returns nil: use
-// FD with CLONE_INTO_CGROUP, or Add.
+// credentials of the file's opener, so the thread may be an unprivileged
+// one (init in its user namespace). The caller closes them. On v2 it
+// returns nil: use FD with CLONE_INTO_CGROUP.
 //
 // Why: a cgroup.procs write (Add) takes the kernel's global
 // cgroup_threadgroup_rwsem for writing, and the first writer after a quiet
-// spell waits for an RCU grace period (4-16 ms measured here, on every cold
+// spell waits for an RCU grace period (8-16 ms measured here, on every cold
 // run). A thread that moves itself ("0" written to tasks) needs no
 // threadgroup stability and skips that lock (cgroup_procs_write_start in
-// kernel/cgroup/cgroup.c): five hierarchies take about 0.6 ms.
+// kernel/cgroup/cgroup.c).
 func (c *Cgroup) JoinFiles() ([]*os.File, error) {
-	if c.fd >= 0 || !CanJoin {
+	if c.fd >= 0 {
 		return nil, nil
 	}
 	var files []*os.File
@@ -356,29 +353,29 @@ func (c *Cgroup) JoinFiles() ([]*os.File, error) {
 	return files, nil
 }
 
-// Join moves every thread of the calling process into the cgroups whose
-// "tasks" files are open on fds (from JoinFiles), each thread moving
-// itself, and closes the fds. Threads created afterwards inherit the
-// cgroups of the thread that creates them, so once it returns the whole
-// process is inside. The runtime runs the write on every thread and fails
-// unless all of them succeeded; it needs a binary built without cgo
-// (CanJoin).
+// Join moves the calling thread (not its process's other threads) into
+// the cgroups whose "tasks" files are open on fds (from JoinFiles), and
+// closes the fds. Processes and threads the thread creates afterwards are
+// born in its cgroups, so a caller locked to its OS thread
+// (runtime.LockOSThread) that forks every process it starts puts all of
+// them inside; the v1 memory controller charges the whole process's memory
+// to its thread group leader's cgroup, so the leader is the thread to move.
 func Join(fds []int) error {
-	if !CanJoin {
-		return errors.New("join cgroup: this moat binary was built with cgo, which cannot run a system call on every thread; build it with CGO_ENABLED=0")
-	}
-	self := []byte("0")
+	var errs []error
 	for _, fd := range fds {
-		n, _, errno := syscall.AllThreadsSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&self[0])), 1)
+		for {
+			_, err := unix.Write(fd, []byte("0"))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("join cgroup (fd %d): %w", fd, err))
+			}
+			break
+		}
 		unix.Close(fd)
-		if errno != 0 {
-			return fmt.Errorf("join cgroup (fd %d): %w", fd, errno)
-		}
-		if n != 1 {
-			return fmt.Errorf("join cgroup (fd %d): short write", fd)
-		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // FD returns an O_PATH directory fd of the v2 cgroup, for

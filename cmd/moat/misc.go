@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/bench"
-	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/kernel"
@@ -211,13 +210,8 @@ func cmdDoctor(args []string) int {
 	} else {
 		fmt.Println("  native  ready")
 		if ms, err := bench.MigrationCost(); err == nil && ms > 0 {
-			if cgroup.CanJoin {
-				fmt.Printf("  native  cgroup v1: each run's init moves its own threads into the run's cgroup, which\n")
-				fmt.Printf("          skips the RCU grace period (%.2f ms here) that a move by pid waits for when cold\n", ms)
-			} else {
-				fmt.Printf("  native  cgroup v1: moving a run's init into its cgroup takes %.2f ms when cold: this moat\n", ms)
-				fmt.Println("          was built with cgo, so init cannot move its own threads; build it with CGO_ENABLED=0")
-			}
+			fmt.Printf("  native  cgroup v1: each run's init moves its main thread into the run's cgroup itself, which\n")
+			fmt.Printf("          skips the RCU grace period (%.2f ms here) that a move by pid waits for when cold\n", ms)
 		}
 	}
 	if g, err := gvisor.New(gvisor.Options{}); err != nil {

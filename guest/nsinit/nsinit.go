@@ -69,8 +69,11 @@ func run(st *reporter) (int, error) {
 	if err := ReadFrame(cfgPipe, &cfg.Setup); err != nil {
 		return 1, fmt.Errorf("read setup: %w", err)
 	}
-	// Into the run's cgroup first (v1), so that everything init does from
-	// here on, and everything it starts, is counted and limited there.
+	// Into the run's cgroup first (v1): this thread, the process's leader,
+	// to which main is locked (see init above) and from which the program
+	// and every session command is forked, so that they are born inside,
+	// and init's memory is charged there. Init's other runtime threads
+	// stay outside; they run only init's own code (the egress relay).
 	if n := cfg.CgroupFDs; n > 0 {
 		if n > 16 {
 			return 1, fmt.Errorf("setup: %d cgroup files; at most 16 hierarchies", n)

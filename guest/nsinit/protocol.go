@@ -13,7 +13,7 @@
 //	clone(CLONE_NEW*) + uid/gid maps  --->  starts, blocks reading fd 3
 //	  (v2: born in the cgroup;
 //	   v1: its tasks files on fd 8...)
-//	send Setup frame on fd 3          --->  (v1) every thread moves itself into
+//	send Setup frame on fd 3          --->  (v1) the main thread moves itself into
 //	                                        the cgroup; mounts, pivot_root,
 //	                                        hostname, loopback;
 //	                                        then blocks reading fd 3 again
@@ -32,10 +32,11 @@
 //
 // Frames are a 4-byte little-endian length and that many bytes of JSON.
 // Init is inside the run's cgroup before it does anything but read the
-// Setup frame: on v2 it is born there; on v1 each of its threads moves
-// itself through the tasks files the host opened (a thread moving itself
-// skips the lock whose first writer waits for an RCU grace period, which a
-// move by pid from the host pays on every cold run; see cgroup.JoinFiles).
+// Setup frame: on v2 it is born there; on v1 its main thread, from which
+// every program is forked, moves itself through the tasks files the host
+// opened (a thread moving itself skips the lock whose first writer waits
+// for an RCU grace period, which a move by pid from the host pays on every
+// cold run; see cgroup.JoinFiles).
 // No program runs before the Command frame. Init confines itself before it
 // knows the command, so a prepared sandbox has only fork and exec left.
 //
@@ -158,8 +159,8 @@ type Setup struct {
 	RequireLandlock bool `json:"require_landlock"`
 
 	// CgroupFDs is how many cgroup v1 "tasks" files the host passed from
-	// CgroupFD on: init moves every one of its threads into the run's
-	// cgroup through them before anything else.
+	// CgroupFD on: init's main thread moves itself into the run's cgroup
+	// through them before anything else.
 	CgroupFDs int `json:"cgroup_fds,omitempty"`
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +13,13 @@ import (
 	"github.com/moat-sandbox/moat/tier/native"
 )
 
-// TestInitJoinsCgroup: a prepared sandbox's init, with every one of its
-// threads, is inside the run's cgroup in every hierarchy Moat manages
-// before the program starts: on v1 each thread moved itself in through
-// the tasks files the host passed (cgroup.Join), on v2 init was born there.
-// A thread left outside would let the program's memory or processes go
-// uncounted.
+// TestInitJoinsCgroup: a prepared sandbox's init is inside the run's
+// cgroup, in every hierarchy Moat manages, before the program starts: its
+// main thread (the process's leader, whose cgroup v1 charges the process's
+// memory to, and from which every program is forked) moved itself in
+// through the tasks files the host passed (cgroup.Join) on v1, or init was
+// born there on v2. The program, forked from that thread, is inside too.
+// Either outside would let the program's memory or processes go uncounted.
 func TestInitJoinsCgroup(t *testing.T) {
 	needRoot(t)
 	e, err := newEngine()
@@ -62,16 +62,9 @@ func TestInitJoinsCgroup(t *testing.T) {
 	if err != nil || len(pids) != 1 {
 		t.Fatalf("processes in the run's cgroup: %v, %v; want init alone", pids, err)
 	}
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/cgroup", pids[0]))
-	if len(tasks) < 2 {
-		t.Fatalf("init has %d threads; a Go init has several, and each must have moved", len(tasks))
-	}
 	want := "/moat/" + id
-	for _, p := range tasks {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+	check := func(what string, b []byte) {
+		t.Helper()
 		in := map[string]bool{}
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 			f := strings.SplitN(line, ":", 3)
@@ -90,14 +83,39 @@ func TestInitJoinsCgroup(t *testing.T) {
 				missing = append(missing, "the v2 cgroup")
 			}
 		} else {
-			for _, c := range []string{"memory", "pids", "cpu"} {
+			for _, c := range []string{"memory", "pids", "cpu", "cpuacct", "freezer"} {
 				if !in[c] {
 					missing = append(missing, c)
 				}
 			}
 		}
 		if len(missing) > 0 {
-			t.Errorf("thread %s of init is not in %s's %v:\n%s", filepath.Base(filepath.Dir(p)), want, missing, b)
+			t.Errorf("%s is not in %s's %v:\n%s", what, want, missing, b)
+		}
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", pids[0], pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("init's main thread", b)
+	var stdout strings.Builder
+	out, err := sb.Exec(context.Background(), &tier.Command{Argv: []string{"cat", "/proc/self/cgroup"}, Env: img.Env, Dir: "/workspace", Stdout: &stdout})
+	if err != nil || out.ExitCode != 0 {
+		t.Fatalf("program: %v %+v", err, out)
+	}
+	// Inside, paths are relative to the cgroup namespace init made at the
+	// run's cgroup: "/" for every hierarchy Moat manages.
+	got := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[2] == "/" {
+			for _, c := range strings.Split(f[1], ",") {
+				got[c] = true
+			}
+		}
+	}
+	for _, c := range []string{"memory", "pids", "cpu"} {
+		if host.Version == cgroup.V1 && !got[c] {
+			t.Errorf("the program is not at the root of its cgroup namespace for %s:\n%s", c, stdout.String())
 		}
 	}
 	if err := sb.Destroy(); err != nil {

@@ -288,14 +288,6 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	if err = nsinit.WriteFrame(s.cfgW, &setup); err != nil {
 		return nil, fmt.Errorf("send init setup: %w", err)
 	}
-	if _, v2 := s.cg.FD(); !v2 && len(joins) == 0 {
-		// cgroup v1 in a cgo build (cgroup.CanJoin): moved by pid, the
-		// slow way, while init builds its root; init reads the Start
-		// frame only after this.
-		if err = s.cg.Add(cmd.Process.Pid); err != nil {
-			return nil, fmt.Errorf("move init into cgroup: %w", err)
-		}
-	}
 	// Init is inside the cgroup before it reads this frame (born there on
 	// v2, moved itself on v1 right after the Setup frame): it may confine
 	// itself now, while the caller copies the inputs in (or while the
