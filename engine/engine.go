@@ -42,8 +42,9 @@ import (
 type Options struct {
 	// Home is Moat's state directory ($MOAT_HOME).
 	Home string
-	// Exe is the moat binary the native tier re-executes as init.
-	// Default: /proc/self/exe.
+	// Exe is the executable the tiers start inside sandboxes (native's
+	// init, gVisor's init, the microvm agent): moat itself or moat-guest.
+	// Default: GuestBinary().
 	Exe string
 	// Progress receives human-readable progress (image builds). Nil
 	// discards it.
@@ -59,8 +60,9 @@ type Options struct {
 
 // Engine runs sandboxed programs.
 type Engine struct {
-	opts   Options
-	images *image.Store
+	opts     Options
+	images   *image.Store
+	guestWhy string // which binary runs inside sandboxes, and why
 
 	mu    sync.Mutex
 	tiers map[string]tier.Tier
@@ -108,6 +110,11 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("create %s: %w", filepath.Join(opts.Home, "runs"), err)
 	}
 	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
+	if e.opts.Exe == "" {
+		e.opts.Exe, e.guestWhy = GuestBinary()
+	} else {
+		e.guestWhy = e.opts.Exe + " (Options.Exe)"
+	}
 	e.poolCtx, e.poolStop = context.WithCancel(context.Background())
 	for name, t := range opts.Tiers {
 		e.tiers[name] = t
@@ -117,6 +124,10 @@ func New(opts Options) (*Engine, error) {
 
 // Images is the engine's image store.
 func (e *Engine) Images() *image.Store { return e.images }
+
+// Guest names the executable the tiers start inside sandboxes and why
+// that one (moat doctor shows it).
+func (e *Engine) Guest() string { return e.guestWhy }
 
 // Home is the engine's state directory.
 func (e *Engine) Home() string { return e.opts.Home }

@@ -48,6 +48,9 @@ func checkGuest(p string, self *debug.BuildInfo) error {
 	if !filepath.IsAbs(p) {
 		return fmt.Errorf("%s is not an absolute path", p)
 	}
+	if _, err := os.Lstat(p); os.IsNotExist(err) {
+		return fmt.Errorf("moat-guest is not installed at %s; scripts/setup installs it", p)
+	}
 	if err := rootOwned(p, false); err != nil {
 		return err
 	}

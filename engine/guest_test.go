@@ -88,7 +88,7 @@ func TestCheckGuestOwnership(t *testing.T) {
 		{"not owned by root", func() string { p := write(filepath.Join(safe, "u"), 0o755); os.Chown(p, 1000, 1000); return p }(), "not owned by root"},
 		{"in a world-writable directory", write(filepath.Join(dir, "x"), 0o755), "writable by group or others"},
 		{"a symlink", func() string { p := filepath.Join(safe, "l"); os.Symlink(self, p); return p }(), "not a regular file"},
-		{"missing", filepath.Join(safe, "none"), "no such file"},
+		{"missing", filepath.Join(safe, "none"), "not installed"},
 		{"relative", "moat-guest", "not an absolute path"},
 	}
 	for _, tc := range tests {

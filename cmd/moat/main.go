@@ -14,9 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/moat-sandbox/moat/guest/gvinit"
-	"github.com/moat-sandbox/moat/guest/nsinit"
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -54,19 +52,11 @@ func init() {
 }
 
 func main() {
-	// Moat's in-sandbox init is this same binary under a hidden argument;
-	// it must be dispatched before anything else runs.
-	if len(os.Args) > 1 && os.Args[1] == nsinit.Arg {
-		nsinit.Main()
-	}
-	if len(os.Args) > 1 && os.Args[1] == gvinit.Arg {
-		gvinit.Main()
-	}
-	// The same binary is the microvm tier's guest agent: /init of the VM,
-	// and its re-exec into the image root.
-	if vmagent.IsAgent() || (len(os.Args) > 1 && os.Args[1] == vmagent.ExecArg) {
-		vmagent.Main()
-	}
+	// The in-sandbox half (native's init, gVisor's init, the microvm
+	// agent) is also this binary under a hidden argument, when moat-guest
+	// is not installed (engine.GuestBinary); it must be dispatched before
+	// anything else runs.
+	guest.Dispatch()
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.
 	// Moat opens its own files close-on-exec already.

@@ -239,6 +239,7 @@ func cmdDoctor(args []string) int {
 		return fail(err)
 	}
 	fmt.Printf("state: %s\n", e.Home())
+	fmt.Printf("inside sandboxes: %s\n", e.Guest())
 	imgs, _ := e.Images().List()
 	var names []string
 	for _, img := range imgs {

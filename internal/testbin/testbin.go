@@ -13,6 +13,16 @@ import (
 // Build compiles cmd/moat into a fresh directory and returns its path and
 // a function that removes it.
 func Build() (path string, cleanup func(), err error) {
+	return build("moat")
+}
+
+// BuildGuest compiles cmd/moat-guest, the in-sandbox half alone, the same
+// way.
+func BuildGuest() (path string, cleanup func(), err error) {
+	return build("moat-guest")
+}
+
+func build(name string) (path string, cleanup func(), err error) {
 	dir, err := os.MkdirTemp("", "moat-test-bin-")
 	if err != nil {
 		return "", nil, err
@@ -24,14 +34,14 @@ func Build() (path string, cleanup func(), err error) {
 		cleanup()
 		return "", nil, err
 	}
-	path = filepath.Join(dir, "moat")
-	cmd := exec.Command("go", "build", "-o", path, "github.com/moat-sandbox/moat/cmd/moat")
-	// CGO_ENABLED=0: init changes credentials on all threads with
-	// AllThreadsSyscall, which a cgo binary cannot do.
+	path = filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", path, "github.com/moat-sandbox/moat/cmd/"+name)
+	// CGO_ENABLED=0: a static binary, which the gvisor and microvm tiers
+	// run inside sandboxes whose libraries are not its own.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		cleanup()
-		return "", nil, fmt.Errorf("build moat: %v\n%s", err, out)
+		return "", nil, fmt.Errorf("build %s: %v\n%s", name, err, out)
 	}
 	return path, cleanup, nil
 }

@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/native"
 )
@@ -124,5 +128,54 @@ func TestInitJoinsCgroup(t *testing.T) {
 	destroyed = true
 	if left := leftovers(e.Home())(id); len(left) > 0 {
 		t.Errorf("residue after Destroy: %v", left)
+	}
+}
+
+// TestMoatGuest: the native tier works the same with moat-guest, the
+// in-sandbox half alone, as init (what moat uses when scripts/setup
+// installed it from the same commit, engine.GuestBinary).
+func TestMoatGuest(t *testing.T) {
+	needRoot(t)
+	g, cleanup, err := testbin.BuildGuest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	e, err := engine.New(engine.Options{Exe: g, NoAutoBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	m := manifest.Default()
+	m.Resources.Pids = 16
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		argv []string
+		term result.Termination
+		code int
+		out  string
+	}{
+		{"python runs", []string{"python3", "-c", "print(6*7)"}, result.Exited, 0, "42\n"},
+		{"exit status", []string{"sh", "-c", "exit 3"}, result.Exited, 3, ""},
+		{"command not found", []string{"no-such-command"}, result.Exited, 127, ""},
+		{"pids limit", []string{"sh", "-c", "for i in $(seq 40); do sleep 1 & done; wait"}, result.Pids, -1, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var id string
+			res, err := e.Run(context.Background(), &engine.Request{Manifest: m, Argv: tc.argv, OnStart: func(runID string, _ func() ([]int, error)) { id = runID }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Termination != tc.term || (tc.code >= 0 && res.ExitCode != tc.code) || (tc.out != "" && res.Stdout.Data != tc.out) {
+				t.Errorf("got %s exit %d stdout %q stderr %q; want %s exit %d stdout %q", res.Termination, res.ExitCode, res.Stdout.Data, res.Stderr.Data, tc.term, tc.code, tc.out)
+			}
+			if left := leftovers(e.Home())(id); len(left) > 0 {
+				t.Errorf("residue: %v", left)
+			}
+		})
 	}
 }
