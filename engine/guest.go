@@ -6,7 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"syscall"
+
+	"github.com/moat-sandbox/moat/guest"
 )
 
 // DefaultGuest is where scripts/setup installs moat-guest (cmd/moat-guest),
@@ -20,13 +23,13 @@ const DefaultGuest = "/usr/local/lib/moat/moat-guest"
 // carries the same code. Both work; moat-guest starts several times faster
 // (docs/RATIONALE.md).
 //
-// Built from exactly the same source means: both binaries record the same
-// Go version, module and VCS revision, and neither was built from a tree
-// with uncommitted changes. A development build (a modified tree) or one
-// without VCS information always uses itself, so an outdated moat-guest
-// is never run. moat-guest must be a regular file owned by root and not
-// writable by anyone else, in a directory likewise: root runs it, and a
-// sandbox's init is trusted code.
+// Built from exactly the same source means: scripts/setup stamped both
+// with the same source ID (guest.SourceID, a digest of the tree's files)
+// and both were built by the same Go version. Any other build (go build
+// by hand, go install, a test) has no ID and uses itself, so an outdated
+// moat-guest is never run. moat-guest must be a regular file owned by
+// root and not writable by anyone else, in directories likewise up to /:
+// root runs it, and a sandbox's init is trusted code.
 func GuestBinary() (path, why string) {
 	p := DefaultGuest
 	if env := os.Getenv("MOAT_GUEST"); env != "" {
@@ -36,15 +39,18 @@ func GuestBinary() (path, why string) {
 	if !ok {
 		return "/proc/self/exe", "this moat binary (it records no build information)"
 	}
-	if err := checkGuest(p, self); err != nil {
+	if err := checkGuest(p, guest.SourceID, self.GoVersion); err != nil {
 		return "/proc/self/exe", "this moat binary (" + err.Error() + ")"
 	}
-	return p, p + " (built from the same commit)"
+	return p, p + " (built from the same source, " + guest.SourceID + ")"
 }
 
-// checkGuest says why the binary at p may not stand in for self's guest
-// half, or nil.
-func checkGuest(p string, self *debug.BuildInfo) error {
+// checkGuest says why the binary at p may not stand in for the guest half
+// of a moat built from source id with Go goVersion, or nil.
+func checkGuest(p, id, goVersion string) error {
+	if id == "" {
+		return fmt.Errorf("this moat was not built by scripts/setup, so it has no source ID to match moat-guest with")
+	}
 	if !filepath.IsAbs(p) {
 		return fmt.Errorf("%s is not an absolute path", p)
 	}
@@ -67,41 +73,46 @@ func checkGuest(p string, self *debug.BuildInfo) error {
 	if err != nil {
 		return fmt.Errorf("%s: no Go build information: %v", p, err)
 	}
-	return sameSource(self, other)
+	return sameSource(id, goVersion, other)
 }
 
-// sameSource is nil when both builds come from one committed revision of
-// one module with one Go version.
-func sameSource(self, other *debug.BuildInfo) error {
-	settings := func(bi *debug.BuildInfo) map[string]string {
-		m := map[string]string{}
-		for _, s := range bi.Settings {
-			m[s.Key] = s.Value
+// sourceIDFlag is how scripts/setup passes the source ID to the linker.
+const sourceIDFlag = "-X github.com/moat-sandbox/moat/guest.SourceID="
+
+// sameSource is nil when other was built by Go goVersion with source id.
+func sameSource(id, goVersion string, other *debug.BuildInfo) error {
+	var ldflags, cgo string
+	for _, s := range other.Settings {
+		switch s.Key {
+		case "-ldflags":
+			ldflags = s.Value
+		case "CGO_ENABLED":
+			cgo = s.Value
 		}
-		return m
 	}
-	a, b := settings(self), settings(other)
+	var theirs string
+	if _, after, ok := strings.Cut(ldflags, sourceIDFlag); ok {
+		theirs, _, _ = strings.Cut(after, " ")
+		theirs = strings.Trim(theirs, `'"`)
+	}
 	switch {
-	case self.Main.Path != other.Main.Path:
-		return fmt.Errorf("moat-guest is of module %q, this moat of %q", other.Main.Path, self.Main.Path)
-	case self.GoVersion != other.GoVersion:
-		return fmt.Errorf("moat-guest was built with %s, this moat with %s", other.GoVersion, self.GoVersion)
-	case a["vcs.revision"] == "":
-		return fmt.Errorf("this moat records no VCS revision")
-	case a["vcs.modified"] != "false":
-		return fmt.Errorf("this moat was built from a tree with uncommitted changes")
-	case b["vcs.revision"] != a["vcs.revision"]:
-		return fmt.Errorf("moat-guest was built from revision %.12s, this moat from %.12s: run scripts/setup", b["vcs.revision"], a["vcs.revision"])
-	case b["vcs.modified"] != "false":
-		return fmt.Errorf("moat-guest was built from a tree with uncommitted changes: run scripts/setup")
-	case b["CGO_ENABLED"] != "0":
+	case other.Main.Path != "github.com/moat-sandbox/moat":
+		return fmt.Errorf("moat-guest is of module %q, not Moat's", other.Main.Path)
+	case theirs == "":
+		return fmt.Errorf("moat-guest has no source ID: run scripts/setup")
+	case theirs != id:
+		return fmt.Errorf("moat-guest was built from other source (%s, this moat %s): run scripts/setup", theirs, id)
+	case other.GoVersion != goVersion:
+		return fmt.Errorf("moat-guest was built with %s, this moat with %s: run scripts/setup", other.GoVersion, goVersion)
+	case cgo != "0":
 		return fmt.Errorf("moat-guest was built with cgo: it must be static")
 	}
 	return nil
 }
 
 // rootOwned checks that p (not a symlink) is owned by root and writable by
-// nobody else.
+// nobody else; a directory writable by others must be sticky (/tmp), so
+// that they cannot rename or delete what root put there.
 func rootOwned(p string, dir bool) error {
 	fi, err := os.Lstat(p)
 	if err != nil {
@@ -113,7 +124,7 @@ func rootOwned(p string, dir bool) error {
 		return fmt.Errorf("%s is not a regular %s", p, map[bool]string{true: "directory", false: "file"}[dir])
 	case !ok || st.Uid != 0:
 		return fmt.Errorf("%s is not owned by root", p)
-	case fi.Mode().Perm()&0o022 != 0:
+	case fi.Mode().Perm()&0o022 != 0 && !(dir && fi.Mode()&os.ModeSticky != 0):
 		return fmt.Errorf("%s is writable by group or others (mode %04o)", p, fi.Mode().Perm())
 	}
 	return nil

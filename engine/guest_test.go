@@ -9,37 +9,35 @@ import (
 )
 
 func TestSameSource(t *testing.T) {
-	bi := func(gover, rev, modified, cgo string) *debug.BuildInfo {
+	bi := func(gover, ldflags, cgo string) *debug.BuildInfo {
 		b := &debug.BuildInfo{GoVersion: gover, Main: debug.Module{Path: "github.com/moat-sandbox/moat"}}
-		for k, v := range map[string]string{"vcs.revision": rev, "vcs.modified": modified, "CGO_ENABLED": cgo} {
-			if v != "-" {
-				b.Settings = append(b.Settings, debug.BuildSetting{Key: k, Value: v})
-			}
+		if ldflags != "-" {
+			b.Settings = append(b.Settings, debug.BuildSetting{Key: "-ldflags", Value: ldflags})
 		}
+		b.Settings = append(b.Settings, debug.BuildSetting{Key: "CGO_ENABLED", Value: cgo})
 		return b
 	}
-	clean := bi("go1.26.8", "abc123", "false", "0")
-	other := bi("go1.26.8", "def456", "false", "0")
-	otherModule := bi("go1.26.8", "abc123", "false", "0")
+	const id = "3f2a9c"
+	stamped := sourceIDFlag + id
+	otherModule := bi("go1.26.8", stamped, "0")
 	otherModule.Main.Path = "example.com/fork"
 	tests := []struct {
-		name        string
-		self, guest *debug.BuildInfo
-		want        string // substring of the error; "" for a match
+		name  string
+		guest *debug.BuildInfo
+		want  string // substring of the error; "" for a match
 	}{
-		{"same clean commit", clean, clean, ""},
-		{"another commit", clean, other, "revision def456"},
-		{"another Go", clean, bi("go1.26.7", "abc123", "false", "0"), "built with go1.26.7"},
-		{"another module", clean, otherModule, "module"},
-		{"moat from a modified tree", bi("go1.26.8", "abc123", "true", "0"), clean, "uncommitted"},
-		{"guest from a modified tree", clean, bi("go1.26.8", "abc123", "true", "0"), "uncommitted"},
-		{"moat without VCS", bi("go1.26.8", "-", "-", "0"), clean, "no VCS revision"},
-		{"guest without VCS", clean, bi("go1.26.8", "-", "-", "0"), "revision"},
-		{"guest with cgo", clean, bi("go1.26.8", "abc123", "false", "1"), "cgo"},
+		{"same source", bi("go1.26.8", stamped, "0"), ""},
+		{"same source, more flags", bi("go1.26.8", "-s -w "+stamped+" -X main.version=v1", "0"), ""},
+		{"other source", bi("go1.26.8", sourceIDFlag+"77aa01", "0"), "other source"},
+		{"a prefix of the id", bi("go1.26.8", sourceIDFlag+"3f2a9", "0"), "other source"},
+		{"no source id", bi("go1.26.8", "-", "0"), "no source ID"},
+		{"another Go", bi("go1.26.7", stamped, "0"), "built with go1.26.7"},
+		{"another module", otherModule, "module"},
+		{"cgo", bi("go1.26.8", stamped, "1"), "cgo"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := sameSource(tc.self, tc.guest)
+			err := sameSource(id, "go1.26.8", tc.guest)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("want a match, got %v", err)
@@ -47,6 +45,9 @@ func TestSameSource(t *testing.T) {
 				t.Errorf("want an error with %q, got %v", tc.want, err)
 			}
 		})
+	}
+	if err := checkGuest("/nonexistent", "", "go1.26.8"); err == nil || !strings.Contains(err.Error(), "no source ID") {
+		t.Errorf("a moat without a source id must never use moat-guest: %v", err)
 	}
 }
 
@@ -56,10 +57,15 @@ func TestCheckGuestOwnership(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the check is about root-owned files")
 	}
-	dir := t.TempDir() // below the world-writable /tmp
-	// Below /var/tmp (sticky and world-writable too) for the cases that
-	// must fail on the file itself, before any directory is looked at.
-	safe, err := os.MkdirTemp("/var/tmp", "moat-guest-test-")
+	open, err := os.MkdirTemp("/var/cache", "moat-guest-open-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(open)
+	os.Chmod(open, 0o777) // writable by all, and not sticky
+	// Below /var/cache (root's, 0755) for the cases that must fail on the
+	// file itself.
+	safe, err := os.MkdirTemp("/var/cache", "moat-guest-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +75,6 @@ func TestCheckGuestOwnership(t *testing.T) {
 	b, err := os.ReadFile(self)
 	if err != nil {
 		t.Fatal(err)
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		t.Fatal("no build info")
 	}
 	write := func(p string, mode os.FileMode) string {
 		if err := os.WriteFile(p, b, mode); err != nil {
@@ -86,14 +88,16 @@ func TestCheckGuestOwnership(t *testing.T) {
 	}{
 		{"group-writable file", write(filepath.Join(safe, "gw"), 0o775), "writable by group or others"},
 		{"not owned by root", func() string { p := write(filepath.Join(safe, "u"), 0o755); os.Chown(p, 1000, 1000); return p }(), "not owned by root"},
-		{"in a world-writable directory", write(filepath.Join(dir, "x"), 0o755), "writable by group or others"},
+		{"in a world-writable directory", write(filepath.Join(open, "x"), 0o755), "writable by group or others"},
 		{"a symlink", func() string { p := filepath.Join(safe, "l"); os.Symlink(self, p); return p }(), "not a regular file"},
 		{"missing", filepath.Join(safe, "none"), "not installed"},
 		{"relative", "moat-guest", "not an absolute path"},
+		{"a test binary: no source id", write(filepath.Join(safe, "ok"), 0o755), "no source ID"},
+		{"below sticky /tmp: no source id", write(filepath.Join(t.TempDir(), "ok"), 0o755), "no source ID"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkGuest(tc.path, bi)
+			err := checkGuest(tc.path, "some-id", "go1.26.8")
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("checkGuest(%s) = %v, want an error with %q", tc.path, err, tc.want)
 			}
