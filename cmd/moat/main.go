@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/guest/nsinit"
 	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -66,6 +67,10 @@ func main() {
 	// and its re-exec into the image root.
 	if vmagent.IsAgent() || (len(os.Args) > 1 && os.Args[1] == vmagent.ExecArg) {
 		vmagent.Main()
+	}
+	// And the jailer the microvm tier starts its VMM through.
+	if jail.IsJailer() {
+		jail.Main()
 	}
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.
