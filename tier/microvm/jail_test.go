@@ -221,6 +221,27 @@ func TestVMMJail(t *testing.T) {
 			return ""
 		}},
 		{"in the run's cgroup", func() string { return inRunCgroup(pid, lr.id) }},
+		{"the run's cgroup: memory RAM+overhead, pids, the manifest's CPU while the program runs", func() string {
+			read := func(glob string) string {
+				m, _ := filepath.Glob(glob)
+				if len(m) == 0 {
+					return ""
+				}
+				b, _ := os.ReadFile(m[0])
+				return strings.TrimSpace(string(b))
+			}
+			mem := strconv.Itoa((512 + microvm.GuestOverheadMiB + microvm.VMMOverheadMiB) << 20)
+			got := []string{read("/sys/fs/cgroup/memory/moat/" + lr.id + "/memory.limit_in_bytes"), read("/sys/fs/cgroup/pids/moat/" + lr.id + "/pids.max"), read("/sys/fs/cgroup/cpu*/moat/" + lr.id + "/cpu.cfs_quota_us")}
+			want := []string{mem, "129", "100000"}
+			if got[0] == "" { // cgroup v2
+				got = []string{read("/sys/fs/cgroup/moat/" + lr.id + "/memory.max"), read("/sys/fs/cgroup/moat/" + lr.id + "/pids.max"), read("/sys/fs/cgroup/moat/" + lr.id + "/cpu.max")}
+				want[2] = "100000 100000"
+			}
+			if strings.Join(got, " ") != strings.Join(want, " ") {
+				return fmt.Sprintf("memory, pids, CPU limits %q, want %q", got, want)
+			}
+			return ""
+		}},
 		{"its root holds only what QEMU needs", func() string {
 			for _, p := range []string{"/root/" + canary, "/etc/" + canary, "/etc", "/root", "/home", "/proc", "/sys", "/var", "/tmp"} {
 				if _, err := os.Lstat(root + p); err == nil {
