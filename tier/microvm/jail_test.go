@@ -512,7 +512,7 @@ func TestVMMLimitHit(t *testing.T) {
 			microvm.SetPrealloc(v)
 			microvm.SetVMMOverheadMiB(v, -(memMiB + microvm.GuestOverheadMiB - 160))
 		}, "killed by the kernel's OOM killer at its cgroup's memory limit of 160 MiB"},
-		{"QEMU unable to start its threads", func(v *microvm.MicroVM) { microvm.SetVMMPids(v, 4) }, "reached its cgroup's limit of 4 tasks"},
+		{"QEMU unable to start its threads", func(v *microvm.MicroVM) { microvm.SetVMMPids(v, 2) }, "reached its cgroup's limit of 2 tasks"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
