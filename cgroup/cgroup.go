@@ -287,6 +287,40 @@ func (c *Cgroup) applyV2(lim Limits) error {
 	return nil
 }
 
+// SetCPUs sets the cgroup's CPU bandwidth to cpus CPUs (a quota of
+// cpus*100ms per 100ms period), or removes the limit when cpus is 0. A
+// tier whose setup is Moat's own work (a VM booting its kernel) creates
+// the cgroup without a CPU limit and sets it when the program starts, so
+// the program's share is what the manifest says and the setup is not
+// slowed by a small one.
+func (c *Cgroup) SetCPUs(cpus float64) error {
+	lim := Limits{CPUs: cpus}
+	if err := lim.validate(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return fmt.Errorf("cgroup %s: set CPUs: destroyed", c.id)
+	}
+	var file, v string
+	if c.host.Version == V1 {
+		file, v = filepath.Join(c.cpuDir, "cpu.cfs_quota_us"), "-1"
+		if cpus > 0 {
+			v = strconv.FormatInt(lim.quotaUs(), 10)
+		}
+	} else {
+		file, v = filepath.Join(c.cpuDir, "cpu.max"), "max "+strconv.Itoa(cfsPeriodUs)
+		if cpus > 0 {
+			v = strconv.FormatInt(lim.quotaUs(), 10) + " " + strconv.Itoa(cfsPeriodUs)
+		}
+	}
+	if err := writeFile(file, v); err != nil {
+		return fmt.Errorf("cgroup %s: set CPUs: %w", c.id, err)
+	}
+	return nil
+}
+
 // ID returns the run id the cgroup was created for.
 func (c *Cgroup) ID() string { return c.id }
 

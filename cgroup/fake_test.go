@@ -558,3 +558,66 @@ func TestFakeV1MissingController(t *testing.T) {
 		t.Errorf("message: %v", err)
 	}
 }
+
+// TestFakeSetCPUs: a CPU limit set after Create (the microvm tier sets it
+// when the program starts) is written in each version's format, 0 removes
+// it, and a destroyed cgroup or an invalid value is refused.
+func TestFakeSetCPUs(t *testing.T) {
+	tests := []struct {
+		name string
+		cpus float64
+		v2   string
+		v1   string
+	}{
+		{"one CPU", 1, "100000 100000", "100000"},
+		{"a quarter", 0.25, "25000 100000", "25000"},
+		{"two and a half", 2.5, "250000 100000", "250000"},
+		{"no limit", 0, "max 100000", "-1"},
+	}
+	f2, mi, pc := newFakeV2(t, "/")
+	h2, err := detect(mi, pc, f2.ops())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, h1 := newFakeV1(t, false, false)
+	c2, err := h2.Create("cpu-run", Limits{MemoryBytes: 32 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := h1.Create("cpu-run", Limits{MemoryBytes: 32 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f2.read("moat/cpu-run/cpu.max"); got != "max 100000\n" {
+		t.Fatalf("a cgroup created without a CPU limit has cpu.max %q", got)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := c2.SetCPUs(tc.cpus); err != nil {
+				t.Fatal(err)
+			}
+			if got := f2.read("moat/cpu-run/cpu.max"); got != tc.v2 {
+				t.Errorf("v2 cpu.max = %q, want %q", got, tc.v2)
+			}
+			if err := c1.SetCPUs(tc.cpus); err != nil {
+				t.Fatal(err)
+			}
+			if got := f1.read("cpu/moat/cpu-run/cpu.cfs_quota_us"); got != tc.v1 {
+				t.Errorf("v1 cpu.cfs_quota_us = %q, want %q", got, tc.v1)
+			}
+		})
+	}
+	for _, bad := range []float64{-1, 0.001} {
+		if err := c2.SetCPUs(bad); err == nil {
+			t.Errorf("SetCPUs(%v) accepted", bad)
+		}
+	}
+	for _, c := range []*Cgroup{c1, c2} {
+		if err := c.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetCPUs(1); err == nil {
+			t.Error("SetCPUs on a destroyed cgroup succeeded")
+		}
+	}
+}

@@ -158,7 +158,8 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 		if exe == "" {
 			exe = "/proc/self/exe"
 		}
-		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe})
+		// The moat binary is also the guest's agent and the VMM's jailer.
+		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe, Jailer: exe})
 		if err != nil {
 			return nil, err
 		}

@@ -27,9 +27,9 @@ type GCReport struct {
 // (moat killed with SIGKILL, a host crash) left behind. A run is dead when
 // nobody holds its lock; live runs are never touched, and neither are runs
 // of other homes (their own GC collects them). Processes, mounts and
-// network namespaces of a dead run die with its init (parent-death signal,
-// PID namespace teardown); what can outlive it is its cgroup and its run
-// directory. The cgroup goes first, so a GC interrupted in between leaves
+// network namespaces of a dead run die with its init or its jailed VMM
+// (parent-death signal, PID namespace teardown); what can outlive it is
+// its cgroup and its run directory (with a VMM's sockets). The cgroup goes first, so a GC interrupted in between leaves
 // the directory for the next one to find.
 func (e *Engine) GC() (GCReport, error) {
 	var rep GCReport
@@ -51,18 +51,27 @@ func (e *Engine) GC() (GCReport, error) {
 		return rep, nil
 	}
 
+	// Every tier that confines a run in a cgroup (native, gvisor, and the
+	// microvm tier's VMM) names it moat/<run id>, so one host's orphans
+	// are every tier's. The native tier's view is used when it is there;
+	// otherwise (user namespaces off, say) the host's cgroups directly.
 	var cg *cgroup.Host
-	orphans := map[string]bool{}
 	if t, err := e.Tier(native.Name); err == nil {
 		if n, ok := t.(*native.Native); ok {
 			cg = n.Cgroups()
-			ids, err := cg.Orphans()
-			if err != nil {
-				errs = append(errs, err)
-			}
-			for _, id := range ids {
-				orphans[id] = true
-			}
+		}
+	}
+	if cg == nil {
+		cg, _ = cgroup.Detect()
+	}
+	orphans := map[string]bool{}
+	if cg != nil {
+		ids, err := cg.Orphans()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, id := range ids {
+			orphans[id] = true
 		}
 	}
 	for _, name := range dead {

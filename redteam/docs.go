@@ -70,12 +70,14 @@ TCG makes the whole corpus far longer than CI's budget) the program runs in
 the guest kernel, so the host-side process check reads the VMM instead:
 the run's QEMU process must be QEMU's executable, every thread
 seccomp-filtered (QEMU's ` + "`-sandbox`" + `; samples from before QEMU installs it,
-during its own start-up, are counted and not judged, and a VMM never seen
-filtered is an escape) with no_new_privs, holding no host file open for
-writing outside Moat's state directories and the shared root disk only
-read-only. Its uid, capabilities, namespaces and cgroup are printed in the
-evidence, not judged: the tier does not confine QEMU by them yet
-(docs/THREATS.md). A run that ends infra-error is an error, never contained
+during the jailer's setup and QEMU's own start-up, are counted and not
+judged, and a VMM never seen filtered is an escape) with no_new_privs, and
+confined by the tier's jail: every uid the jail's unprivileged one (never
+root), the jail's gid and no supplementary group, every capability set
+empty, none of the host's mount, PID, network, IPC, UTS or cgroup
+namespaces, and in the run's own cgroup; it may hold no host file open
+for writing outside Moat's state directories, and the shared root disk
+only read-only. A run that ends infra-error is an error, never contained
 or escaped.
 
 | id | category | severity | threat | why it is contained | fails unsandboxed |

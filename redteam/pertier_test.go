@@ -3,8 +3,13 @@ package redteam
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
 func TestPerTierValidation(t *testing.T) {
@@ -161,12 +166,88 @@ func TestMoatChildrenCanFail(t *testing.T) {
 }
 
 // TestInspectVMMCanFail: a VMM never seen seccomp-filtered (this test
-// process) is an escape, not a pass.
+// process) is an escape, not a pass; so is a seccomp-filtered QEMU that
+// runs outside the tier's jail (started here as it was before the jail:
+// the test's uid, every capability root has, the host's namespaces, no
+// run cgroup).
 func TestInspectVMMCanFail(t *testing.T) {
-	w := &procWatch{runtime: true, vmm: true, runtimeExe: "/nonexistent/qemu"}
+	w := &procWatch{runtime: true, vmm: true, runtimeExe: "/nonexistent/qemu", runID: "r1"}
 	w.inspectVMM(os.Getpid())
 	w.inspectVMM(os.Getpid())
 	if ev := w.verdict(); !strings.Contains(ev, "never had its seccomp filter") {
 		t.Errorf("verdict %q, want the missing filter found", ev)
+	}
+
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Skip("no qemu-system-x86_64 for the unjailed VMM")
+	}
+	qemu, _ = filepath.EvalSymlinks(qemu)
+	cmd := exec.Command(qemu, "-M", "none", "-nodefaults", "-nographic", "-display", "none", "-serial", "none", "-monitor", "none",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	w = &procWatch{runtime: true, vmm: true, runtimeExe: qemu, runID: "r1"}
+	for deadline := time.Now().Add(10 * time.Second); w.threads == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		w.inspectVMM(cmd.Process.Pid)
+	}
+	want := "not the jail's unprivileged range"
+	if os.Geteuid() == 0 {
+		want = "runs as host uid 0"
+	}
+	if ev := w.verdict(); !strings.Contains(ev, want) {
+		t.Errorf("verdict %q on an unjailed QEMU, want %q", ev, want)
+	}
+}
+
+// TestJudgeVMMThread: each part of the jail, missing alone, is an escape.
+func TestJudgeVMMThread(t *testing.T) {
+	uid := strconv.Itoa(jail.UIDBase + 4242)
+	gid := strconv.Itoa(jail.GID)
+	jailed := func() map[string]string {
+		return map[string]string{"Uid": uid + "\t" + uid + "\t" + uid + "\t" + uid, "Gid": gid + "\t" + gid + "\t" + gid + "\t" + gid, "Groups": "",
+			"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000", "CapBnd": "0000000000000000", "CapAmb": "0000000000000000"}
+	}
+	const v1 = "12:pids:/moat/r1\n11:memory:/moat/r1\n10:cpu,cpuacct:/moat/r1\n9:freezer:/moat/r1\n5:devices:/\n0::/\n"
+	tests := []struct {
+		name    string
+		adjust  func(map[string]string)
+		shared  []string
+		cgroups string
+		want    string // "" = confined
+	}{
+		{"jailed, cgroup v1 (hybrid)", nil, nil, v1, ""},
+		{"jailed, cgroup v2", nil, nil, "0::/moat/r1\n", ""},
+		{"jailed, cgroup v2 below a delegated parent", nil, nil, "0::/system.slice/moat.service/moat/r1\n", ""},
+		{"root", func(s map[string]string) { s["Uid"] = "0\t0\t0\t0" }, nil, v1, "runs as host uid 0"},
+		{"saved uid root", func(s map[string]string) { s["Uid"] = uid + "\t" + uid + "\t0\t" + uid }, nil, v1, "runs as host uid 0"},
+		{"the native tier's sandbox uid", func(s map[string]string) { s["Uid"] = "1879049192\t1879049192\t1879049192\t1879049192" }, nil, v1, "not the jail's unprivileged range"},
+		{"another gid", func(s map[string]string) { s["Gid"] = "0\t0\t0\t0" }, nil, v1, "gid 0"},
+		{"supplementary groups", func(s map[string]string) { s["Groups"] = "6 993" }, nil, v1, "supplementary groups 6 993"},
+		{"a bounding set", func(s map[string]string) { s["CapBnd"] = "000001ffffffffff" }, nil, v1, "CapBnd"},
+		{"an ambient capability", func(s map[string]string) { s["CapAmb"] = "0000000000200000" }, nil, v1, "CapAmb"},
+		{"an inheritable capability", func(s map[string]string) { s["CapInh"] = "0000000000000001" }, nil, v1, "CapInh"},
+		{"the host's network namespace", nil, []string{"net"}, v1, "shares the host's [net]"},
+		{"another run's cgroup", nil, nil, strings.ReplaceAll(v1, "pids:/moat/r1", "pids:/moat/r2"), "outside the run's cgroup moat/r1"},
+		{"no moat cgroup", nil, nil, "12:pids:/\n11:memory:/user.slice\n0::/\n", "outside the run's cgroup"},
+		{"moat's own cgroup (v2)", nil, nil, "0::/moat-supervisor\n", "outside the run's cgroup"},
+		{"no hierarchy of Moat's", nil, nil, "5:devices:/\n", "none of Moat's cgroup hierarchies"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st := jailed()
+			if tc.adjust != nil {
+				tc.adjust(st)
+			}
+			got := judgeVMMThread(st, tc.shared, tc.cgroups, "r1")
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Errorf("judgeVMMThread = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if got := judgeVMMThread(jailed(), nil, v1, ""); got == "" {
+		t.Error("a VMM matched to no run was judged confined")
 	}
 }

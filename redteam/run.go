@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
 // Verdict is the outcome of one case on one tier.
@@ -429,10 +430,17 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 	}
 	procs := procWatch{runtimeExe: r.runtimeExe(), vmm: r.tier == "microvm"}
 	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: en.outDir}
+	// A VMM is judged against the run's cgroup, whose name OnStart (called
+	// right after OnRuntime) gives: its sampling starts there.
+	var vmmProcs func() ([]int, error)
 	req.OnRuntime = func(pl func() ([]int, error)) {
 		if c.Expect.HostProcs {
 			procs.runtime = true
-			procs.start("", pl)
+			if procs.vmm {
+				vmmProcs = pl
+			} else {
+				procs.start("", pl)
+			}
 		}
 		if h.onRuntime != nil {
 			h.onRuntime(pl)
@@ -442,6 +450,9 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 		if c.Expect.HostProcs && r.inProcess {
 			procs.inProcess = true
 			pl = procs.moatChildren
+		}
+		if vmmProcs != nil {
+			procs.start(id, vmmProcs)
 		}
 		if c.Expect.HostProcs && !procs.runtime {
 			procs.start(id, pl)
@@ -589,7 +600,7 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 			return Escaped, ev
 		}
 		if procs.vmm {
-			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the VMM (%d processes) are %s, seccomp-filtered (-sandbox), no_new_privs, holding no writable host file outside moat's state and the root disk read-only (%d start-up samples before QEMU installed it not judged; also not judged, see THREATS: %s)", procs.threads, len(procs.pids), procs.runtimeExe, procs.preSandbox, procs.vmmGap))
+			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the VMM (%d processes) are %s, jailed (%s) with no capability in any set, seccomp-filtered (-sandbox), no_new_privs, in their own mnt, pid, net, ipc, uts and cgroup namespaces and the run's cgroup, holding no writable host file outside moat's state and the root disk read-only (%d start-up samples before QEMU installed its filter, the jailer's setup included, not judged)", procs.threads, len(procs.pids), procs.runtimeExe, procs.vmmIDs, procs.preSandbox))
 		} else if procs.runtime {
 			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the runtime (%d processes) seccomp-filtered, no_new_privs, no capability beyond gVisor's, in their own namespaces", procs.threads, len(procs.pids)))
 		} else {
@@ -733,11 +744,12 @@ type procWatch struct {
 	// executable runtimeExe.
 	runtime    bool
 	runtimeExe string
-	// vmm: the runtime is a virtual machine monitor (microvm's QEMU);
-	// inspectVMM judges it, and vmmGap records what it is not (yet)
-	// confined by.
+	// vmm: the runtime is a virtual machine monitor (microvm's QEMU),
+	// judged by inspectVMM against the run's cgroup (runID); vmmIDs
+	// records the ids it ran as, for the evidence.
 	vmm    bool
-	vmmGap string
+	vmmIDs string
+	runID  string
 	// filtered: VMM pids seen with their seccomp filter installed; until
 	// then a sample is QEMU's own start-up (it installs -sandbox before
 	// creating the machine and its vCPUs), counted in preSandbox.
@@ -754,7 +766,8 @@ type procWatch struct {
 	errs      []string
 }
 
-func (w *procWatch) start(_ string, procs func() ([]int, error)) {
+func (w *procWatch) start(id string, procs func() ([]int, error)) {
+	w.runID = id
 	each := w.inspect
 	if w.runtime {
 		each = w.inspectRuntime
@@ -1050,10 +1063,10 @@ func (w *procWatch) inspectChild(pid int) {
 
 // inspectVMM judges one host process of a microvm run: it must be the VMM
 // executable, every thread seccomp-filtered (QEMU's -sandbox) with
-// no_new_privs, and hold no host file open for writing except under moat's
-// state directories, the shared root disk image only read-only. Its uid,
-// capabilities, namespaces and cgroup are recorded (vmmGap), not judged:
-// the tier does not confine QEMU by them yet (docs/THREATS.md).
+// no_new_privs and confined by the tier's jail (judgeVMMThread: the jail's
+// unprivileged ids, no capability, its own namespaces, the run's cgroup),
+// and hold no host file open for writing except under moat's state
+// directories, the shared root disk image only read-only.
 func (w *procWatch) inspectVMM(pid int) {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
@@ -1100,7 +1113,7 @@ func (w *procWatch) inspectVMM(pid int) {
 		}
 	}
 	var shared []string
-	for _, ns := range hostNamespaces {
+	for _, ns := range vmmNamespaces {
 		mine, err1 := os.Readlink("/proc/self/ns/" + ns)
 		its, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
 		if err1 == nil && err2 == nil && mine == its {
@@ -1108,8 +1121,7 @@ func (w *procWatch) inspectVMM(pid int) {
 		}
 	}
 	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	inMoat := strings.Contains(string(cg), "/moat/")
-	gap := fmt.Sprintf("QEMU runs as host uid %s with CapEff %s, in the host's %v namespaces, in a moat cgroup: %v", firstField(ps["Uid"]), ps["CapEff"], shared, inMoat)
+	ids := fmt.Sprintf("uid %s, gid %s", firstField(ps["Uid"]), firstField(ps["Gid"]))
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
 	for _, t := range tasks {
 		b, err := os.ReadFile(t)
@@ -1123,7 +1135,7 @@ func (w *procWatch) inspectVMM(pid int) {
 			w.pids = map[int]bool{}
 		}
 		w.pids[pid] = true
-		w.vmmGap = gap
+		w.vmmIDs = ids
 		switch {
 		case w.bad != "":
 		case bad != "":
@@ -1132,7 +1144,80 @@ func (w *procWatch) inspectVMM(pid int) {
 			w.bad = fmt.Sprintf("VMM pid %d (%s) is not seccomp-filtered (Seccomp %s)", pid, t, st["Seccomp"])
 		case st["NoNewPrivs"] != "1":
 			w.bad = fmt.Sprintf("VMM pid %d (%s) lacks no_new_privs", pid, t)
+		default:
+			if ev := judgeVMMThread(st, shared, string(cg), w.runID); ev != "" {
+				w.bad = fmt.Sprintf("VMM pid %d (%s) %s", pid, t, ev)
+			}
 		}
 		w.mu.Unlock()
 	}
+}
+
+// vmmNamespaces are the host namespaces a jailed VMM must not share. The
+// user namespace is the host's by design: the jail makes none, so its
+// namespaces belong to the host's user namespace, in which the VMM holds
+// no capability (judged below).
+var vmmNamespaces = []string{"mnt", "pid", "net", "ipc", "uts", "cgroup"}
+
+// judgeVMMThread says what of the microvm tier's jail one VMM thread
+// lacks, or "": every uid the jail's (jail.UIDBase+1 .. jail.UIDLimit,
+// never root), every gid the jail's, no supplementary group, every
+// capability set empty, none of the host's namespaces (shared lists those
+// it shares), and in the run's cgroup in every hierarchy Moat uses
+// (cgroups is /proc/PID/cgroup).
+func judgeVMMThread(st map[string]string, shared []string, cgroups, runID string) string {
+	for _, f := range strings.Fields(st["Uid"]) {
+		if id, err := strconv.ParseInt(f, 10, 64); err != nil || id <= jail.UIDBase || id > jail.UIDLimit {
+			return fmt.Sprintf("runs as host uid %s (Uid %s), not the jail's unprivileged range", f, st["Uid"])
+		}
+	}
+	for _, f := range strings.Fields(st["Gid"]) {
+		if f != strconv.Itoa(jail.GID) {
+			return fmt.Sprintf("runs as host gid %s (Gid %s), not the jail's", f, st["Gid"])
+		}
+	}
+	if g := strings.TrimSpace(st["Groups"]); g != "" {
+		return "keeps supplementary groups " + g
+	}
+	for _, set := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+		if v := st[set]; v != "0000000000000000" {
+			return fmt.Sprintf("has capabilities: %s %s", set, v)
+		}
+	}
+	if len(shared) > 0 {
+		return fmt.Sprintf("shares the host's %v namespaces", shared)
+	}
+	return inRunCgroup(cgroups, runID)
+}
+
+// inRunCgroup says "" when /proc/PID/cgroup (cgroups) puts the process in
+// moat/<runID> in every hierarchy Moat's cgroups use: memory, pids, cpu
+// and freezer on v1, the unified one on v2.
+func inRunCgroup(cgroups, runID string) string {
+	if runID == "" {
+		return "could not be matched to its run's cgroup (no run id)"
+	}
+	v1 := strings.Contains(cgroups, "memory")
+	seen := 0
+	for _, l := range strings.Split(strings.TrimSpace(cgroups), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		ours := f[0] == "0" && f[1] == "" && !v1
+		for _, c := range strings.Split(f[1], ",") {
+			ours = ours || c == "memory" || c == "pids" || c == "cpu" || c == "freezer"
+		}
+		if !ours {
+			continue
+		}
+		seen++
+		if !strings.HasSuffix(f[2], "/moat/"+runID) {
+			return fmt.Sprintf("is outside the run's cgroup moat/%s (%s)", runID, l)
+		}
+	}
+	if seen == 0 {
+		return fmt.Sprintf("is in none of Moat's cgroup hierarchies (%q)", strings.TrimSpace(cgroups))
+	}
+	return ""
 }

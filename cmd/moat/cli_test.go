@@ -829,6 +829,7 @@ func TestVersionDoctorGC(t *testing.T) {
 			regexp.MustCompile(`(?m)^  native  ready$`),
 			regexp.MustCompile(`(?m)^  gvisor  (ready: .*gvisor.dev/gvisor v0\.0\.0-20250205023644-9414b50a5633 \(systrap\))$`),
 			regexp.MustCompile(`(?m)^  microvm ready: qemu-microvm \S+, guest kernel \S+-cloud-amd64, accelerator (kvm|tcg)$`),
+			regexp.MustCompile(`(?m)^          VMM jailed as uid 1895825408\+pid, gid 1895825408, no capabilities, own mount/pid/net/ipc/uts/cgroup namespaces, in the run's cgroup \(cgroup v[12], VM RAM \+ \d+ MiB\)$`),
 			regexp.MustCompile(`(?m)^  wasm    ready: wazero v1\.12\.0, guests python sha256:[0-9a-f]{12}, js sha256:[0-9a-f]{12}$`),
 			regexp.MustCompile(`(?m)^state: ` + regexp.QuoteMeta(engine.DefaultHome()) + `$`),
 			regexp.MustCompile(`(?m)^images: .*python sha256:`),

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/guest"
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -57,6 +58,11 @@ func main() {
 	// is not installed (engine.GuestBinary); it must be dispatched before
 	// anything else runs.
 	guest.Dispatch()
+	// And the jailer the microvm tier starts its VMM through (host side:
+	// never part of moat-guest).
+	if jail.IsJailer() {
+		jail.Main()
+	}
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.
 	// Moat opens its own files close-on-exec already.

@@ -226,6 +226,7 @@ func cmdDoctor(args []string) int {
 	} else {
 		fmt.Printf("  microvm ready: %s, guest kernel %s, accelerator %s\n", v.VMM(), v.KernelVersion(), acc.Accel)
 		fmt.Printf("          %s\n", strings.ReplaceAll(acc.Reason, "\n", " "))
+		fmt.Printf("          %s\n", v.Jail())
 	}
 	if w, err := wasm.New(wasm.Options{}); err != nil {
 		fmt.Printf("  wasm    unavailable: %v\n", err)

@@ -36,10 +36,11 @@ func TestQEMUArgsEgress(t *testing.T) {
 	m := &MicroVM{vmm: q, digests: map[string]digestEntry{}}
 	kernel, initrd, disk := file("vmlinuz"), file("initrd"), file("disk")
 	cfg := func(run string, egress bool) *VMConfig {
-		c := &VMConfig{Kernel: kernel, Initramfs: initrd, RootDisk: disk, Cmdline: cmdline,
-			Socket: "/runs/" + run + "/microvm/agent.sock", MemoryMiB: 704, VCPUs: 1, Accel: "tcg"}
+		rd := "/runs/" + run + "/microvm/run"
+		c := &VMConfig{Kernel: kernel, Initramfs: initrd, RootDisk: disk, Cmdline: cmdline, RunDir: rd,
+			Socket: rd + "/agent.sock", MemoryMiB: 704, VCPUs: 1, Accel: "tcg"}
 		if egress {
-			c.Egress, c.EgressProxy = "/runs/"+run+"/microvm/egress.sock", "/runs/"+run+"/egress.sock"
+			c.Egress, c.EgressProxy = rd+"/egress.sock", "/runs/"+run+"/egress.sock"
 		}
 		return c
 	}
@@ -54,9 +55,10 @@ func TestQEMUArgsEgress(t *testing.T) {
 			[]string{vmagent.EgressPortName, "egress", "max_ports=3"}},
 		{"grant: a second port to the egress socket", cfg("a", true),
 			[]string{"virtio-serial-device,max_ports=3", "virtserialport,chardev=agent,name=moat",
-				"socket,id=egress,path=/runs/a/microvm/egress.sock,server=on,wait=off",
+				// The jail's view of the run directory (jailRunDir).
+				"socket,id=egress,path=" + jailRunDir + "/egress.sock,server=on,wait=off",
 				"virtserialport,chardev=egress,name=" + vmagent.EgressPortName},
-			[]string{"/runs/a/egress.sock,"}},
+			[]string{"/runs/a/egress.sock", "/runs/a/microvm"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := strings.Join(q.Args(tc.cfg), "\n") + "\n"

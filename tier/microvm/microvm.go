@@ -23,7 +23,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
 // Name is the tier's manifest name.
@@ -59,6 +61,10 @@ type Options struct {
 	// Console, when set, is a directory where each VM's serial console is
 	// written (debugging only).
 	Console string
+	// Jailer is the binary re-executed as the VMM's jailer (package jail):
+	// the moat binary, or a test binary that dispatches jail.Arg from its
+	// TestMain (default: /proc/self/exe, this very process).
+	Jailer string
 }
 
 // MicroVM is the tier.
@@ -69,6 +75,16 @@ type MicroVM struct {
 	cache  string
 	// cmdline is the guest kernel's command line.
 	cmdline string
+
+	// cg creates each run's cgroup, which holds its jailed VMM.
+	cg *cgroup.Host
+	// vmmOverheadMiB is what the VMM's cgroup allows beyond the VM's RAM
+	// (tests lower it to provoke an OOM kill of the VMM).
+	vmmOverheadMiB int64
+	// prealloc: every VM touches all its RAM at start; vmmPids, when set,
+	// replaces the VMM's pids limit (tests).
+	prealloc bool
+	vmmPids  int
 
 	mu        sync.Mutex
 	initramfs string
@@ -113,6 +129,9 @@ func New(opts Options) (*MicroVM, error) {
 	if opts.MaxOutputBytes == 0 {
 		opts.MaxOutputBytes = 1 << 30
 	}
+	if opts.Jailer == "" {
+		opts.Jailer = "/proc/self/exe"
+	}
 	if opts.QEMU == "" {
 		q, err := findQEMU()
 		if err != nil {
@@ -120,11 +139,32 @@ func New(opts Options) (*MicroVM, error) {
 		}
 		opts.QEMU = q
 	}
+	// Fail closed: without what the VMM's jail needs, no VM starts (there
+	// is no unconfined mode).
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the microvm tier needs root to jail its VMM (new namespaces, a cgroup, an unprivileged uid); run moat as root", tier.ErrUnavailable)
+	}
+	cg, err := cgroup.Detect()
+	if err != nil {
+		return nil, fmt.Errorf("%w: the VMM's cgroup: %v", tier.ErrUnavailable, err)
+	}
+	if err := checkJailIDs("/etc/passwd", "/etc/group"); err != nil {
+		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
+	}
+	q, err := NewQEMU(opts.QEMU)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", tier.ErrUnavailable, err)
+	}
+	opts.QEMU = q.Binary
 	k, err := findKernel(opts.KernelDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", tier.ErrUnavailable, err)
 	}
-	m := &MicroVM{opts: opts, vmm: &QEMU{Binary: opts.QEMU}, kernel: k, cache: filepath.Join(opts.Home, "microvm"),
+	// The jailed VMM opens the kernel by path as its own uid.
+	if err := jailReadable(k.vmlinuz); err != nil {
+		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
+	}
+	m := &MicroVM{opts: opts, vmm: q, kernel: k, cache: filepath.Join(opts.Home, "microvm"), cg: cg, vmmOverheadMiB: vmmOverheadMiB,
 		digests: map[string]digestEntry{}, verified: map[string]fileID{}, saving: map[string]bool{}}
 	m.cmdline = cmdline
 	if khz := hostTSCkHz(); khz > 0 {
@@ -141,6 +181,12 @@ func (m *MicroVM) Name() string { return Name }
 // VMM names the VMM and its binary.
 func (m *MicroVM) VMM() string { return m.vmm.Name() + " " + m.opts.QEMU }
 
+// Jail says how the VMM is confined on this host (moat doctor).
+func (m *MicroVM) Jail() string {
+	return fmt.Sprintf("VMM jailed as uid %d+pid, gid %d, no capabilities, own mount/pid/net/ipc/uts/cgroup namespaces, in the run's cgroup (%s, VM RAM + %d MiB)",
+		jail.UIDBase, jail.GID, m.cg.Version, m.vmmOverheadMiB)
+}
+
 // KernelVersion is the guest kernel's release.
 func (m *MicroVM) KernelVersion() string { return m.kernel.version }
 
@@ -148,6 +194,7 @@ func (m *MicroVM) Capabilities() tier.Capabilities {
 	return tier.Capabilities{
 		MemoryLimit: true, // the VM's RAM, and a cgroup in the guest
 		PidsLimit:   true,
+		CPULimit:    true, // the VMM's cgroup, from the program's start
 		NetworkNone: true, // no network device at all
 		// Egress through Moat's proxy only, over a second virtio-serial
 		// port (egress.go); still no network device.
@@ -168,6 +215,14 @@ func (m *MicroVM) assets() (string, error) {
 	p, err := buildInitramfs(m.cache, m.opts.Agent, m.kernel)
 	if err != nil {
 		return "", fmt.Errorf("build initramfs: %w", err)
+	}
+	// The jailed VMM opens it by path: readable by the jails' group only
+	// (it holds the agent, and stays unreadable to other host users).
+	if err := os.Chown(p, 0, jail.GID); err != nil {
+		return "", fmt.Errorf("initramfs: %w", err)
+	}
+	if err := os.Chmod(p, 0o640); err != nil {
+		return "", fmt.Errorf("initramfs: %w", err)
 	}
 	m.initramfs = p
 	return p, nil
@@ -242,6 +297,9 @@ func (m *MicroVM) bootTest(ctx context.Context, accel string, timeout time.Durat
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	// Jailed like every VMM, but in no run's cgroup: it runs Moat's own
+	// kernel and agent on an empty disk, for at most timeout, and a cgroup
+	// named after no run would escape the engine's GC if moat died now.
 	vm, err := m.boot(empty, disk, accel, 128, 1)
 	if err != nil {
 		return "", err

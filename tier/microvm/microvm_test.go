@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/microvm"
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 	"github.com/moat-sandbox/moat/tier/tiertest"
 )
 
@@ -37,6 +38,16 @@ var (
 const testHome = "/var/lib/moat-microvm-test"
 
 func TestMain(m *testing.M) {
+	// The tier re-executes this test binary as its VMM's jailer
+	// (Options.Jailer defaults to /proc/self/exe), as the moat binary's
+	// main does.
+	if jail.IsJailer() {
+		jail.Main()
+	}
+	// TestKilledMoatLeavesNothing's stand-in for a moat process.
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(helperRun())
+	}
 	os.Exit(run(m))
 }
 
@@ -152,12 +163,32 @@ func runVM(t *testing.T, e *engine.Engine, adjust func(*manifest.Manifest), argv
 	return res
 }
 
-// leftovers lists what run id left: its run directory (socket, workspace
-// copy) and any process naming it (the VMM's argv holds its socket path).
+// leftovers lists what run id left: its run directory (sockets,
+// workspace copy), its cgroup (the VMM's), any host mount naming it, and
+// any process naming it or in its cgroup.
 func leftovers(home, id string) []string {
 	var left []string
 	if _, err := os.Stat(filepath.Join(home, "runs", id)); err == nil {
 		left = append(left, "run directory "+filepath.Join(home, "runs", id))
+	}
+	for _, pat := range []string{"/sys/fs/cgroup/*/moat/" + id, "/sys/fs/cgroup/moat/" + id} {
+		cgs, _ := filepath.Glob(pat)
+		for _, cg := range cgs {
+			left = append(left, "cgroup "+cg)
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, id) {
+				left = append(left, "mount "+line)
+			}
+		}
+	}
+	cgs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, p := range cgs {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte("/moat/"+id+"\n")) {
+			left = append(left, "process "+filepath.Base(filepath.Dir(p))+" in the run's cgroup")
+		}
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {

@@ -28,6 +28,7 @@ import (
 	"github.com/moat-sandbox/moat/guest/vmagent"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
 // timeoutGrace is how long past the wall timeout the host waits for the
@@ -88,7 +89,8 @@ type vm struct {
 	killed bool
 }
 
-// boot starts a VM whose socket lives in dir.
+// boot starts a VM whose files live in dir, in moat's own cgroup (the
+// accelerator's boot test).
 func (m *MicroVM) boot(dir, disk, accel string, memMiB int64, vcpus int) (*vm, error) {
 	cfg, err := m.config(dir, disk, accel, memMiB, vcpus)
 	if err != nil {
@@ -97,15 +99,24 @@ func (m *MicroVM) boot(dir, disk, accel string, memMiB int64, vcpus int) (*vm, e
 	return m.startVMM(cfg, nil)
 }
 
-// config is the VM for one sandbox, its sockets in dir.
+// config is the VM for one sandbox. Its VMM's files live in dir: the run
+// directory dir/vmm (its sockets, the one place it may write) and the
+// empty dir/jail on which its jail's root is mounted (in the jail's own
+// mount namespace).
 func (m *MicroVM) config(dir, disk, accel string, memMiB int64, vcpus int) (*VMConfig, error) {
 	initrd, err := m.assets()
 	if err != nil {
 		return nil, err
 	}
+	run := filepath.Join(dir, "vmm")
+	for _, d := range []string{run, jailRoot(dir)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
 	cfg := &VMConfig{
-		Kernel: m.kernel.vmlinuz, Initramfs: initrd, Cmdline: m.cmdline, RootDisk: disk,
-		Socket: filepath.Join(dir, "agent.sock"), MemoryMiB: memMiB, VCPUs: vcpus, Accel: accel,
+		Kernel: m.kernel.vmlinuz, Initramfs: initrd, Cmdline: m.cmdline, RootDisk: disk, RunDir: run,
+		Socket: filepath.Join(run, "agent.sock"), MemoryMiB: memMiB, VCPUs: vcpus, Accel: accel, Prealloc: m.prealloc,
 	}
 	if m.opts.Console != "" {
 		cfg.Cmdline = strings.Replace(m.cmdline, "quiet loglevel=1", "loglevel=7", 1)
@@ -114,23 +125,37 @@ func (m *MicroVM) config(dir, disk, accel string, memMiB int64, vcpus int) (*VMC
 	return cfg, nil
 }
 
-// startVMM starts the VMM for cfg; extra are its file descriptors 3, 4...
-func (m *MicroVM) startVMM(cfg *VMConfig, extra []*os.File) (*vm, error) {
+// jailRoot is where a VM's jail root is mounted, for VM files in dir.
+func jailRoot(dir string) string { return filepath.Join(dir, "jail") }
+
+// startVMM starts the VMM for cfg in its jail (package jail), in the run's
+// cgroup cg (nil: moat's own, for the boot test only). A jail that cannot
+// be built is an error: no VMM ever runs unconfined.
+func (m *MicroVM) startVMM(cfg *VMConfig, cg *cgroup.Cgroup) (*vm, error) {
 	v := &vm{socket: cfg.Socket, qmp: cfg.QMP, egressSock: cfg.Egress, egressProxy: cfg.EgressProxy, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
-	cmd, err := m.vmm.Command(cfg)
+	spec, err := m.vmm.Jail(cfg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
 	}
-	cmd.Stderr = v.stderr
-	cmd.ExtraFiles = extra
-	// The VMM gets stdio and extra, nothing else: a descriptor Moat's
-	// process holds without close-on-exec (one a library or an embedding
-	// program opened without it) must not reach QEMU, which a guest that
-	// took it over could use.
+	defer func() {
+		for _, f := range spec.Files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	spec.Root = jailRoot(filepath.Dir(cfg.RunDir))
+	spec.Stderr = v.stderr
+	// The VMM gets stdio and its own descriptors, nothing else: the jailer
+	// marks everything else close-on-exec before it execs QEMU, and a
+	// descriptor Moat's process holds without close-on-exec (one a library
+	// or an embedding program opened without it) does not even reach the
+	// jailer.
 	if err := closeOnExec(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
 	}
-	if err := cmd.Start(); err != nil {
+	cmd, err := jail.Start(m.opts.Jailer, spec, cg)
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
 	}
 	v.cmd = cmd
@@ -309,8 +334,10 @@ func sanitize(p []byte) string {
 type Sandbox struct {
 	m      *MicroVM
 	spec   *tier.Spec
-	dir    string // our files under the run's StateDir
-	ws     string // host workspace directory
+	cg     *cgroup.Cgroup // the run's cgroup: the VMM's
+	limits cgroup.Limits  // its limits
+	dir    string         // our files under the run's StateDir
+	ws     string         // host workspace directory
 	accel  string
 	vm     *vm
 	ready  chan struct{}
@@ -347,23 +374,31 @@ func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, e
 	}
 	s := &Sandbox{m: m, spec: spec, dir: filepath.Join(spec.StateDir, "microvm"), accel: acc.Accel, ready: make(chan struct{}), start: time.Now()}
 	s.ws = filepath.Join(s.dir, "workspace")
-	if err := os.MkdirAll(s.ws, 0o700); err != nil {
-		return nil, err
-	}
 	mem := int64(512)
 	if spec.Limits.MemoryBytes > 0 {
 		mem = (spec.Limits.MemoryBytes + (1<<20 - 1)) >> 20
 	}
 	vcpus := max(1, min(int(spec.Limits.CPUs+0.999), runtime.NumCPU()))
+	// The run's cgroup holds the VMM: named after the run, so the engine's
+	// GC removes it when a killed moat left it.
+	s.limits = m.vmmLimits(mem+vmOverheadMiB, vcpus)
+	if s.cg, err = m.cg.Create(spec.ID, s.limits); err != nil {
+		return nil, fmt.Errorf("microvm: the VMM's cgroup: %w", err)
+	}
+	if err := os.MkdirAll(s.ws, 0o700); err != nil {
+		s.cg.Destroy()
+		return nil, err
+	}
 	cfg, err := m.config(s.dir, disk, acc.Accel, mem+vmOverheadMiB, vcpus)
 	if err != nil {
 		os.RemoveAll(s.dir)
+		s.cg.Destroy()
 		return nil, err
 	}
 	if spec.EgressSocket != "" {
 		// The only way out: a second port to the host, whose end leads
 		// to the run's egress proxy. Still no network device.
-		cfg.Egress, cfg.EgressProxy = filepath.Join(s.dir, "egress.sock"), spec.EgressSocket
+		cfg.Egress, cfg.EgressProxy = filepath.Join(cfg.RunDir, "egress.sock"), spec.EgressSocket
 	}
 	go s.startVM(cfg)
 	return s, nil
@@ -385,14 +420,20 @@ func (s *Sandbox) startVM(cfg *VMConfig) {
 		switch {
 		case err == nil:
 			rc := *cfg
-			rc.QMP = filepath.Join(s.dir, "qmp.sock")
-			if _, err = m.restore(ctx, &rc, f, s.track); err == nil {
+			rc.QMP = filepath.Join(cfg.RunDir, "qmp.sock")
+			if _, err = m.restore(ctx, &rc, s.cg, f, s.track); err == nil {
 				s.hello, s.how, s.booted = &vmagent.Hello{Kernel: meta.Kernel}, "restored", time.Now()
 				return
 			}
 			if s.destroyed() {
 				// Not the snapshot's fault: keep it.
 				s.bootE = errors.New("the sandbox was destroyed while its VM started")
+				return
+			}
+			if lim := s.vmmLimitHit(); lim != "" {
+				// Nor is a VMM killed at its cgroup's limit: keep it, and
+				// say why this sandbox failed.
+				s.bootE = fmt.Errorf("%s (restoring the snapshot: %v)", lim, err)
 				return
 			}
 			why = "restore failed: " + err.Error()
@@ -412,9 +453,9 @@ func (s *Sandbox) startVM(cfg *VMConfig) {
 	save := key != "" && m.claimSave(key)
 	if save {
 		defer m.releaseSave(key)
-		cfg.QMP = filepath.Join(s.dir, "qmp.sock")
+		cfg.QMP = filepath.Join(cfg.RunDir, "qmp.sock")
 	}
-	v, err := m.startVMM(cfg, nil)
+	v, err := m.startVMM(cfg, s.cg)
 	if err != nil {
 		s.bootE = err
 		return
@@ -425,6 +466,11 @@ func (s *Sandbox) startVM(cfg *VMConfig) {
 	}
 	s.hello, s.bootE = v.waitHello(ctx)
 	s.booted = time.Now()
+	if s.bootE != nil {
+		if lim := s.vmmLimitHit(); lim != "" {
+			s.bootE = fmt.Errorf("%s (%v)", lim, s.bootE)
+		}
+	}
 	if s.bootE == nil && save {
 		if err := m.save(ctx, v, cfg, key, s.hello); err != nil {
 			s.how += "; snapshot not saved: " + err.Error()
@@ -502,6 +548,27 @@ func (s *Sandbox) infra(start time.Time, format string, args ...any) *tier.Outco
 	return &tier.Outcome{Termination: result.InfraError, Error: fmt.Sprintf(format, args...), Duration: time.Since(start), Runtime: s.runtime()}
 }
 
+// vmmLimitHit says, when the VMM was killed or stopped by its cgroup's
+// limits, which one: the kernel's OOM killer at the memory limit, or a
+// failed thread creation at the pids limit (QEMU aborts then). "" when
+// neither happened (or the cgroup cannot be read).
+func (s *Sandbox) vmmLimitHit() string {
+	if s.cg == nil {
+		return ""
+	}
+	st, err := s.cg.Stats()
+	if err != nil {
+		return ""
+	}
+	switch {
+	case st.OOMKills > 0:
+		return fmt.Sprintf("the VMM was killed by the kernel's OOM killer at its cgroup's memory limit of %d MiB (the VM's RAM plus %d MiB for QEMU)", s.limits.MemoryBytes>>20, s.m.vmmOverheadMiB)
+	case st.PidsMaxHits > 0:
+		return fmt.Sprintf("the VMM reached its cgroup's limit of %d tasks", s.limits.Pids)
+	}
+	return ""
+}
+
 // Exec sends the command and the workspace to the agent and collects the
 // outcome. The wall timeout kills the VMM.
 func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
@@ -511,6 +578,13 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	// Duration is the command's: a cold sandbox's boot is not in it.
 	start := time.Now()
 	lim := s.spec.Limits
+	// From here on the VM runs the program: its VMM gets the CPU bandwidth
+	// the manifest grants (the boot before was Moat's work, not charged).
+	if lim.CPUs > 0 {
+		if err := s.cg.SetCPUs(lim.CPUs); err != nil {
+			return s.infra(start, "the VMM's CPU limit: %v", err), nil
+		}
+	}
 	req := vmagent.Request{
 		Argv: c.Argv, Env: c.Env, Dir: c.Dir, UID: guestUID,
 		MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUTime: int64(lim.CPUTime), OpenFiles: lim.OpenFiles,
@@ -589,6 +663,9 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	if got.out != nil {
 		got.out.Duration = time.Since(start)
 		got.out.Runtime = s.runtime()
+		if lim := s.vmmLimitHit(); lim != "" && got.out.Termination == result.InfraError {
+			got.out.Error = lim + ": " + got.out.Error
+		}
 		return got.out, nil
 	}
 	r := got.res
@@ -850,7 +927,13 @@ func (s *Sandbox) Destroy() error {
 		if v != nil {
 			v.kill()
 		}
-		err = os.RemoveAll(s.dir)
+		var errs []error
+		if s.cg != nil {
+			// Kills anything left in it (nothing, once the VMM is reaped).
+			errs = append(errs, s.cg.Destroy())
+		}
+		errs = append(errs, os.RemoveAll(s.dir))
+		err = errors.Join(errs...)
 	})
 	return err
 }

@@ -21,10 +21,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/vmagent"
 	"golang.org/x/sys/unix"
 )
@@ -115,12 +117,12 @@ func (m *MicroVM) snapshotKey(cfg *VMConfig) (string, string) {
 	}
 	fmt.Fprintf(h, "%s %+v\n", filepath.Base(cfg.RootDisk), idOf(fi))
 	c := *cfg
-	c.Kernel, c.Initramfs, c.RootDisk, c.Socket, c.QMP, c.Incoming = "K", "I", "D", "S", "Q", false
+	c.Kernel, c.Initramfs, c.RootDisk, c.RunDir, c.Socket, c.QMP, c.Incoming = "K", "I", "D", "R", "R/S", "R/Q", nil
 	// The egress port's path is per run like the agent's; whether there is
 	// one is not (it is a device of the VM): a VM with the port is a
 	// different snapshot from one without.
 	if c.Egress != "" {
-		c.Egress = "E"
+		c.Egress = "R/E"
 	}
 	c.EgressProxy = ""
 	fmt.Fprintln(h, strings.Join(q.Args(&c), "\x00"))
@@ -201,12 +203,12 @@ func (m *MicroVM) dropSnapshot(key string) {
 	m.mu.Unlock()
 }
 
-// restore starts a VM from the snapshot f (which it closes) and returns
-// once the guest runs with the host connected to the agent's port.
-// track is told the VM as soon as its VMM runs (false: give up).
-func (m *MicroVM) restore(ctx context.Context, cfg *VMConfig, f *os.File, track func(*vm) bool) (*vm, error) {
-	cfg.Incoming = true
-	v, err := m.startVMM(cfg, []*os.File{f})
+// restore starts a VM from the snapshot f (which it closes) in cgroup cg
+// and returns once the guest runs with the host connected to the agent's
+// port. track is told the VM as soon as its VMM runs (false: give up).
+func (m *MicroVM) restore(ctx context.Context, cfg *VMConfig, cg *cgroup.Cgroup, f *os.File, track func(*vm) bool) (*vm, error) {
+	cfg.Incoming = f
+	v, err := m.startVMM(cfg, cg)
 	f.Close()
 	if err != nil {
 		return nil, err
@@ -233,7 +235,7 @@ func (m *MicroVM) restore(ctx context.Context, cfg *VMConfig, f *os.File, track 
 		return fail(err)
 	}
 	defer q.close()
-	if _, err := q.cmd("migrate-incoming", map[string]string{"uri": "fd:3"}, nil); err != nil {
+	if _, err := q.cmd("migrate-incoming", map[string]string{"uri": "fd:" + strconv.Itoa(incomingFD)}, nil); err != nil {
 		return fail(err)
 	}
 	// The snapshot was taken of a paused VM, so the loaded VM is paused
