@@ -36,7 +36,7 @@ type Options struct {
 	// Home is Moat's state directory; caches live in Home/microvm.
 	Home string
 	// Agent is a static binary that runs vmagent.Main as the guest's
-	// /init (the moat binary itself, or guest/vmagent/cmd/vmagent).
+	// /init (the moat binary itself, or moat-guest, cmd/moat-guest).
 	Agent string
 	// KernelDir holds vmlinuz and lib/modules/VERSION (default:
 	// $MOAT_MICROVM_KERNEL, else DefaultKernelDir).

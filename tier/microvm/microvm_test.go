@@ -68,11 +68,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	agentBin = filepath.Join(dir, "vmagent")
-	build := exec.Command("go", "build", "-o", agentBin, "github.com/moat-sandbox/moat/guest/vmagent/cmd/vmagent")
+	agentBin = filepath.Join(dir, "moat-guest")
+	build := exec.Command("go", "build", "-o", agentBin, "github.com/moat-sandbox/moat/cmd/moat-guest")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build vmagent: %v\n%s", err, out)
+		fmt.Fprintf(os.Stderr, "build moat-guest: %v\n%s", err, out)
 		return 1
 	}
 	home = testHome
