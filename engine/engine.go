@@ -46,6 +46,10 @@ type Options struct {
 	// init, gVisor's init, the microvm agent): moat itself or moat-guest.
 	// Default: GuestBinary().
 	Exe string
+	// Moat is the moat binary re-executed for host-side helpers (the
+	// microvm tier's VMM jailer), never moat-guest. Default: Exe when the
+	// caller set it (tests pass a built moat), else /proc/self/exe.
+	Moat string
 	// Progress receives human-readable progress (image builds). Nil
 	// discards it.
 	Progress io.Writer
@@ -110,6 +114,9 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("create %s: %w", filepath.Join(opts.Home, "runs"), err)
 	}
 	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
+	if e.opts.Moat == "" {
+		e.opts.Moat = cmp.Or(e.opts.Exe, "/proc/self/exe")
+	}
 	if e.opts.Exe == "" {
 		e.opts.Exe, e.guestWhy = GuestBinary()
 	} else {
@@ -159,7 +166,7 @@ func (e *Engine) Tier(name string) (tier.Tier, error) {
 			exe = "/proc/self/exe"
 		}
 		// The moat binary is also the guest's agent and the VMM's jailer.
-		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe, Jailer: exe})
+		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe, Jailer: e.opts.Moat})
 		if err != nil {
 			return nil, err
 		}
