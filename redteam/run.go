@@ -851,6 +851,9 @@ func (w *procWatch) inspect(pid int) {
 			continue // exited meanwhile
 		}
 		st := parseStatus(string(b))
+		if state := st["State"]; strings.HasPrefix(state, "Z") || strings.HasPrefix(state, "X") {
+			continue
+		}
 		w.mu.Lock()
 		w.threads++
 		if w.bad == "" {
@@ -1121,6 +1124,12 @@ func (w *procWatch) inspectVMM(pid int) {
 		}
 	}
 	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	// A VMM being killed (the end of every run) shows the root cgroups and
+	// no threads' details once it has exited: judge only what was read
+	// while it still ran, so check it still does after the reads.
+	if !running(pid) {
+		return
+	}
 	ids := fmt.Sprintf("uid %s, gid %s", firstField(ps["Uid"]), firstField(ps["Gid"]))
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
 	for _, t := range tasks {
@@ -1151,6 +1160,20 @@ func (w *procWatch) inspectVMM(pid int) {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// running reports whether pid is alive and not exiting (its state is
+// neither zombie nor dead).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] != 'Z' && b[i+2] != 'X' && b[i+2] != 'x'
 }
 
 // vmmNamespaces are the host namespaces a jailed VMM must not share. The

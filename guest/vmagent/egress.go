@@ -29,8 +29,8 @@ const EgressPortName = "moat-egress"
 const EgressMaxConns = relay.MaxConns
 
 // EgressBacklog is how many opened streams may wait for the host to take
-// them; the guest never has more SYNs in flight (yamux's client blocks
-// the open instead), so a well-behaved guest never sees a reset.
+// them (the host takes each at once), and how many streams beyond the
+// relay limit the guest may hold open before the host ends its session.
 const EgressBacklog = 16
 
 // EgressWindow is the largest receive window of a stream: the most either
@@ -41,9 +41,9 @@ const EgressWindow = 256 << 10
 // port cannot silently drop, and a ping is a frame the host would have to
 // answer), no logging (what a hostile guest makes yamux print must not
 // reach the host's stderr), a small backlog, the minimum window, no
-// timeout on opening (the guest waits while the host's streams are all in
-// use instead of tearing the session down), a bounded wait for a peer
-// that stops taking writes or never finishes closing a stream.
+// timeout on opening (on one, yamux tears the whole session down; the
+// host acknowledges every stream at once anyway), a bounded wait for a
+// peer that stops taking writes or never finishes closing a stream.
 func EgressConfig() *yamux.Config {
 	return &yamux.Config{
 		AcceptBacklog:          EgressBacklog,

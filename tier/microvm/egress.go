@@ -16,10 +16,16 @@ package microvm
 //     frames are checked before yamux sees them (guestFrames) and yamux
 //     checks the rest; any violation closes this session, and with it only
 //     this VM's egress;
-//   - more streams than the limit: at most EgressMaxConns are relayed at
-//     once, the next EgressBacklog wait unacknowledged and yamux resets the
-//     rest, so at most limit+backlog streams exist, each buffering at most
-//     one window (EgressWindow) of unread data;
+//   - more streams than the limit: every stream is taken (acknowledged)
+//     at once; at most the limit are relayed, and one over it is closed
+//     at once, as the native relay closes a connection over its limit.
+//     None waits: a queue on the host would make the guest's opens wait
+//     behind it, and connections its program already gave up would hold
+//     its relay's slots long after a flood (red team:
+//     net-egress-conn-flood). The guest may keep at most limit+backlog
+//     streams open that it has not closed (guestFrames), so the host holds
+//     at most that plus the limit, each buffering at most one window
+//     (EgressWindow) of unread data;
 //   - a stream it never reads, or never closes: it keeps its slot (its own
 //     egress gets narrower) until the session ends;
 //   - the agent port is another chardev, socket and goroutine: nothing here
@@ -59,38 +65,43 @@ type egressChannel struct {
 // port), relaying each stream to the Unix socket proxy, at most limit at
 // once.
 func newEgressChannel(conn net.Conn, proxy string, limit int) (*egressChannel, error) {
-	sess, err := yamux.Server(&guestFrames{Conn: conn}, vmagent.EgressConfig())
+	frames := &guestFrames{Conn: conn, open: map[uint32]bool{}}
+	sess, err := yamux.Server(frames, vmagent.EgressConfig())
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	e := &egressChannel{sess: sess, proxy: proxy, limit: max(1, limit), ups: map[net.Conn]struct{}{}}
+	frames.maxOpen = e.limit + vmagent.EgressBacklog
 	e.wg.Add(1)
 	go e.accept()
 	return e, nil
 }
 
-// accept takes a stream only when a slot is free: until then streams wait
-// in yamux's backlog, unacknowledged, and beyond it are reset by yamux.
+// accept takes every stream at once and relays it when a slot is free;
+// a stream over the limit is closed at once, never queued.
 func (e *egressChannel) accept() {
 	defer e.wg.Done()
 	slots := make(chan struct{}, e.limit)
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-e.sess.CloseChan():
-			return
-		}
 		st, err := e.sess.AcceptStream()
 		if err != nil {
 			return // the session ended
 		}
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			defer func() { <-slots }()
-			e.relay(st)
-		}()
+		select {
+		case slots <- struct{}{}:
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				defer func() { <-slots }()
+				e.relay(st)
+			}()
+		default:
+			// The guest's end sees its connection end. Its unread data
+			// (one window at most) goes with the stream once the guest
+			// closes its side too.
+			st.Close()
+		}
 	}
 }
 
@@ -177,6 +188,8 @@ const (
 	yamuxPing         = 2
 	yamuxGoAway       = 3
 	yamuxSYN          = 1
+	yamuxFIN          = 4
+	yamuxRST          = 8
 	yamuxFlags        = 0xf // SYN, ACK, FIN, RST
 )
 
@@ -187,14 +200,18 @@ var errGuestFrame = errors.New("egress port: the guest broke the yamux protocol"
 // (yamux answers each in a new goroutine, so a flood of them while the
 // guest does not read is a flood of host goroutines), unknown flags,
 // streams the host would have opened (even ids) or ids that do not
-// increase, and data frames larger than a stream's window. Writes and
-// Close go to the port's socket unchanged.
+// increase, data frames larger than a stream's window, and more than
+// maxOpen streams open at once that the guest has not closed (its agent
+// relays at most the limit at once). Writes and Close go to the port's
+// socket unchanged.
 type guestFrames struct {
 	net.Conn
 	hdr     [yamuxHeader]byte
 	pending []byte // a checked header not yet returned
 	body    uint32 // payload bytes of the current data frame
 	lastSYN uint32
+	open    map[uint32]bool // streams the guest opened and has not closed
+	maxOpen int
 	err     error
 }
 
@@ -248,6 +265,13 @@ func (g *guestFrames) check() error {
 			return fmt.Errorf("%w: stream id %d opened after %d", errGuestFrame, id, g.lastSYN)
 		}
 		g.lastSYN = id
+		g.open[id] = true
+		if len(g.open) > g.maxOpen {
+			return fmt.Errorf("%w: more than %d streams open at once", errGuestFrame, g.maxOpen)
+		}
+	}
+	if (typ == yamuxData || typ == yamuxWindowUpdate) && flags&(yamuxFIN|yamuxRST) != 0 {
+		delete(g.open, id)
 	}
 	if typ == yamuxData {
 		g.body = length

@@ -329,26 +329,21 @@ func TestEgressHostileGuest(t *testing.T) {
 			wantBroken(t, ch)
 		}},
 		{"a stream flood far past the limit", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
-			// Raw SYNs, each with a little data, and the port never read:
-			// the host answers with ACKs and resets it cannot send.
+			// Raw SYNs, each with a little data, never closed, and the
+			// port never read: more open streams than any agent keeps
+			// break the session.
 			go io.Copy(io.Discard, g)
 			for id := uint32(1); id < 2*5000; id += 2 {
 				if _, err := g.Write(yamuxFrame(yamuxData, yamuxSYN, id, 4, []byte("ping"))); err != nil {
 					break
 				}
 			}
-			time.Sleep(500 * time.Millisecond)
-			if n := ch.sess.NumStreams(); n > limit+vmagent.EgressBacklog {
-				t.Errorf("the host holds %d streams, more than limit+backlog %d", n, limit+vmagent.EgressBacklog)
-			}
+			wantBroken(t, ch)
 			if m := p.most.Load(); m > limit {
 				t.Errorf("%d proxy connections at once, limit %d", m, limit)
 			}
-			if p.most.Load() != limit {
-				t.Errorf("only %d streams were relayed at once, want the limit %d", p.most.Load(), limit)
-			}
 		}},
-		{"a yamux client opening more streams than the limit", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
+		{"a yamux client keeping more streams open than the limit", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
 			cfg := vmagent.EgressConfig()
 			cfg.AcceptBacklog = 4096 // a hostile guest ignores the shared backlog
 			cl, err := yamux.Client(g, cfg)
@@ -362,14 +357,73 @@ func TestEgressHostileGuest(t *testing.T) {
 					break
 				}
 				st.Write([]byte("x"))
+				if n := ch.sess.NumStreams(); n > 2*limit+vmagent.EgressBacklog {
+					t.Errorf("the host holds %d streams, more than limit+backlog+limit %d", n, 2*limit+vmagent.EgressBacklog)
+				}
 			}
-			time.Sleep(500 * time.Millisecond)
+			wantBroken(t, ch)
+			if m := p.most.Load(); m > limit {
+				t.Errorf("%d proxy connections at once, limit %d", m, limit)
+			}
+		}},
+		{"streams over the limit end at once; the session recovers", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
+			// What the agent does under a connection flood: more streams
+			// than the host relays (its relay and the host's drain at
+			// different moments), each closed by the guest when its
+			// program gives up. None may wait for a slot, and once they
+			// are closed a new one is relayed.
+			cl, err := yamux.Client(g, vmagent.EgressConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			var sts []*yamux.Stream
+			for i := 0; i < limit+vmagent.EgressBacklog; i++ {
+				st, err := cl.OpenStream()
+				if err != nil {
+					t.Fatal(err)
+				}
+				st.Write([]byte("x"))
+				sts = append(sts, st)
+			}
+			// Every one over the limit reads EOF promptly.
+			ended := 0
+			for _, st := range sts[limit:] {
+				st.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if _, err := st.Read(make([]byte, 1)); err == io.EOF {
+					ended++
+				}
+			}
+			if ended != vmagent.EgressBacklog {
+				t.Errorf("%d of %d streams over the limit were closed at once", ended, vmagent.EgressBacklog)
+			}
+			for wait := time.Now().Add(2 * time.Second); p.most.Load() < limit && time.Now().Before(wait); {
+				time.Sleep(10 * time.Millisecond) // the relays dial the proxy
+			}
 			if m := p.most.Load(); m != limit {
 				t.Errorf("%d proxy connections at once, want the limit %d", m, limit)
 			}
-			if n := ch.sess.NumStreams(); n > limit+vmagent.EgressBacklog {
-				t.Errorf("the host holds %d streams, more than limit+backlog %d", n, limit+vmagent.EgressBacklog)
+			// The guest gives them all up; the relays end with their
+			// proxy connections, and the next stream is relayed.
+			for _, st := range sts {
+				st.Close()
 			}
+			deadline := time.Now().Add(3 * time.Second)
+			for p.now.Load() > 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			st, err := cl.OpenStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.Write([]byte("again"))
+			for p.served.Load() == limit && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if ch.broken() || p.served.Load() != limit+1 {
+				t.Errorf("after the flood: session broken %v, %d streams relayed in all, want %d", ch.broken(), p.served.Load(), limit+1)
+			}
+			st.Close()
 		}},
 		{"a stream that never reads while the proxy floods it", flood, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
 			cl, err := yamux.Client(g, vmagent.EgressConfig())
