@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The channel between host and guest is one virtio-serial port carrying
@@ -82,6 +84,13 @@ type Request struct {
 	// the agent sets the guest's clock to it (a restored guest's clock is
 	// the snapshot's).
 	Time int64 `json:"time_ns,omitempty"`
+	// Seccomp is the compiled filter the command runs under (package
+	// seccomp: the native tier's policy), installed right before its
+	// exec. The guest kernel is this tier's boundary; the filter keeps
+	// what the command may ask of it to what any Moat program may (no
+	// keyrings, io_uring, bpf, ptrace, netlink, user namespaces, 32-bit
+	// entry). The agent refuses to run a command without it.
+	Seccomp []unix.SockFilter `json:"seccomp"`
 	// EgressPort, when non-zero, grants egress: the agent brings the
 	// loopback interface up and relays connections to 127.0.0.1:EgressPort
 	// over the egress port (see egress.go). Without it the guest's

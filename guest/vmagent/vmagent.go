@@ -30,6 +30,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/seccomp"
 )
 
 // ExecArg is the hidden argument under which the agent re-executes itself
@@ -190,6 +192,9 @@ func (a *agent) serve() error {
 	if req.UID <= 0 {
 		return errors.New("request: refusing to run the command as root")
 	}
+	if len(req.Seccomp) == 0 {
+		return errors.New("request: no seccomp filter; refusing to run the command unfiltered")
+	}
 	if err := freshen(&req); err != nil {
 		return err
 	}
@@ -248,7 +253,9 @@ func mountRun(req *Request) error {
 		// Sizes bound the guest's memory use too: tmpfs lives in RAM.
 		{"workspace", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%s,gid=%s", max(req.WorkspaceBytes, 4096), max(req.WorkspaceFiles+1, 16), uid, uid)},
 		{"tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, fmt.Sprintf("size=%d,mode=1777", max(req.TmpBytes, 4096))},
-		{"proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		// hidepid: the command (uid 1000) sees only its own processes,
+		// not the agent (PID 1, root) nor anything else of the guest's.
+		{"proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "hidepid=invisible"},
 		{"dev", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC, "size=64k,mode=0755"},
 	} {
 		if err := unix.Mount(m.typ, filepath.Join(newRoot, m.dst), m.typ, m.flags, m.data); err != nil {
@@ -310,7 +317,9 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 		return &Result{Error: err.Error()}
 	}
 	defer cg.Close()
-	lim, _ := json.Marshal(req)
+	// Only what execCommand applies, not the command's argv and
+	// environment again: one argument string is bounded (MAX_ARG_STRLEN).
+	lim, _ := json.Marshal(Request{UID: req.UID, OpenFiles: req.OpenFiles, FileSizeBytes: req.FileSizeBytes, CPUTime: req.CPUTime, Seccomp: req.Seccomp})
 	cmd := exec.Command("/proc/self/exe", append([]string{ExecArg, string(lim)}, req.Argv...)...)
 	cmd.Args[0] = "/init"
 	cmd.Env = req.Env
@@ -445,6 +454,16 @@ func execCommand(args []string) {
 			os.Exit(127)
 		}
 		path = p
+	}
+	// Seccomp goes last, as close to the exec as possible: everything
+	// after it (the exec, or the error report) runs under the filter.
+	if len(req.Seccomp) == 0 {
+		fmt.Fprintln(os.Stderr, "moat: no seccomp filter")
+		os.Exit(126)
+	}
+	if err := seccomp.Install(req.Seccomp); err != nil {
+		fmt.Fprintf(os.Stderr, "moat: install seccomp filter: %v\n", err)
+		os.Exit(126)
 	}
 	err := unix.Exec(path, argv, os.Environ())
 	fmt.Fprintf(os.Stderr, "moat: exec %s: %v\n", argv[0], err)

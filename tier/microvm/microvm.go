@@ -23,7 +23,10 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/seccomp"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
@@ -85,6 +88,10 @@ type MicroVM struct {
 	// replaces the VMM's pids limit (tests).
 	prealloc bool
 	vmmPids  int
+
+	// filter is the native tier's seccomp policy, compiled once: the
+	// agent installs it on every command (vmagent.Request.Seccomp).
+	filter []unix.SockFilter
 
 	mu        sync.Mutex
 	initramfs string
@@ -166,6 +173,9 @@ func New(opts Options) (*MicroVM, error) {
 	}
 	m := &MicroVM{opts: opts, vmm: q, kernel: k, cache: filepath.Join(opts.Home, "microvm"), cg: cg, vmmOverheadMiB: vmmOverheadMiB,
 		digests: map[string]digestEntry{}, verified: map[string]fileID{}, saving: map[string]bool{}}
+	if m.filter, err = seccomp.Default().Compile(); err != nil {
+		return nil, fmt.Errorf("microvm: compile the seccomp policy: %w", err)
+	}
 	m.cmdline = cmdline
 	if khz := hostTSCkHz(); khz > 0 {
 		m.cmdline += " tsc_early_khz=" + strconv.FormatInt(khz, 10)
@@ -192,6 +202,7 @@ func (m *MicroVM) KernelVersion() string { return m.kernel.version }
 
 func (m *MicroVM) Capabilities() tier.Capabilities {
 	return tier.Capabilities{
+		Seccomp:     true, // the native policy, installed by the agent in the guest
 		MemoryLimit: true, // the VM's RAM, and a cgroup in the guest
 		PidsLimit:   true,
 		CPULimit:    true, // the VMM's cgroup, from the program's start

@@ -593,6 +593,7 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		// Every VM's own randomness and the current time: a restored VM
 		// has its snapshot's RNG state and clock.
 		Entropy: make([]byte, 64), Time: time.Now().UnixNano(),
+		Seccomp: s.m.filter,
 	}
 	if _, err := rand.Read(req.Entropy); err != nil {
 		return s.infra(start, "entropy for the guest: %v", err), nil
