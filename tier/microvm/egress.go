@@ -12,7 +12,7 @@ package microvm
 // Everything on the port is the guest's and hostile. What it can do and
 // what bounds it:
 //
-//   - garbage, pings, window violations, stream ids out of order: the
+//   - garbage, pings, window violations, stream ids the host owns: the
 //     frames are checked before yamux sees them (guestFrames) and yamux
 //     checks the rest; any violation closes this session, and with it only
 //     this VM's egress;
@@ -199,17 +199,15 @@ var errGuestFrame = errors.New("egress port: the guest broke the yamux protocol"
 // closing what yamux itself would accept but the host must not: pings
 // (yamux answers each in a new goroutine, so a flood of them while the
 // guest does not read is a flood of host goroutines), unknown flags,
-// streams the host would have opened (even ids) or ids that do not
-// increase, data frames larger than a stream's window, and more than
+// streams the host would have opened (even ids), data frames larger than a stream's window, and more than
 // maxOpen streams open at once that the guest has not closed (its agent
 // relays at most the limit at once). Writes and Close go to the port's
 // socket unchanged.
 type guestFrames struct {
 	net.Conn
 	hdr     [yamuxHeader]byte
-	pending []byte // a checked header not yet returned
-	body    uint32 // payload bytes of the current data frame
-	lastSYN uint32
+	pending []byte          // a checked header not yet returned
+	body    uint32          // payload bytes of the current data frame
 	open    map[uint32]bool // streams the guest opened and has not closed
 	maxOpen int
 	err     error
@@ -261,10 +259,13 @@ func (g *guestFrames) check() error {
 		return fmt.Errorf("%w: a %d-byte data frame", errGuestFrame, length)
 	}
 	if (typ == yamuxData || typ == yamuxWindowUpdate) && flags&yamuxSYN != 0 {
-		if id%2 == 0 || id <= g.lastSYN {
-			return fmt.Errorf("%w: stream id %d opened after %d", errGuestFrame, id, g.lastSYN)
+		// Odd ids are the guest's; their order is not checked: yamux
+		// numbers streams in order but concurrent opens send their SYNs in
+		// any order. A SYN for a stream that is open is yamux's duplicate,
+		// which ends the session.
+		if id%2 == 0 {
+			return fmt.Errorf("%w: stream id %d is the host's to open", errGuestFrame, id)
 		}
-		g.lastSYN = id
 		g.open[id] = true
 		if len(g.open) > g.maxOpen {
 			return fmt.Errorf("%w: more than %d streams open at once", errGuestFrame, g.maxOpen)

@@ -319,9 +319,9 @@ func TestEgressHostileGuest(t *testing.T) {
 			g.Write(yamuxFrame(yamuxWindowUpdate, yamuxSYN, 2, 0, nil))
 			wantBroken(t, ch)
 		}},
-		{"a stream id reused", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
+		{"a stream id declared twice while open", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
 			g.Write(yamuxFrame(yamuxWindowUpdate, yamuxSYN, 5, 0, nil))
-			g.Write(yamuxFrame(yamuxWindowUpdate, yamuxSYN, 3, 0, nil))
+			g.Write(yamuxFrame(yamuxWindowUpdate, yamuxSYN, 5, 0, nil))
 			wantBroken(t, ch)
 		}},
 		{"unknown flags", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
@@ -364,6 +364,18 @@ func TestEgressHostileGuest(t *testing.T) {
 			wantBroken(t, ch)
 			if m := p.most.Load(); m > limit {
 				t.Errorf("%d proxy connections at once, limit %d", m, limit)
+			}
+		}},
+		{"SYNs out of order, as concurrent opens send them, are fine", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
+			go io.Copy(io.Discard, g)
+			for _, id := range []uint32{3, 1, 7, 5} {
+				g.Write(yamuxFrame(yamuxWindowUpdate, yamuxSYN, id, 0, nil))
+			}
+			for wait := time.Now().Add(2 * time.Second); p.served.Load() < 4 && time.Now().Before(wait); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if ch.broken() || p.served.Load() != 4 {
+				t.Errorf("session broken %v, %d of 4 streams relayed", ch.broken(), p.served.Load())
 			}
 		}},
 		{"streams over the limit end at once; the session recovers", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
