@@ -65,9 +65,10 @@ egress proxy, which the tier refuses, host processes' descriptor tables) are
 not applicable with the reason. The wasm entries are kept in one table,
 ` + "`redteam/wasmtier.go`" + `.
 
-On the microvm tier (` + "`--tier microvm`" + `, by hand: one VM boot per case under
-TCG makes the whole corpus far longer than CI's budget) the program runs in
-the guest kernel, so the host-side process check reads the VMM instead:
+On the microvm tier (` + "`--tier microvm`" + `, in CI: about 3 minutes under TCG, a VM
+restored from a snapshot per case) the program runs in the guest kernel,
+under the native tier's seccomp filter, so the host-side process check
+reads the VMM instead:
 the run's QEMU process must be QEMU's executable, every thread
 seccomp-filtered (QEMU's ` + "`-sandbox`" + `; samples from before QEMU installs it,
 during the jailer's setup and QEMU's own start-up, are counted and not
