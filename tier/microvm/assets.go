@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultKernelDir is where scripts/setup extracts Debian's
@@ -88,8 +90,14 @@ func buildInitramfs(cacheDir, agent string, k *kernel) (string, error) {
 	}
 	out := filepath.Join(cacheDir, "initramfs-"+hex.EncodeToString(h.Sum(nil))[:32]+".cpio")
 	if _, err := os.Stat(out); err == nil {
+		// Used now: the pruning below keeps the most recently used.
+		now := time.Now()
+		os.Chtimes(out, now, now)
 		return out, nil
 	}
+	// Every build of the agent is a new initramfs; keep the few most
+	// recently used (another moat of another build may be booting one).
+	defer pruneInitramfs(cacheDir, keepInitramfs)
 	var buf bytes.Buffer
 	w := &cpioWriter{w: &buf}
 	for _, d := range []string{"dev", "proc", "sys", "mnt", "mnt/root", "lib", "lib/modules"} {
@@ -207,4 +215,27 @@ func buildRootDisk(cacheDir, digest, root string) (string, error) {
 	}
 	os.Chmod(tmp, 0o600)
 	return out, os.Rename(tmp, out)
+}
+
+// keepInitramfs is how many initramfs files the cache keeps.
+const keepInitramfs = 4
+
+// pruneInitramfs removes all but the keep most recently used initramfs
+// files of dir (a VM booting from a removed one keeps its open file).
+func pruneInitramfs(dir string, keep int) {
+	files, _ := filepath.Glob(filepath.Join(dir, "initramfs-*.cpio"))
+	type f struct {
+		path string
+		t    time.Time
+	}
+	var all []f
+	for _, p := range files {
+		if fi, err := os.Stat(p); err == nil {
+			all = append(all, f{p, fi.ModTime()})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].t.After(all[j].t) })
+	for i := keep; i < len(all); i++ {
+		os.Remove(all[i].path)
+	}
 }

@@ -5,11 +5,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moat-sandbox/moat/guest/vmagent"
 	"github.com/moat-sandbox/moat/result"
@@ -123,5 +125,30 @@ func TestCPIO(t *testing.T) {
 	w.trailer()
 	if b.Len()%4 != 0 || !bytes.HasPrefix(b.Bytes(), []byte("070701")) || !bytes.Contains(b.Bytes(), []byte("TRAILER!!!")) {
 		t.Fatalf("not a newc archive: %q", b.Bytes())
+	}
+}
+
+// TestPruneInitramfs: only the most recently used initramfs files stay
+// (every agent build makes a new one), and nothing else in the cache goes.
+func TestPruneInitramfs(t *testing.T) {
+	dir := t.TempDir()
+	base := time.Now().Add(-time.Hour)
+	for i := 0; i < 6; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("initramfs-%d.cpio", i))
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(p, base.Add(time.Duration(i)*time.Minute), base.Add(time.Duration(i)*time.Minute))
+	}
+	os.WriteFile(filepath.Join(dir, "accel.json"), nil, 0o600)
+	pruneInitramfs(dir, 4)
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	var names []string
+	for _, p := range left {
+		names = append(names, filepath.Base(p))
+	}
+	want := []string{"accel.json", "initramfs-2.cpio", "initramfs-3.cpio", "initramfs-4.cpio", "initramfs-5.cpio"}
+	if fmt.Sprint(names) != fmt.Sprint(want) {
+		t.Errorf("left %v, want %v", names, want)
 	}
 }
