@@ -106,7 +106,46 @@ func residue(agentDir string) []string {
 			left = append(left, fmt.Sprintf("process %s (%s)", filepath.Base(filepath.Dir(p)), bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
 		}
 	}
+	// The VMMs' cgroups are moat/<run id>: Destroy removes the moat/
+	// parents too once no run uses them. Other packages' tests may be
+	// running sandboxes meanwhile, so only an empty parent that stays
+	// empty for 10 s counts.
+	for i := 0; i < 6; i++ {
+		empty := emptyMoatParents()
+		if len(empty) == 0 {
+			break
+		}
+		if i == 5 {
+			left = append(left, empty...)
+		}
+		time.Sleep(2 * time.Second)
+	}
 	return left
+}
+
+// emptyMoatParents lists the moat/ cgroup parents with no run below.
+func emptyMoatParents() []string {
+	var empty []string
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/moat")
+	if v2, _ := filepath.Glob("/sys/fs/cgroup/moat"); len(v2) > 0 {
+		parents = append(parents, v2...)
+	}
+	for _, p := range parents {
+		kids, err := os.ReadDir(p)
+		if err != nil {
+			continue
+		}
+		n := 0
+		for _, k := range kids {
+			if k.IsDir() {
+				n++
+			}
+		}
+		if n == 0 {
+			empty = append(empty, "empty cgroup parent "+p)
+		}
+	}
+	return empty
 }
 
 func haveQEMU() bool {
