@@ -7,8 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
@@ -150,10 +152,20 @@ func (r *runner) residue() Verdict {
 		}
 	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		held := heldLocks()
 		for _, line := range strings.Split(string(mi), "\n") {
-			if strings.Contains(line, "moat-redteam") || strings.Contains(line, "/runs/") {
-				left = append(left, "mount "+line)
+			if !strings.Contains(line, "moat-redteam") && !strings.Contains(line, "/runs/") {
+				continue
 			}
+			// A mount below a live run's directory (a gVisor run of
+			// another moat or test package on this host, under any
+			// home) is that run's, not residue: its lock is held.
+			if f := strings.Fields(line); len(f) > 4 {
+				if dir, ok := runDirOf(f[4]); ok && held(filepath.Join(dir, "lock")) {
+					continue
+				}
+			}
+			left = append(left, "mount "+line)
 		}
 	}
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
@@ -176,4 +188,39 @@ func (r *runner) residue() Verdict {
 	}
 	v.Verdict, v.Evidence = Contained, "no moat cgroup, init process, mount, network namespace, run directory or temp file left"
 	return v
+}
+
+// runDirOf returns the run directory (".../runs/<id>") a path lies in.
+func runDirOf(p string) (string, bool) {
+	i := strings.Index(p, "/runs/")
+	if i < 0 {
+		return "", false
+	}
+	id, _, _ := strings.Cut(p[i+len("/runs/"):], "/")
+	if id == "" {
+		return "", false
+	}
+	return p[:i+len("/runs/")] + id, true
+}
+
+// heldLocks returns a test of whether a file is flock-ed by a live process
+// now (read from /proc/locks, without taking the lock).
+func heldLocks() func(path string) bool {
+	held := map[uint64]bool{}
+	if b, err := os.ReadFile("/proc/locks"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 6 || f[1] != "FLOCK" {
+				continue
+			}
+			parts := strings.Split(f[5], ":")
+			if ino, err := strconv.ParseUint(parts[len(parts)-1], 10, 64); err == nil {
+				held[ino] = true
+			}
+		}
+	}
+	return func(path string) bool {
+		var st syscall.Stat_t
+		return syscall.Stat(path, &st) == nil && held[st.Ino]
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,5 +250,47 @@ func TestJudgeVMMThread(t *testing.T) {
 	}
 	if got := judgeVMMThread(jailed(), nil, v1, ""); got == "" {
 		t.Error("a VMM matched to no run was judged confined")
+	}
+}
+
+func TestRunDirOf(t *testing.T) {
+	tests := []struct {
+		path, want string
+		ok         bool
+	}{
+		{"/var/lib/moat/runs/269cb798ec1450fc/workspace", "/var/lib/moat/runs/269cb798ec1450fc", true},
+		{"/tmp/home/runs/abc/tmp/x", "/tmp/home/runs/abc", true},
+		{"/var/lib/moat/runs/", "", false},
+		{"/var/lib/moat/images/x", "", false},
+	}
+	for _, tc := range tests {
+		got, ok := runDirOf(tc.path)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("runDirOf(%q) = %q, %v; want %q, %v", tc.path, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestHeldLocks: a run whose lock a live process holds is alive; the same
+// file unlocked is not.
+func TestHeldLocks(t *testing.T) {
+	lock := filepath.Join(t.TempDir(), "lock")
+	f, err := os.Create(lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if heldLocks()(lock) {
+		t.Fatal("an unlocked file counts as held")
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if !heldLocks()(lock) {
+		t.Error("a locked file does not count as held")
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if heldLocks()(lock) {
+		t.Error("the file still counts as held after unlocking")
 	}
 }
