@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
@@ -115,6 +116,35 @@ for _ in range(20):
 // is left on the machine.
 func (r *runner) residue() Verdict {
 	v := Verdict{Case: "host-residue", Category: "residue", Severity: "high", Tier: r.label, Runs: 1}
+	// Other moats may be running on this host, under other homes whose
+	// runs this engine cannot see: what belongs to a live run of theirs
+	// ends with it. Only what persists across 10 s counts.
+	left := r.leftovers()
+	for i := 0; i < 5 && len(left) > 0; i++ {
+		time.Sleep(2 * time.Second)
+		now := map[string]bool{}
+		for _, l := range r.leftovers() {
+			now[l] = true
+		}
+		var still []string
+		for _, l := range left {
+			if now[l] {
+				still = append(still, l)
+			}
+		}
+		left = still
+	}
+	if len(left) > 0 {
+		v.Verdict, v.Evidence = Escaped, fmt.Sprintf("left on the host after the suite: %s", strings.Join(left, "; "))
+		return v
+	}
+	v.Verdict, v.Evidence = Contained, "no moat cgroup, init process, mount, network namespace, run directory or temp file left"
+	return v
+}
+
+// leftovers lists what of any run is on the host now and is not a live
+// run's of this engine's home.
+func (r *runner) leftovers() []string {
 	var left []string
 	// Runs that hold their lock are alive (another moat on this host, or a
 	// parallel test): what they own is not residue.
@@ -182,12 +212,7 @@ func (r *runner) residue() Verdict {
 	for _, p := range tmp {
 		left = append(left, "temp "+p)
 	}
-	if len(left) > 0 {
-		v.Verdict, v.Evidence = Escaped, fmt.Sprintf("left on the host after the suite: %s", strings.Join(left, "; "))
-		return v
-	}
-	v.Verdict, v.Evidence = Contained, "no moat cgroup, init process, mount, network namespace, run directory or temp file left"
-	return v
+	return left
 }
 
 // runDirOf returns the run directory (".../runs/<id>") a path lies in.
