@@ -294,3 +294,23 @@ func TestHeldLocks(t *testing.T) {
 		t.Error("the file still counts as held after unlocking")
 	}
 }
+
+// TestRunning: a live process runs; an exited one (a zombie until reaped)
+// does not.
+func TestRunning(t *testing.T) {
+	if !running(os.Getpid()) {
+		t.Error("this test process does not count as running")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	for i := 0; i < 200 && running(pid); i++ {
+		time.Sleep(5 * time.Millisecond) // exits, then waits as a zombie
+	}
+	if running(pid) {
+		t.Error("an exited process counts as running")
+	}
+	cmd.Wait()
+}

@@ -1162,8 +1162,10 @@ func (w *procWatch) inspectVMM(pid int) {
 	}
 }
 
-// running reports whether pid is alive and not exiting (its state is
-// neither zombie nor dead).
+// running reports whether pid is alive and not exiting: its state is
+// neither zombie nor dead, and it has not begun to exit (PF_EXITING in
+// its flags: an exiting task leaves its cgroups, and reads as in the root
+// ones, before it becomes a zombie).
 func running(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -1173,7 +1175,17 @@ func running(pid int) bool {
 	if i < 0 || i+2 >= len(b) {
 		return false
 	}
-	return b[i+2] != 'Z' && b[i+2] != 'X' && b[i+2] != 'x'
+	// After the command: state, ppid, pgrp, session, tty_nr, tpgid, flags.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 7 {
+		return false
+	}
+	const pfExiting = 0x4
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil || flags&pfExiting != 0 {
+		return false
+	}
+	return f[0] != "Z" && f[0] != "X" && f[0] != "x"
 }
 
 // vmmNamespaces are the host namespaces a jailed VMM must not share. The
