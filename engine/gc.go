@@ -183,6 +183,22 @@ func validRunID(id string) bool {
 // now. It reads /proc/locks rather than trying the locks, so it never
 // disturbs a run that is taking its own lock at that moment.
 func (e *Engine) LiveRuns() map[string]bool {
+	held := HeldLocks()
+	live := map[string]bool{}
+	runs, _ := os.ReadDir(filepath.Join(e.opts.Home, "runs"))
+	for _, r := range runs {
+		if held(filepath.Join(e.opts.Home, "runs", r.Name(), "lock")) {
+			id, _ := strings.CutPrefix(r.Name(), claimPrefix)
+			live[id] = true
+		}
+	}
+	return live
+}
+
+// HeldLocks returns a test of whether a file (a run's lock, under any
+// home) is flock-ed by a live process, as /proc/locks says now: it never
+// takes the lock itself.
+func HeldLocks() func(path string) bool {
 	held := map[uint64]bool{}
 	if b, err := os.ReadFile("/proc/locks"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -196,14 +212,8 @@ func (e *Engine) LiveRuns() map[string]bool {
 			}
 		}
 	}
-	live := map[string]bool{}
-	runs, _ := os.ReadDir(filepath.Join(e.opts.Home, "runs"))
-	for _, r := range runs {
+	return func(path string) bool {
 		var st unix.Stat_t
-		if unix.Stat(filepath.Join(e.opts.Home, "runs", r.Name(), "lock"), &st) == nil && held[st.Ino] {
-			id, _ := strings.CutPrefix(r.Name(), claimPrefix)
-			live[id] = true
-		}
+		return unix.Stat(path, &st) == nil && held[st.Ino]
 	}
-	return live
 }

@@ -7,10 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
@@ -182,7 +180,7 @@ func (r *runner) leftovers() []string {
 		}
 	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		held := heldLocks()
+		held := engine.HeldLocks()
 		for _, line := range strings.Split(string(mi), "\n") {
 			if !strings.Contains(line, "moat-redteam") && !strings.Contains(line, "/runs/") {
 				continue
@@ -226,26 +224,4 @@ func runDirOf(p string) (string, bool) {
 		return "", false
 	}
 	return p[:i+len("/runs/")] + id, true
-}
-
-// heldLocks returns a test of whether a file is flock-ed by a live process
-// now (read from /proc/locks, without taking the lock).
-func heldLocks() func(path string) bool {
-	held := map[uint64]bool{}
-	if b, err := os.ReadFile("/proc/locks"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 6 || f[1] != "FLOCK" {
-				continue
-			}
-			parts := strings.Split(f[5], ":")
-			if ino, err := strconv.ParseUint(parts[len(parts)-1], 10, 64); err == nil {
-				held[ino] = true
-			}
-		}
-	}
-	return func(path string) bool {
-		var st syscall.Stat_t
-		return syscall.Stat(path, &st) == nil && held[st.Ino]
-	}
 }

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -268,30 +267,6 @@ func TestRunDirOf(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("runDirOf(%q) = %q, %v; want %q, %v", tc.path, got, ok, tc.want, tc.ok)
 		}
-	}
-}
-
-// TestHeldLocks: a run whose lock a live process holds is alive; the same
-// file unlocked is not.
-func TestHeldLocks(t *testing.T) {
-	lock := filepath.Join(t.TempDir(), "lock")
-	f, err := os.Create(lock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if heldLocks()(lock) {
-		t.Fatal("an unlocked file counts as held")
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	if !heldLocks()(lock) {
-		t.Error("a locked file does not count as held")
-	}
-	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	if heldLocks()(lock) {
-		t.Error("the file still counts as held after unlocking")
 	}
 }
 
