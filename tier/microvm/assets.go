@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -223,19 +222,7 @@ const keepInitramfs = 4
 // pruneInitramfs removes all but the keep most recently used initramfs
 // files of dir (a VM booting from a removed one keeps its open file).
 func pruneInitramfs(dir string, keep int) {
-	files, _ := filepath.Glob(filepath.Join(dir, "initramfs-*.cpio"))
-	type f struct {
-		path string
-		t    time.Time
-	}
-	var all []f
-	for _, p := range files {
-		if fi, err := os.Stat(p); err == nil {
-			all = append(all, f{p, fi.ModTime()})
-		}
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].t.After(all[j].t) })
-	for i := keep; i < len(all); i++ {
-		os.Remove(all[i].path)
+	for _, p := range beyondNewest(filepath.Join(dir, "initramfs-*.cpio"), keep) {
+		os.Remove(p)
 	}
 }

@@ -370,22 +370,32 @@ const maxSnapshots = 4
 
 // pruneSnapshots deletes all but the newest keep snapshots in dir.
 func pruneSnapshots(dir string, keep int) {
-	files, _ := filepath.Glob(filepath.Join(dir, "*.vm"))
-	type snap struct {
+	for _, p := range beyondNewest(filepath.Join(dir, "*.vm"), keep) {
+		os.Remove(strings.TrimSuffix(p, ".vm") + ".json")
+		os.Remove(p)
+	}
+}
+
+// beyondNewest lists the files matching pattern other than the keep most
+// recently modified.
+func beyondNewest(pattern string, keep int) []string {
+	files, _ := filepath.Glob(pattern)
+	type file struct {
 		path string
 		t    time.Time
 	}
-	var all []snap
+	var all []file
 	for _, f := range files {
 		if fi, err := os.Stat(f); err == nil {
-			all = append(all, snap{f, fi.ModTime()})
+			all = append(all, file{f, fi.ModTime()})
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].t.After(all[j].t) })
+	var old []string
 	for i := keep; i < len(all); i++ {
-		os.Remove(strings.TrimSuffix(all[i].path, ".vm") + ".json")
-		os.Remove(all[i].path)
+		old = append(old, all[i].path)
 	}
+	return old
 }
 
 // qmp is a minimal client of QEMU's machine protocol.
