@@ -5,14 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -414,29 +411,6 @@ func TestPool(t *testing.T) {
 	}
 }
 
-// egressServer serves on the host's loopback: "/big" is size bytes, any
-// other path body; it counts requests.
-func egressServer(t *testing.T, body string, size int) (port string, hits *atomic.Int64) {
-	t.Helper()
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hits = &atomic.Int64{}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		if r.URL.Path == "/big" {
-			w.Write(bytes.Repeat([]byte("b"), size))
-			return
-		}
-		fmt.Fprint(w, body)
-	})}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	_, port, _ = net.SplitHostPort(l.Addr().String())
-	return port, hits
-}
-
 // TestEgress: with an allowlist the VM reaches the granted host (on the
 // host's loopback, through Moat's proxy over the egress port) with curl
 // and urllib, many connections at once; a host that is not granted is
@@ -447,8 +421,8 @@ func egressServer(t *testing.T, body string, size int) (port string, hits *atomi
 func TestEgress(t *testing.T) {
 	v := need(t, microvm.Options{})
 	e := newEngine(t, v)
-	granted, grantedHits := egressServer(t, "granted-body", 2<<20)
-	other, otherHits := egressServer(t, "other-body", 0)
+	granted, grantedHits := tiertest.HTTPServer(t, "granted-body", 2<<20)
+	other, otherHits := tiertest.HTTPServer(t, "other-body", 0)
 	grant := func(m *manifest.Manifest) {
 		// A memory limit of its own: this configuration's snapshot is not
 		// another test's.

@@ -1,6 +1,7 @@
 package tiertest
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,8 +14,9 @@ import (
 	"github.com/moat-sandbox/moat/result"
 )
 
-// httpServer serves body on the host's loopback and counts requests.
-func httpServer(t *testing.T, body string) (port string, hits *atomic.Int64) {
+// HTTPServer serves on the host's loopback for egress tests: "/big" is
+// big bytes, any other path body; it counts requests.
+func HTTPServer(t *testing.T, body string, big int) (port string, hits *atomic.Int64) {
 	t.Helper()
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -23,6 +25,10 @@ func httpServer(t *testing.T, body string) (port string, hits *atomic.Int64) {
 	hits = &atomic.Int64{}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
+		if r.URL.Path == "/big" {
+			w.Write(bytes.Repeat([]byte("b"), big))
+			return
+		}
 		fmt.Fprint(w, body)
 	})}
 	go srv.Serve(l)
@@ -42,8 +48,8 @@ func egressCases() []Case {
 		Needs: []string{"network-egress"},
 		Setup: func(t *testing.T) map[string]string {
 			env := map[string]string{"granted_body": secret(), "other_body": secret()}
-			env["granted"], grantedHits = httpServer(t, env["granted_body"])
-			env["other"], otherHits = httpServer(t, env["other_body"])
+			env["granted"], grantedHits = HTTPServer(t, env["granted_body"], 0)
+			env["other"], otherHits = HTTPServer(t, env["other_body"], 0)
 			return env
 		},
 		Manifest: func(m *manifest.Manifest, env map[string]string) {
