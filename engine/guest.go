@@ -61,13 +61,21 @@ func checkGuest(p, id, goVersion string) error {
 		return err
 	}
 	// Every directory above it too: whoever may write one could swap it.
+	// And all of it reachable by others: the native tier's init execs it
+	// as its user namespace's root, an unprivileged host id.
 	for d := filepath.Dir(p); ; d = filepath.Dir(d) {
 		if err := rootOwned(d, true); err != nil {
 			return err
 		}
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is not searchable by others (mode %04o): the sandbox's init could not execute moat-guest below it", d, fi.Mode().Perm())
+		}
 		if d == "/" {
 			break
 		}
+	}
+	if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+		return fmt.Errorf("%s is not executable by others (mode %04o): the sandbox's init could not execute it", p, fi.Mode().Perm())
 	}
 	other, err := buildinfo.ReadFile(p)
 	if err != nil {

@@ -93,7 +93,18 @@ func TestCheckGuestOwnership(t *testing.T) {
 		{"missing", filepath.Join(safe, "none"), "not installed"},
 		{"relative", "moat-guest", "not an absolute path"},
 		{"a test binary: no source id", write(filepath.Join(safe, "ok"), 0o755), "no source ID"},
-		{"below sticky /tmp: no source id", write(filepath.Join(t.TempDir(), "ok"), 0o755), "no source ID"},
+		{"below sticky /tmp: no source id", func() string {
+			d := t.TempDir()
+			os.Chmod(filepath.Dir(d), 0o755)
+			os.Chmod(d, 0o755)
+			return write(filepath.Join(d, "ok"), 0o755)
+		}(), "no source ID"},
+		{"not executable by others", write(filepath.Join(safe, "x700"), 0o700), "not executable by others"},
+		{"in a directory others cannot search", func() string {
+			d := filepath.Join(safe, "closed")
+			os.Mkdir(d, 0o700)
+			return write(filepath.Join(d, "ok"), 0o755)
+		}(), "not searchable by others"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
