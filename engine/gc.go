@@ -41,8 +41,12 @@ func (e *Engine) GC() (GCReport, error) {
 	}
 	var dead []string // directory names
 	for _, ent := range entries {
-		id, _ := strings.CutPrefix(ent.Name(), claimPrefix)
-		if !validRunID(id) || isAlive(filepath.Join(runsDir, ent.Name(), "lock")) {
+		dir := filepath.Join(runsDir, ent.Name())
+		id, claiming := strings.CutPrefix(ent.Name(), claimPrefix)
+		// A run being claimed has its lock file a moment before the lock
+		// itself (claim): a fresh claim is alive whatever its lock says,
+		// or another moat's GC could take it in between.
+		if !validRunID(id) || claiming && fresh(dir) || isAlive(filepath.Join(dir, "lock")) {
 			continue
 		}
 		dead = append(dead, ent.Name())
@@ -156,8 +160,7 @@ func isAlive(lock string) bool {
 		// No lock file: either being created right now (the directory
 		// exists first) or long gone. Treat a missing file as alive only
 		// if its directory is fresh.
-		fi, serr := os.Stat(filepath.Dir(lock))
-		return serr == nil && time.Since(fi.ModTime()) < 5*time.Second
+		return fresh(filepath.Dir(lock))
 	}
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
@@ -165,6 +168,13 @@ func isAlive(lock string) bool {
 	}
 	unix.Flock(int(f.Fd()), unix.LOCK_UN)
 	return false
+}
+
+// fresh says whether dir was modified in the last few seconds: a run
+// directory still being set up.
+func fresh(dir string) bool {
+	fi, err := os.Stat(dir)
+	return err == nil && time.Since(fi.ModTime()) < 5*time.Second
 }
 
 func validRunID(id string) bool {
