@@ -54,7 +54,7 @@ import (
 	"fmt"
 	"io"
 
-	"golang.org/x/sys/unix"
+	"github.com/moat-sandbox/moat/seccomp"
 )
 
 // Arg is the hidden argv[1] under which the moat binary runs as init.
@@ -147,7 +147,7 @@ type Setup struct {
 
 	// Seccomp is the compiled filter (package seccomp), compiled once by
 	// the host; init refuses to start the program without it.
-	Seccomp []unix.SockFilter `json:"seccomp"`
+	Seccomp seccomp.Program `json:"seccomp"`
 
 	// EgressPort, when non-zero, makes init listen on 127.0.0.1:EgressPort
 	// inside the sandbox and bridge every connection to the egress proxy

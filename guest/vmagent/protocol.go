@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/moat-sandbox/moat/seccomp"
 )
 
 // The channel between host and guest is one virtio-serial port carrying
@@ -90,7 +90,7 @@ type Request struct {
 	// what the command may ask of it to what any Moat program may (no
 	// keyrings, io_uring, bpf, ptrace, netlink, user namespaces, 32-bit
 	// entry). The agent refuses to run a command without it.
-	Seccomp []unix.SockFilter `json:"seccomp"`
+	Seccomp seccomp.Program `json:"seccomp"`
 	// EgressPort, when non-zero, grants egress: the agent brings the
 	// loopback interface up and relays connections to 127.0.0.1:EgressPort
 	// over the egress port (see egress.go). Without it the guest's
