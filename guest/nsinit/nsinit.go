@@ -4,11 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -157,9 +158,7 @@ func run(st *reporter) (int, error) {
 	}
 
 	st.send(Status{Ready: true})
-	err = ReadFrame(cfgPipe, &cfg.Command)
-	cfgPipe.Close()
-	if err != nil {
+	if err := ReadFrame(cfgPipe, &cfg.Command); err != nil {
 		return 1, fmt.Errorf("read command: %w", err)
 	}
 	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
@@ -178,12 +177,6 @@ func run(st *reporter) (int, error) {
 		st.send(Status{Exited: true, Exit: 127, NotFound: true})
 		return 0, nil
 	}
-
-	// Catch the usual termination signals from now on (PID 1 of a namespace
-	// ignores signals it has no handler for); they are forwarded to the
-	// program's group once it exists.
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
 
 	forked := time.Now()
 	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
@@ -206,11 +199,11 @@ func run(st *reporter) (int, error) {
 	// more. Unlocking lets the few goroutines below share it instead of
 	// each needing a new OS thread (which the pids limit counts).
 	runtime.UnlockOSThread()
-	go func() {
-		for sig := range sigs {
-			unix.Kill(-pid, sig.(syscall.Signal))
-		}
-	}()
+	// The host's signals for the program come as frames on the config
+	// pipe (Signal), queued there until read: none is lost to the
+	// program's first instants, and this goroutine's thread is started
+	// while the program already runs.
+	go forwardSignals(cfgPipe, pid)
 	ws := reap(pid)
 	s := Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 	switch {
@@ -224,6 +217,20 @@ func run(st *reporter) (int, error) {
 	// Returning ends PID 1: the kernel kills every process left in the
 	// namespace, including daemons that escaped the process group.
 	return 0, nil
+}
+
+// forwardSignals sends each Forwarded signal the host asks for to the
+// program's process group, until the host closes the pipe.
+func forwardSignals(cfg io.Reader, pid int) {
+	for {
+		var f Signal
+		if err := ReadFrame(cfg, &f); err != nil {
+			return
+		}
+		if sig := unix.Signal(f.Signal); slices.Contains(Forwarded, sig) {
+			unix.Kill(-pid, sig)
+		}
+	}
 }
 
 // reap waits for every child (PID 1 inherits orphans) until the program

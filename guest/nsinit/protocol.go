@@ -54,6 +54,8 @@ import (
 	"fmt"
 	"io"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/moat-sandbox/moat/seccomp"
 )
 
@@ -63,7 +65,7 @@ const Arg = "__nsinit"
 // File descriptors the host passes to init (beyond stdin, stdout, stderr,
 // which are the program's).
 const (
-	ConfigFD    = 3 // read end: one JSON Config, then EOF
+	ConfigFD    = 3 // read end: frames Setup, Start, Command, then Signal frames until EOF
 	StatusFD    = 4 // write end: newline-separated JSON Status messages
 	WorkspaceFD = 5 // a detached tmpfs mount (fsmount) to attach at /workspace
 	// EgressFD, present only with an egress grant, is an O_PATH descriptor
@@ -120,6 +122,21 @@ type Command struct {
 	Env  []string `json:"env"`
 	Dir  string   `json:"dir"`
 }
+
+// Signal, any number of frames after the Command, asks init to forward a
+// signal to the program's process group: how the host ends a cancelled run
+// gracefully (SIGTERM). A frame rather than a signal to init: init then
+// needs no signal handler, whose set-up (two more runtime threads) cost a
+// cold start most of a millisecond before the program could be forked,
+// and a signal sent before it existed would be lost (PID 1 ignores signals
+// it does not handle). Init forwards only Forwarded signals.
+type Signal struct {
+	Signal int `json:"signal"`
+}
+
+// Forwarded are the signals a Signal frame may carry: the usual
+// termination and user signals, as a shell's job control would send them.
+var Forwarded = []unix.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
 
 // Start is the second frame, sent once init is inside the run's cgroup:
 // init confines itself completely and then waits for the Command frame.

@@ -409,6 +409,13 @@ func (s *sandbox) Procs() ([]int, error) { return s.cg.Procs() }
 
 var _ tier.ProcessLister = (*sandbox)(nil)
 
+// forward asks init to pass sig on to the program's process group. A
+// failure means init is gone or going, and the run ends anyway; the
+// caller's grace period kills the cgroup regardless.
+func (s *sandbox) forward(sig unix.Signal) {
+	nsinit.WriteFrame(s.cfgW, &nsinit.Signal{Signal: int(sig)})
+}
+
 // Exec implements tier.Sandbox.
 func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, error) {
 	if s.ran || s.sess != nil {
@@ -439,8 +446,9 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	statuses := s.statuses
 
 	start := time.Now()
+	// The config pipe stays open after the command: a cancelled run's
+	// SIGTERM goes to init through it (nsinit.Signal). Destroy closes it.
 	err := nsinit.WriteFrame(s.cfgW, &nsinit.Command{Argv: c.Argv, Env: c.Env, Dir: c.Dir})
-	s.cfgW.Close()
 	if err != nil {
 		return nil, fmt.Errorf("send command to init: %w", err)
 	}
@@ -513,7 +521,7 @@ loop:
 				startWait = time.After(CancelGrace)
 				break
 			}
-			s.init.Process.Signal(unix.SIGTERM)
+			s.forward(unix.SIGTERM)
 			grace = time.After(CancelGrace)
 		case <-startWait:
 			startWait = nil
@@ -521,7 +529,7 @@ loop:
 				s.cg.Kill()
 				break
 			}
-			s.init.Process.Signal(unix.SIGTERM)
+			s.forward(unix.SIGTERM)
 			grace = time.After(CancelGrace)
 		case <-grace:
 			grace = nil
