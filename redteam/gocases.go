@@ -17,15 +17,28 @@ import (
 
 // registered holds the cases written in Go: those that need more than one
 // program and a table of checks (several sandboxes at once, races,
-// host-wide state). Files in this package add theirs with register in an
-// init function.
-var registered []Case
+// host-wide state). Each file of them adds its cases with register, in a
+// function goCases calls once: not in init functions, which every moat
+// process (moat run too) would pay for at start.
+var (
+	registered   []Case
+	registerOnce sync.Once
+)
 
 func register(c Case) { registered = append(registered, c) }
 
-func goCases() []Case { return append([]Case(nil), registered...) }
+func goCases() []Case {
+	registerOnce.Do(func() {
+		registerConcurrencyCases()
+		registerEgressCases()
+		registerFSCases()
+		registerKernelCases()
+		registerNetCases()
+	})
+	return append([]Case(nil), registered...)
+}
 
-func init() {
+func registerConcurrencyCases() {
 	register(Case{
 		ID: "covert-concurrent-runs", Category: "exfiltration", Severity: "high",
 		Threat: "two concurrent runs pass data through shared /tmp, /dev/shm, an abstract unix socket or SysV IPC",

@@ -29,7 +29,7 @@ import (
 // unsandboxed: on a bare host nothing listens on 127.0.0.1:3128, so the
 // programs would only fail to reach the proxy.
 
-func init() {
+func registerEgressCases() {
 	for _, c := range []Case{
 		{
 			ID: "net-egress-ip-literal", Category: "network", Severity: "critical",

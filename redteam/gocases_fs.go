@@ -26,7 +26,7 @@ import (
 // files, a fake home, a terminal, host files compared before and after, a
 // descriptor the host leaks on purpose, the sandbox's cwd and root as the
 // host's /proc shows them.
-func init() {
+func registerFSCases() {
 	register(Case{
 		ID: "fs-host-account-files", Category: "filesystem", Severity: "critical",
 		Threat:      "read the host's /etc/shadow, /etc/gshadow, /etc/passwd and /etc/group (password hashes, the host's users), directly and through /proc/1/root and /proc/self/root",

@@ -27,12 +27,12 @@ import (
 // as the host's /proc shows them, the host's own responsiveness during a
 // bomb, processes that try to outlive their run, and what moat itself keeps
 // of a flood of output.
-func init() {
+func registerKernelCases() {
 	register(Case{
 		ID: "sc-syscall-sweep", Category: "seccomp", Severity: "critical",
 		Threat: "a system call the policy denies is reachable anyway: the filter installed in the sandbox differs from the policy table (a compiler bug, a rule in the wrong order, an x32 number slipping through)",
 		Why: "a prober in the sandbox calls every amd64 number 0..471 and every x32 number (nr|0x40000000) with zero arguments; for each one the compiled seccomp.Default() answers with an errno at zero arguments (explicit denials, conditional rules such as socket(0) -> EAFNOSUPPORT, the ENOSYS default, the x32 EPERM), the host requires exactly that errno. " +
-			"Numbers that would disturb the prober are skipped: " + sweepSkipDoc,
+			"Numbers that would disturb the prober are skipped: " + sweepSkipDoc(),
 		custom: syscallSweep,
 		PerTier: map[string]TierExpect{"gvisor": {NotApplicable: true,
 			Reason: "the sweep compares the filter installed on the program with the native tier's policy table (seccomp.Default()); on gVisor no such filter is installed on the program: the Sentry implements or refuses each call itself, and the host filters are gVisor's own, whose presence on every host thread of the run the host_procs cases check"}},
@@ -103,14 +103,14 @@ var kernelPassthrough = map[int]struct {
 	336: {name: "uprobe", errno: unix.ENXIO},
 }
 
-var sweepSkipDoc = func() string {
+func sweepSkipDoc() string {
 	names := make([]string, 0, len(sweepSkip))
 	for _, n := range sweepSkip {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ") + "; clone3 and reboot are denied and called"
-}()
+}
 
 // sweeper calls every number given on its command line with six zero
 // arguments, each in a child of its own (a call the kernel answers with a

@@ -31,7 +31,7 @@ import (
 // several runs in a row, the CLI on a terminal, and exact comparisons of the
 // result's bytes. Every traffic source and target here is loopback.
 
-func init() {
+func registerNetCases() {
 	for _, c := range []Case{
 		{
 			ID: "net-ipv6-loopback", Category: "network", Severity: "critical", Unsandboxed: true,

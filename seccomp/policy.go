@@ -3,6 +3,7 @@ package seccomp
 import (
 	"fmt"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -342,31 +343,34 @@ type sysnum struct {
 	nr   int
 }
 
-var syscallByName = func() map[string]int {
+// The lookup tables are built on first use, not at start: init (which
+// installs a filter but never compiles one) and every moat process that
+// runs no seccomp code would pay for them.
+var syscallByName = sync.OnceValue(func() map[string]int {
 	m := make(map[string]int, len(amd64Syscalls))
 	for _, s := range amd64Syscalls {
 		m[s.name] = s.nr
 	}
 	return m
-}()
+})
 
 // syscallNumber returns the amd64 number of a system call by kernel name.
 func syscallNumber(name string) (int, bool) {
-	nr, ok := syscallByName[name]
+	nr, ok := syscallByName()[name]
 	return nr, ok
 }
 
-var syscallByNumber = func() map[int]string {
+var syscallByNumber = sync.OnceValue(func() map[int]string {
 	m := make(map[int]string, len(amd64Syscalls))
 	for _, s := range amd64Syscalls {
 		m[s.nr] = s.name
 	}
 	return m
-}()
+})
 
 // maxSyscall is the highest amd64 system call number this package knows.
 var maxSyscall = amd64Syscalls[len(amd64Syscalls)-1].nr
 
 // SyscallName returns the kernel name of an amd64 system call number, or ""
 // if the number is unassigned.
-func SyscallName(nr int) string { return syscallByNumber[nr] }
+func SyscallName(nr int) string { return syscallByNumber()[nr] }

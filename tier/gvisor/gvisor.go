@@ -216,11 +216,17 @@ func findRunsc(p string) (string, error) {
 	return abs, nil
 }
 
+// The package's regular expressions compile on first use: every moat
+// process links this tier, and few of them start gVisor.
 var (
-	pseudoDate  = regexp.MustCompile(`^v\d+\.\d+\.\d+-(?:0\.)?(\d{8})\d{6}-[0-9a-f]{12}$`)
-	releaseDate = regexp.MustCompile(`release-(\d{8})`)
-	goMinor     = regexp.MustCompile(`^go1\.(\d+)`)
+	pseudoDate  = lazyRegexp(`^v\d+\.\d+\.\d+-(?:0\.)?(\d{8})\d{6}-[0-9a-f]{12}$`)
+	releaseDate = lazyRegexp(`release-(\d{8})`)
+	goMinor     = lazyRegexp(`^go1\.(\d+)`)
 )
+
+func lazyRegexp(pattern string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
+}
 
 // runscVersion reads which gVisor the binary is, from its Go build info
 // (what `go install` of a pinned version records), else from
@@ -230,10 +236,10 @@ func runscVersion(path string) (string, error) {
 	var version, date string
 	if bi, err := buildinfo.ReadFile(path); err == nil && bi.Main.Path == "gvisor.dev/gvisor" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		version = bi.Main.Path + " " + bi.Main.Version
-		if m := pseudoDate.FindStringSubmatch(bi.Main.Version); m != nil {
+		if m := pseudoDate().FindStringSubmatch(bi.Main.Version); m != nil {
 			date = m[1]
 		}
-		if m := goMinor.FindStringSubmatch(bi.GoVersion); m != nil && date != "" && date < goidLayoutFixed {
+		if m := goMinor().FindStringSubmatch(bi.GoVersion); m != nil && date != "" && date < goidLayoutFixed {
 			if minor, _ := strconv.Atoi(m[1]); minor >= 25 {
 				return "", fmt.Errorf("%w: runsc %s is gVisor %s built with %s, whose goroutine layout that gVisor predates: its Sentry panics at random (\"running on goroutine 0\"); rebuild it with Go 1.24: CGO_ENABLED=0 GOTOOLCHAIN=go1.24.13 go install gvisor.dev/gvisor/runsc@%s", tier.ErrUnavailable, path, bi.Main.Version, bi.GoVersion, bi.Main.Version)
 			}
@@ -250,7 +256,7 @@ func runscVersion(path string) (string, error) {
 		if version == "" || len(version) > 200 {
 			return "", fmt.Errorf("%w: %s --version printed no version; %s", tier.ErrUnavailable, path, fix)
 		}
-		if m := releaseDate.FindStringSubmatch(version); m != nil {
+		if m := releaseDate().FindStringSubmatch(version); m != nil {
 			date = m[1]
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,10 +24,10 @@ const maxLogBytes = 64 << 10
 // run` logs the wait status it got, and says where it got it from, at info
 // level: that is what Exec reads.
 var (
-	exitLine = regexp.MustCompile(`\] Exiting with status: (\d+)\s*$`)
+	exitLine = lazyRegexp(`\] Exiting with status: (\d+)\s*$`)
 	// runsc asks the Sentry for the program's status; when that fails it
 	// waits for the Sentry's host process instead.
-	sentryGone = regexp.MustCompile(`\] Wait RPC to container "[^"]*" failed`)
+	sentryGone = lazyRegexp(`\] Wait RPC to container "[^"]*" failed`)
 )
 
 // runLog is what `runsc run`'s log says about the end.
@@ -45,10 +44,10 @@ func readRunLog(path string) runLog {
 	sc.Buffer(make([]byte, 4096), maxLogBytes)
 	for sc.Scan() {
 		line := sc.Text()
-		if sentryGone.MatchString(line) {
+		if sentryGone().MatchString(line) {
 			rl.sandboxDied = true
 		}
-		if m := exitLine.FindStringSubmatch(line); m != nil {
+		if m := exitLine().FindStringSubmatch(line); m != nil {
 			if v, err := strconv.Atoi(m[1]); err == nil && v >= 0 && v <= 0xffff {
 				rl.status, rl.exited = v, true
 			}

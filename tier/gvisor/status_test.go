@@ -58,14 +58,14 @@ func TestVersionDates(t *testing.T) {
 	}
 	for _, tc := range tests {
 		got := ""
-		if m := pseudoDate.FindStringSubmatch(tc.version); m != nil {
+		if m := pseudoDate().FindStringSubmatch(tc.version); m != nil {
 			got = m[1]
 		}
 		if got != tc.date {
 			t.Errorf("date of %s = %q, want %q", tc.version, got, tc.date)
 		}
 	}
-	if m := releaseDate.FindStringSubmatch("runsc version release-20221219.0"); m == nil || m[1] != "20221219" {
+	if m := releaseDate().FindStringSubmatch("runsc version release-20221219.0"); m == nil || m[1] != "20221219" {
 		t.Errorf("release date not found: %v", m)
 	}
 }
