@@ -66,12 +66,20 @@ func Default() *Policy {
 		X32:      Errno,
 		X32Errno: unix.EPERM,
 	}
+	cond := conditionalRules()
+	n := len(cond)
+	for _, gs := range [][]group{allowGroups, denyGroups} {
+		for _, g := range gs {
+			n += len(g.names)
+		}
+	}
+	p.Rules = make([]Rule, 0, n)
 	for _, g := range allowGroups {
 		for _, name := range g.names {
 			p.Rules = append(p.Rules, Rule{Name: name, Action: Allow, Reason: g.reason})
 		}
 	}
-	p.Rules = append(p.Rules, conditionalRules()...)
+	p.Rules = append(p.Rules, cond...)
 	for _, g := range denyGroups {
 		for _, name := range g.names {
 			errno := g.errno

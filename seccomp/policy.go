@@ -303,7 +303,7 @@ func (p *Policy) validate() (map[int][]Rule, error) {
 			return nil, fmt.Errorf("policy x32: %w", err)
 		}
 	}
-	byNr := make(map[int][]Rule)
+	byNr := make(map[int][]Rule, len(p.Rules))
 	for i, r := range p.Rules {
 		nr, ok := syscallNumber(r.Name)
 		if !ok {
@@ -326,7 +326,11 @@ func (p *Policy) validate() (map[int][]Rule, error) {
 		if prev := byNr[nr]; len(prev) > 0 && len(prev[len(prev)-1].Args) == 0 {
 			return nil, fmt.Errorf("rule %d (%s): unreachable, an earlier rule for %s has no conditions", i, r.Name, r.Name)
 		}
-		byNr[nr] = append(byNr[nr], r)
+		if prev := byNr[nr]; prev == nil {
+			byNr[nr] = p.Rules[i : i+1 : i+1] // most numbers have one rule: no copy
+		} else {
+			byNr[nr] = append(prev, r)
+		}
 	}
 	return byNr, nil
 }

@@ -80,3 +80,15 @@ func FuzzProgramJSON(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkCompileDefault: every cold moat process that starts a native
+// sandbox compiles the default policy once (75 µs and 83 KB here, from
+// 145 µs and 195 KB before its allocations were sized up front).
+func BenchmarkCompileDefault(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Default().Compile(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
