@@ -8,6 +8,7 @@ package main
 // process behind.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -949,4 +950,50 @@ func openPTY(t *testing.T) (master, slave *os.File) {
 	slave = os.NewFile(uintptr(sfd), "pty-slave")
 	t.Cleanup(func() { slave.Close() })
 	return master, slave
+}
+
+// TestRunInterrupted: ^C (SIGINT), SIGTERM or SIGHUP to a running moat run
+// cancel the run: the program gets SIGTERM (forwarded by init), moat says
+// so and exits 130, and nothing is left behind.
+func TestRunInterrupted(t *testing.T) {
+	needSandbox(t)
+	prog := "import signal, sys, time\n" +
+		"signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(3)))\n" +
+		"print('ready', flush=True)\ntime.sleep(30)"
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			cmd := exec.Command(moatBin, "run", "--", "python3", "-c", prog)
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			out := bufio.NewReader(stdout)
+			if line, err := out.ReadString('\n'); line != "ready\n" {
+				t.Fatalf("first line %q (%v), want ready; stderr: %s", line, err, stderr.String())
+			}
+			start := time.Now()
+			cmd.Process.Signal(sig)
+			rest, _ := io.ReadAll(out)
+			err = cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+				t.Errorf("moat ended with %v, want exit status 130", err)
+			}
+			if !strings.Contains(string(rest), "got TERM") {
+				t.Errorf("the program did not get SIGTERM; its output after ready: %q", rest)
+			}
+			if want := "cancelled: the caller cancelled the run; SIGTERM was forwarded to the program, which ended within"; !strings.Contains(stderr.String(), want) {
+				t.Errorf("stderr %q does not say %q", stderr.String(), want)
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("moat took %v to end after %v", d, sig)
+			}
+		})
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
+	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/workspace"
 )
 
@@ -224,9 +226,36 @@ func cmdRun(args []string) int {
 		fmt.Fprintf(os.Stderr, "moat: removed leftovers of %d killed run(s)\n", max(len(rep.Runs), len(rep.Cgroups)))
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM, unix.SIGHUP)
-	defer stop()
+	// ^C, SIGTERM and SIGHUP cancel the run, which destroys the sandbox.
+	// os/signal starts threads of its own on first use, a few tenths of a
+	// millisecond of a cold moat run: for a native run of a built image,
+	// whose preparation takes milliseconds, handling starts once the
+	// sandbox is prepared (OnStart), while its init boots. Until then a
+	// signal ends moat as if killed, and the next moat start removes what
+	// the run had set up. Anything slower (building the image, starting
+	// gVisor, booting a VM) has it from here on.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	defer signal.Stop(sigs)
+	var catchOnce sync.Once
+	catch := func() {
+		catchOnce.Do(func() {
+			signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP)
+			go func() {
+				select {
+				case <-sigs:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+		})
+	}
+	if _, err := e.Images().Lookup(m.Image); err != nil || m.Tier != native.Name {
+		catch()
+	}
 	req := &engine.Request{Manifest: m, Argv: argv, OutputDir: *outDir}
+	req.OnStart = func(string, func() ([]int, error)) { catch() }
 	if *stdin {
 		req.Stdin = os.Stdin
 	}

@@ -463,6 +463,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		ended     time.Time
 		timedOut  bool
 		cancelled bool
+		graceOver bool // a cancelled program outlived CancelGrace
 		grace     <-chan time.Time
 		startWait <-chan time.Time
 		setupErr  string
@@ -533,6 +534,7 @@ loop:
 			grace = time.After(CancelGrace)
 		case <-grace:
 			grace = nil
+			graceOver = true
 			s.cg.Kill()
 		case <-waited:
 			break loop
@@ -572,7 +574,11 @@ loop:
 	}
 	classify(out, final, timedOut, st, lim)
 	if cancelled {
-		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was forwarded to the program, then everything was killed after " + CancelGrace.String()})
+		detail := "the caller cancelled the run; SIGTERM was forwarded to the program, which ended within the " + CancelGrace.String() + " grace period"
+		if graceOver {
+			detail = "the caller cancelled the run; SIGTERM was forwarded to the program, which still ran " + CancelGrace.String() + " later: everything was killed"
+		}
+		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: detail})
 	}
 	if full := workspaceFull(s.ws); full != "" {
 		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limitFor(full, lim)})

@@ -432,10 +432,10 @@ func TestCancelForwardsSIGTERM(t *testing.T) {
 			}
 			found := false
 			for _, v := range res.Violations {
-				found = found || v.Kind == "cancelled"
+				found = found || v.Kind == "cancelled" && strings.Contains(v.Detail, "ended within the 2s grace period")
 			}
 			if !found {
-				t.Errorf("no cancelled violation in %v", res.Violations)
+				t.Errorf("no cancelled violation saying the program ended within the grace period in %v", res.Violations)
 			}
 		})
 	}
