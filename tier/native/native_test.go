@@ -395,7 +395,7 @@ func TestCancelForwardsSIGTERM(t *testing.T) {
 		wantOut   string
 		wantError bool
 	}{
-		{"program handles TERM", "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(0)))\nprint('ready', flush=True)\ntime.sleep(30)", "got TERM", false},
+		{"program handles TERM", "import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(0)))\nprint('ready', flush=True)\ntime.sleep(30)", "got TERM", false},
 		{"program ignores TERM and is killed after the grace period", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(30)", "", true},
 	}
 	for _, tc := range tests {
