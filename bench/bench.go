@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,8 +44,26 @@ type Options struct {
 	ServerURL, APIKey string
 	// ServerWait blocks until that server's pool is full.
 	ServerWait func()
+	// Against, when set, is another moat binary (with AgainstGuest as its
+	// moat-guest, or its own default when empty): the moat-cli-ref
+	// contender, interleaved with moat-cli, so that two builds compare in
+	// one run under the same load (Report.Reference).
+	Against, AgainstGuest string
 	// Progress receives a line per phase; nil discards.
 	Progress io.Writer
+}
+
+// Comparison is this moat's cold moat run against Options.Against's.
+type Comparison struct {
+	Moat string `json:"moat"`
+	// MedianMS is the reference's median; ThisMedianMS this moat's.
+	MedianMS     float64 `json:"median_ms"`
+	ThisMedianMS float64 `json:"this_median_ms"`
+	// DiffMS are quantiles of the per-round differences, this moat's run
+	// minus the reference's run of the same round: negative is faster.
+	DiffMS    float64 `json:"paired_diff_median_ms"`
+	DiffP25MS float64 `json:"paired_diff_p25_ms"`
+	DiffP75MS float64 `json:"paired_diff_p75_ms"`
 }
 
 // Sample summarises one contender's wall times.
@@ -86,6 +105,8 @@ type Report struct {
 	PoolRunsPerSecond float64 `json:"pool_runs_per_second,omitempty"`
 	// CLIRunsPerSecond is the same through the moat binary.
 	CLIRunsPerSecond float64 `json:"cli_runs_per_second"`
+	// Reference compares with Options.Against, when set.
+	Reference *Comparison `json:"reference,omitempty"`
 	// CgroupV1MigrationMS is the median time to move a process into a v1
 	// cgroup by pid after 50 ms without migrations (what a cold run would
 	// pay if its init did not move its own threads in); 0 on v2, where
@@ -142,6 +163,15 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return quiet(exec.Command(opts.Moat, append([]string{"run", "--no-build", "--"}, py...)...), nil)
 		}},
 		{name: "moat-engine", command: "engine.Run(python3 -c pass) in-process", run: func() error { return engineRun(py) }},
+	}
+	var ref *contender
+	if opts.Against != "" {
+		ref = &contender{name: "moat-cli-ref", command: opts.Against + " run -- python3 -c pass", run: func() error {
+			return quiet(exec.Command(opts.Against, append([]string{"run", "--no-build", "--"}, py...)...), func(c *exec.Cmd) {
+				c.Env = withGuest(os.Environ(), opts.AgainstGuest)
+			})
+		}}
+		contenders = append(contenders, ref)
 	}
 	if opts.ServerURL != "" {
 		contenders = append(contenders, &contender{name: "moat-cli-srv", command: "moat run --server URL -- python3 -c pass (warm pool)",
@@ -213,6 +243,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if rep.Bubblewrap {
 			rep.RatioBwrapServer = med["moat-cli-srv"] / med["bwrap"]
 		}
+	}
+	if ref != nil {
+		c := &Comparison{Moat: opts.Against, MedianMS: med["moat-cli-ref"], ThisMedianMS: med["moat-cli"]}
+		i := slices.IndexFunc(contenders, func(c *contender) bool { return c.name == "moat-cli" })
+		c.DiffP25MS, c.DiffMS, c.DiffP75MS = pairedDiff(contenders[i].times, ref.times)
+		rep.Reference = c
 	}
 	if opts.Pooled != nil {
 		rep.PoolOverheadMS = med["moat-pool"] - med["bare"]
@@ -330,6 +366,33 @@ func cut(kv string) (string, string, bool) {
 	return kv, "", false
 }
 
+// withGuest is env with MOAT_GUEST set to guest, or removed when guest is
+// empty (so that a reference moat finds its own moat-guest, not ours).
+func withGuest(env []string, guest string) []string {
+	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "MOAT_GUEST=") })
+	if guest != "" {
+		out = append(out, "MOAT_GUEST="+guest)
+	}
+	return out
+}
+
+// pairedDiff returns the 25th, 50th and 75th percentiles of a[i] - b[i],
+// in milliseconds: rounds are interleaved, so each pair ran under the same
+// load, and the distribution of differences is far narrower than either's.
+func pairedDiff(a, b []time.Duration) (p25, p50, p75 float64) {
+	n := min(len(a), len(b))
+	if n == 0 {
+		return 0, 0, 0
+	}
+	d := make([]time.Duration, n)
+	for i := range d {
+		d[i] = a[i] - b[i]
+	}
+	slices.Sort(d)
+	q := func(p float64) float64 { return float64(d[int(p*float64(n-1))].Microseconds()) / 1000 }
+	return q(0.25), q(0.5), q(0.75)
+}
+
 func summarize(name, command string, ts []time.Duration) Sample {
 	s := slices.Clone(ts)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
@@ -358,6 +421,10 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "warm pool (in-process): overhead %.2f ms, / bubblewrap %.2f, %.0f sequential /bin/true runs/s\n", r.PoolOverheadMS, r.RatioBwrapPool, r.PoolRunsPerSecond)
 	}
 	fmt.Fprintf(w, "sequential /bin/true: %.0f runs/s in-process, %.0f runs/s through the moat binary   (target >= 100)\n", r.RunsPerSecond, r.CLIRunsPerSecond)
+	if c := r.Reference; c != nil {
+		fmt.Fprintf(w, "this moat against %s: medians %.2f ms and %.2f ms; paired difference (this minus reference, same round) median %+.2f ms, p25 %+.2f, p75 %+.2f\n",
+			c.Moat, c.ThisMedianMS, c.MedianMS, c.DiffMS, c.DiffP25MS, c.DiffP75MS)
+	}
 	if r.CgroupV1MigrationMS > 0 {
 		fmt.Fprintf(w, "cgroup v1 migration by pid after 50 ms idle: %.2f ms median (what a cold run would wait if init did not move itself in; see cgroup.JoinFiles)\n", r.CgroupV1MigrationMS)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -79,3 +80,51 @@ func TestSummarize(t *testing.T) {
 type timeDuration = time.Duration
 
 func msDuration(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+
+// TestPairedDiff: quantiles of this-minus-reference per round, not the
+// difference of the medians.
+func TestPairedDiff(t *testing.T) {
+	ms := func(v ...float64) []time.Duration {
+		var ds []time.Duration
+		for _, x := range v {
+			ds = append(ds, msDuration(x))
+		}
+		return ds
+	}
+	tests := []struct {
+		name          string
+		this, ref     []time.Duration
+		p25, p50, p75 float64
+	}{
+		{"empty", nil, nil, 0, 0, 0},
+		{"one", ms(10), ms(12), -2, -2, -2},
+		// Load drifts from round to round; each round's pair moves
+		// together, so the difference stays at -1.
+		{"drifting load", ms(10, 20, 30, 40, 50), ms(11, 21, 31, 41, 51), -1, -1, -1},
+		{"spread", ms(1, 2, 3, 4, 5), ms(3, 3, 3, 3, 3), -1, 0, 1},
+		{"unequal lengths use the common rounds", ms(5, 5, 100), ms(4, 4), 1, 1, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p25, p50, p75 := pairedDiff(tc.this, tc.ref)
+			if p25 != tc.p25 || p50 != tc.p50 || p75 != tc.p75 {
+				t.Errorf("pairedDiff = %v, %v, %v; want %v, %v, %v", p25, p50, p75, tc.p25, tc.p50, tc.p75)
+			}
+		})
+	}
+}
+
+// TestWithGuest: a reference moat gets the guest named for it, or none of
+// ours.
+func TestWithGuest(t *testing.T) {
+	env := []string{"PATH=/bin", "MOAT_GUEST=/ours/moat-guest", "HOME=/root"}
+	if got := withGuest(env, ""); slices.Contains(got, "MOAT_GUEST=/ours/moat-guest") || len(got) != 2 {
+		t.Errorf("withGuest(env, \"\") = %v: our MOAT_GUEST must go", got)
+	}
+	if got := withGuest(env, "/ref/moat-guest"); !slices.Equal(got, []string{"PATH=/bin", "HOME=/root", "MOAT_GUEST=/ref/moat-guest"}) {
+		t.Errorf("withGuest(env, /ref/moat-guest) = %v", got)
+	}
+	if env[1] != "MOAT_GUEST=/ours/moat-guest" {
+		t.Errorf("withGuest changed its argument: %v", env)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -22,7 +23,7 @@ import (
 )
 
 func cmdBench(args []string) int {
-	fs := newFlags("bench", `Usage: moat bench [--runs N] [--json]
+	fs := newFlags("bench", `Usage: moat bench [--runs N] [--against MOAT[:GUEST]] [--json]
 
 Measures, in one run and interleaved, the wall time of python3 -c pass:
 bare (the image's python under chroot), through 'moat run', through
@@ -34,14 +35,30 @@ pool) against warm, and runs per second at concurrency 1, 4 and 16.
 Reports medians and ratios against the peers, not absolute claims. Needs
 root and a built python image.
 
+With --against, another moat binary (an older build, say) runs the same
+cold 'moat run' interleaved with this one, and the report adds the median
+of their paired differences: how two builds compare under the same load.
+GUEST is that moat's moat-guest (default: whatever that moat finds).
+
 Flags:
 `)
 	runs := fs.Int("runs", 50, "timed runs of each contender")
 	through := fs.Int("throughput", 200, "sequential /bin/true runs for the runs/s figure")
 	apiRuns := fs.Int("api-runs", 64, "runs at each API concurrency level (0: skip the API benchmark)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	against := fs.String("against", "", "compare with another moat `BINARY[:GUEST]` (its moat-guest), interleaved")
 	if c := parse(fs, args); c >= 0 {
 		return c
+	}
+	refMoat, refGuest, _ := strings.Cut(*against, ":")
+	for _, p := range []struct{ what, path string }{{"BINARY", refMoat}, {"GUEST", refGuest}} {
+		if p.path == "" {
+			continue
+		}
+		if fi, err := os.Stat(p.path); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			fmt.Fprintf(os.Stderr, "moat bench: --against %s: %s %q is not an executable file (want --against /path/to/moat[:/path/to/moat-guest])\n", *against, p.what, p.path)
+			return exitUsage
+		}
 	}
 	e, err := engine.New(engine.Options{NoAutoBuild: true})
 	if err != nil {
@@ -92,7 +109,7 @@ Flags:
 	defer stopCold()
 
 	rep, err := bench.Run(ctx, bench.Options{Runs: *runs, Throughput: *through, Engine: e, Pooled: pooled,
-		ServerURL: warmURL, APIKey: key, ServerWait: waitPool, Progress: os.Stderr})
+		ServerURL: warmURL, APIKey: key, ServerWait: waitPool, Against: refMoat, AgainstGuest: refGuest, Progress: os.Stderr})
 	if err != nil {
 		return fail(err)
 	}

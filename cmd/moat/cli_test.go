@@ -366,6 +366,8 @@ func TestUnknownCommandsAndFlags(t *testing.T) {
 		{"unknown subcommand of manifest", []string{"manifest", "lint", "x.yaml"}, []string{"Usage: moat manifest check"}},
 		{"unknown subcommand of image", []string{"image", "push"}, []string{`unknown subcommand "push"`}},
 		{"flag value missing", []string{"run", "--memory"}, []string{"flag needs an argument", "-memory"}},
+		{"bench against a missing binary", []string{"bench", "--against", "/nonexistent/moat"}, []string{`--against /nonexistent/moat: BINARY "/nonexistent/moat" is not an executable file`}},
+		{"bench against a guest that is not executable", []string{"bench", "--against", "/bin/true:/etc/passwd"}, []string{`GUEST "/etc/passwd" is not an executable file`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
