@@ -145,9 +145,11 @@ func buildDev(dev string) error {
 		if err := unix.Mount("/dev/"+d, target, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind /dev/%s: %w", d, err)
 		}
-		if err := setAttr(target, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC); err != nil {
-			return fmt.Errorf("restrict /dev/%s: %w", d, err)
-		}
+	}
+	// nosuid and noexec on /dev and every device below it at once; the
+	// devices must keep dev, so nodev goes on /dev alone, at the end.
+	if err := unix.MountSetattr(unix.AT_FDCWD, dev, unix.AT_SYMLINK_NOFOLLOW|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}); err != nil {
+		return fmt.Errorf("restrict the devices in /dev: %w", err)
 	}
 	links := [][2]string{
 		{"/proc/self/fd", "fd"},

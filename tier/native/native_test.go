@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -295,6 +296,52 @@ func TestExitStatusConvention(t *testing.T) {
 				t.Errorf("moat %v exited %d, want %d", tc.args, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestDevMounts: /dev is a read-only, nosuid, nodev, noexec tmpfs; each
+// device in it is its own nosuid, noexec mount that keeps dev (or it would
+// not work), and works.
+func TestDevMounts(t *testing.T) {
+	needRoot(t)
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Run(context.Background(), &engine.Request{Manifest: manifest.Default(), Argv: []string{"sh", "-c",
+		"cat /proc/self/mountinfo; echo x > /dev/null && head -c 3 /dev/zero | wc -c && head -c 3 /dev/urandom | wc -c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := map[string][]string{} // mount point: its per-mount options
+	for _, line := range strings.Split(res.Stdout.Data, "\n") {
+		if f := strings.Fields(line); len(f) > 5 && strings.HasPrefix(f[4], "/dev") {
+			opts[f[4]] = strings.Split(f[5], ",")
+		}
+	}
+	check := func(point string, want, not []string) {
+		o, ok := opts[point]
+		if !ok {
+			t.Errorf("%s is not a mount in the sandbox: %v", point, opts)
+			return
+		}
+		for _, w := range want {
+			if !slices.Contains(o, w) {
+				t.Errorf("%s mounted %v, lacks %s", point, o, w)
+			}
+		}
+		for _, n := range not {
+			if slices.Contains(o, n) {
+				t.Errorf("%s mounted %v, must not be %s", point, o, n)
+			}
+		}
+	}
+	check("/dev", []string{"ro", "nosuid", "nodev", "noexec"}, nil)
+	for _, d := range []string{"null", "zero", "full", "random", "urandom"} {
+		check("/dev/"+d, []string{"nosuid", "noexec"}, []string{"nodev"})
+	}
+	if res.ExitCode != 0 || !strings.HasSuffix(res.Stdout.Data, "3\n3\n") {
+		t.Errorf("devices do not work: exit %d, output ends %q, stderr %q", res.ExitCode, res.Stdout.Data[max(0, len(res.Stdout.Data)-20):], res.Stderr.Data)
 	}
 }
 
