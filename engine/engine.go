@@ -533,7 +533,12 @@ func (e *Engine) claim(id string) (release func(), err error) {
 		return nil, fmt.Errorf("lock run %s: %w", id, err)
 	}
 	return func() {
-		os.RemoveAll(dir)
+		// Most runs leave only the lock: two unlinks, not RemoveAll's
+		// directory walk. What a tier left there goes the long way.
+		os.Remove(filepath.Join(dir, "lock"))
+		if os.Remove(dir) != nil {
+			os.RemoveAll(dir)
+		}
 		f.Close()
 	}, nil
 }
