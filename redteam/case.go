@@ -109,7 +109,8 @@ type Expect struct {
 	// MaxDurationMS bounds the run's wall time (a kill that came late is
 	// a resource escape).
 	MaxDurationMS float64 `yaml:"max_duration_ms"`
-	// MaxPeakMemory bounds the cgroup's peak memory, e.g. "80MiB".
+	// MaxPeakMemory bounds the cgroup's peak memory, e.g. "80MiB", give or
+	// take the kernel's forced charges (forcedChargeSlack).
 	MaxPeakMemory string `yaml:"max_peak_memory"`
 	// Denied: operations the program attempts and reports as
 	// "<name>: ok" or "<name>: denied ...". Each must be reported, and none

@@ -289,3 +289,29 @@ func TestRunning(t *testing.T) {
 	}
 	cmd.Wait()
 }
+
+// TestPeakWithin: a memory limit holds when the peak stays within it plus
+// the kernel's forced charges, and not beyond.
+func TestPeakWithin(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name        string
+		peak, limit int64
+		ok          bool
+		note        string
+	}{
+		{"under", 10 * mib, 64 * mib, true, "peak memory 10 MiB"},
+		{"at the limit", 64 * mib, 64 * mib, true, "peak memory 64 MiB"},
+		{"a few forced pages over (seen on gVisor)", 64*mib + 12288, 64 * mib, true, "peak memory 64 MiB, 12 KiB over the limit in forced charges"},
+		{"one MiB over", 65 * mib, 64 * mib, true, "peak memory 65 MiB, 1024 KiB over the limit in forced charges"},
+		{"unenforced", 65*mib + 1, 64 * mib, false, "peak memory 65 MiB, 1024 KiB over the limit in forced charges"},
+		{"far over", 200 * mib, 64 * mib, false, "peak memory 200 MiB, 139264 KiB over the limit in forced charges"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, note := peakWithin(tc.peak, tc.limit)
+			if ok != tc.ok || note != tc.note {
+				t.Errorf("peakWithin(%d, %d) = %v, %q; want %v, %q", tc.peak, tc.limit, ok, note, tc.ok, tc.note)
+			}
+		})
+	}
+}
