@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -126,6 +127,38 @@ func parseProcCgroup(data []byte) ([]procCgroup, error) {
 		out = append(out, pc)
 	}
 	return out, nil
+}
+
+// InRun returns nil when data, the contents of a process's
+// /proc/<pid>/cgroup, puts it in run id's cgroup (moat/<id>, below any
+// parent) in every hierarchy a run uses: each of v1Controllers' on v1, the
+// unified one on v2. Otherwise the error says where the process is. Checks
+// from outside (the red team, the tiers' tests) use it to prove a process
+// of a run cannot be anywhere else.
+func InRun(data []byte, id string) error {
+	lines, err := parseProcCgroup(data)
+	if err != nil {
+		return err
+	}
+	v1 := slices.ContainsFunc(lines, func(l procCgroup) bool { return slices.Contains(l.controllers, "memory") })
+	seen := 0
+	for _, l := range lines {
+		ours := l.hierarchy == 0 && len(l.controllers) == 0 && !v1
+		for _, c := range l.controllers {
+			ours = ours || slices.Contains(v1Controllers, c)
+		}
+		if !ours {
+			continue
+		}
+		seen++
+		if !strings.HasSuffix(l.path, "/moat/"+id) {
+			return fmt.Errorf("outside the run's cgroup moat/%s (%d:%s:%s)", id, l.hierarchy, strings.Join(l.controllers, ","), l.path)
+		}
+	}
+	if seen == 0 {
+		return fmt.Errorf("in none of Moat's cgroup hierarchies (%q)", strings.TrimSpace(string(data)))
+	}
+	return nil
 }
 
 // parseKeyed parses a flat-keyed cgroup file ("key value" per line), as used

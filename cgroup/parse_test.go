@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -281,4 +282,27 @@ func FuzzParseKeyed(f *testing.F) {
 		parseInt(data)
 		parseProcCgroup(data)
 	})
+}
+
+func TestInRun(t *testing.T) {
+	const v1 = "12:pids:/moat/r1\n11:memory:/moat/r1\n10:cpu,cpuacct:/moat/r1\n9:freezer:/moat/r1\n5:devices:/\n0::/\n"
+	for _, tc := range []struct {
+		name, data, want string // want "" = inside
+	}{
+		{"v1, every hierarchy", v1, ""},
+		{"v2", "0::/moat/r1\n", ""},
+		{"v2 below a delegated parent", "0::/system.slice/moat.service/moat/r1\n", ""},
+		{"v1, one hierarchy elsewhere", strings.Replace(v1, "9:freezer:/moat/r1", "9:freezer:/", 1), "outside the run's cgroup moat/r1 (9:freezer:/)"},
+		{"another run", "0::/moat/r2\n", "outside the run's cgroup moat/r1"},
+		{"a run whose id ends like this one's", "0::/moat/xr1\n", "outside the run's cgroup moat/r1"},
+		{"no hierarchy of Moat's", "5:devices:/\n", "in none of Moat's cgroup hierarchies"},
+		{"not /proc/PID/cgroup", "garbage", "want id:controllers:path"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := InRun([]byte(tc.data), "r1")
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("InRun = %v, want %q", err, tc.want)
+			}
+		})
+	}
 }

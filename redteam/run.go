@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -1245,33 +1246,13 @@ func judgeVMMThread(st map[string]string, shared []string, cgroups, runID string
 }
 
 // inRunCgroup says "" when /proc/PID/cgroup (cgroups) puts the process in
-// moat/<runID> in every hierarchy Moat's cgroups use: memory, pids, cpu
-// and freezer on v1, the unified one on v2.
+// moat/<runID> in every hierarchy Moat's cgroups use (cgroup.InRun).
 func inRunCgroup(cgroups, runID string) string {
 	if runID == "" {
 		return "could not be matched to its run's cgroup (no run id)"
 	}
-	v1 := strings.Contains(cgroups, "memory")
-	seen := 0
-	for _, l := range strings.Split(strings.TrimSpace(cgroups), "\n") {
-		f := strings.SplitN(l, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		ours := f[0] == "0" && f[1] == "" && !v1
-		for _, c := range strings.Split(f[1], ",") {
-			ours = ours || c == "memory" || c == "pids" || c == "cpu" || c == "freezer"
-		}
-		if !ours {
-			continue
-		}
-		seen++
-		if !strings.HasSuffix(f[2], "/moat/"+runID) {
-			return fmt.Sprintf("is outside the run's cgroup moat/%s (%s)", runID, l)
-		}
-	}
-	if seen == 0 {
-		return fmt.Sprintf("is in none of Moat's cgroup hierarchies (%q)", strings.TrimSpace(cgroups))
+	if err := cgroup.InRun([]byte(cgroups), runID); err != nil {
+		return "is " + err.Error()
 	}
 	return ""
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -329,31 +330,11 @@ func matches(re, s string) bool {
 // process is in moat/<id>.
 func inRunCgroup(pid int, id string) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err == nil {
+		err = cgroup.InRun(b, id)
+	}
 	if err != nil {
 		return err.Error()
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	v1 := strings.Contains(string(b), "memory")
-	seen := 0
-	for _, l := range lines {
-		f := strings.SplitN(l, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		ours := f[0] == "0" && !v1
-		for _, c := range strings.Split(f[1], ",") {
-			ours = ours || c == "memory" || c == "pids" || c == "cpu" || c == "freezer"
-		}
-		if !ours {
-			continue
-		}
-		seen++
-		if !strings.HasSuffix(f[2], "/moat/"+id) {
-			return fmt.Sprintf("cgroup line %q is not the run's moat/%s", l, id)
-		}
-	}
-	if seen == 0 {
-		return fmt.Sprintf("no cgroup of Moat's in %q", b)
 	}
 	return ""
 }
