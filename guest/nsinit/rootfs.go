@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/rootfs"
 )
 
 // maskedPaths are hidden behind /dev/null (files) or an empty read-only
@@ -69,7 +71,7 @@ func buildRoot(cfg *Config) error {
 	if err := unix.Mount(root, root, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind image %s: %w", root, err)
 	}
-	if err := setAttr(root, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
+	if err := rootfs.SetAttr(root, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
 		return fmt.Errorf("make image read-only: %w", err)
 	}
 
@@ -111,22 +113,8 @@ func buildRoot(cfg *Config) error {
 	}
 	unix.Close(WorkspaceFD)
 
-	// pivot_root(".", ".") stacks the old root on top of the new one;
-	// detaching it leaves only the image (runc's technique: no put_old
-	// directory needed in a read-only image).
-	if err := unix.Chdir(root); err != nil {
-		return fmt.Errorf("chdir %s: %w", root, err)
-	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach old root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return fmt.Errorf("chdir /: %w", err)
-	}
-	return nil
+	// Into the image, the host's tree detached.
+	return rootfs.PivotInto(root)
 }
 
 // buildDev makes a minimal /dev: a tiny tmpfs holding bind mounts of the
@@ -166,7 +154,7 @@ func buildDev(dev string) error {
 			return fmt.Errorf("create /dev/%s: %w", l[1], err)
 		}
 	}
-	return setAttr(dev, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NODEV)
+	return rootfs.SetAttr(dev, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC|unix.MOUNT_ATTR_NODEV)
 }
 
 // mask hides p (relative to the image root): files behind /dev/null,
@@ -200,14 +188,10 @@ func readonly(target string) error {
 	if err := unix.Mount(target, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", target, err)
 	}
-	if err := setAttr(target, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC); err != nil {
+	if err := rootfs.SetAttr(target, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC); err != nil {
 		return fmt.Errorf("make %s read-only: %w", target, err)
 	}
 	return nil
-}
-
-func setAttr(path string, attr uint64) error {
-	return unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, &unix.MountAttr{Attr_set: attr})
 }
 
 // loopbackUp brings lo up in the new network namespace, the only interface

@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/rootfs"
 )
 
 func init() {
@@ -135,25 +137,11 @@ func buildRoot(c *config) error {
 	}
 	// Read-only once populated: nothing in the jail is writable but the
 	// Writable binds.
-	if err := setAttr(c.Root, unix.MOUNT_ATTR_RDONLY); err != nil {
+	if err := rootfs.SetAttr(c.Root, unix.MOUNT_ATTR_RDONLY); err != nil {
 		return fmt.Errorf("make the jail's root read-only: %w", err)
 	}
-	// pivot_root(".", ".") stacks the old root on top of the new one;
-	// detaching it leaves only the jail (runc's technique: no put_old
-	// directory needed in a read-only root).
-	if err := unix.Chdir(c.Root); err != nil {
-		return fmt.Errorf("chdir %s: %w", c.Root, err)
-	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach the host's root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return fmt.Errorf("chdir /: %w", err)
-	}
-	return nil
+	// Into the jail's root, the host's tree detached.
+	return rootfs.PivotInto(c.Root)
 }
 
 // bind mounts m.Source on its target below root: read-only, nosuid,
@@ -185,7 +173,7 @@ func bind(root string, m Mount) error {
 	}
 	// mount_setattr changes only the named attributes: a classic
 	// MS_REMOUNT would have to repeat the source mount's locked flags.
-	if err := setAttr(t, attrs(m)); err != nil {
+	if err := rootfs.SetAttr(t, attrs(m)); err != nil {
 		return fmt.Errorf("restrict %s: %w", m.Target, err)
 	}
 	return nil
@@ -234,7 +222,7 @@ func makeDev(root string, devs []Device, uid int) error {
 			return fmt.Errorf("chmod %s: %w", d.Path, err)
 		}
 	}
-	return setAttr(dev, unix.MOUNT_ATTR_RDONLY)
+	return rootfs.SetAttr(dev, unix.MOUNT_ATTR_RDONLY)
 }
 
 // dropPrivileges makes this thread the unprivileged uid with no
@@ -294,8 +282,4 @@ func dropPrivileges(uid int) error {
 		}
 	}
 	return nil
-}
-
-func setAttr(path string, attr uint64) error {
-	return unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, &unix.MountAttr{Attr_set: attr})
 }
