@@ -199,10 +199,10 @@ var errGuestFrame = errors.New("egress port: the guest broke the yamux protocol"
 // closing what yamux itself would accept but the host must not: pings
 // (yamux answers each in a new goroutine, so a flood of them while the
 // guest does not read is a flood of host goroutines), unknown flags,
-// streams the host would have opened (even ids), data frames larger than a stream's window, and more than
-// maxOpen streams open at once that the guest has not closed (its agent
-// relays at most the limit at once). Writes and Close go to the port's
-// socket unchanged.
+// streams the host would have opened (even ids), data frames larger than
+// a stream's window, and more than maxOpen streams open at once that the
+// guest has not closed (its agent relays at most the limit at once).
+// Writes and Close go to the port's socket unchanged.
 type guestFrames struct {
 	net.Conn
 	hdr     [yamuxHeader]byte
