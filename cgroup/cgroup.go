@@ -93,6 +93,18 @@ type Stats struct {
 	PidsMaxHits int
 }
 
+// ForcedChargeSlack is how far a memory cgroup's peak may exceed its limit
+// while the limit held: the kernel charges some pages whatever the limit
+// (__GFP_NOFAIL allocations, and those of a task being OOM-killed, so that
+// it can exit: try_charge_memcg's "force"). In practice this is a few pages
+// (4 KiB seen on a gVisor Sentry killed at 96 MiB, 12 KiB at 64 MiB). A
+// missing or unenforced limit shows tens of MiB more.
+const ForcedChargeSlack = 1 << 20
+
+// PeakWithin says whether a peak memory usage respects limit, allowing the
+// kernel's forced charges (ForcedChargeSlack).
+func PeakWithin(peak, limit int64) bool { return peak <= limit+ForcedChargeSlack }
+
 // Cgroup is one run's cgroup. Its methods are safe for concurrent use.
 type Cgroup struct {
 	id   string

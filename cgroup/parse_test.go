@@ -306,3 +306,25 @@ func TestInRun(t *testing.T) {
 		})
 	}
 }
+
+func TestPeakWithin(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name        string
+		peak, limit int64
+		want        bool
+	}{
+		{"under", 10 * mib, 64 * mib, true},
+		{"at the limit", 64 * mib, 64 * mib, true},
+		{"one forced page over (seen on gVisor at 96 MiB)", 96*mib + 4096, 96 * mib, true},
+		{"the whole slack over", 64*mib + ForcedChargeSlack, 64 * mib, true},
+		{"a byte past the slack", 64*mib + ForcedChargeSlack + 1, 64 * mib, false},
+		{"unenforced", 200 * mib, 64 * mib, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := PeakWithin(tc.peak, tc.limit); got != tc.want {
+				t.Errorf("PeakWithin(%d, %d) = %v, want %v", tc.peak, tc.limit, got, tc.want)
+			}
+		})
+	}
+}

@@ -497,22 +497,14 @@ func (c *Case) envKey() string {
 	}, c.ID)
 }
 
-// forcedChargeSlack is how far above its limit a memory cgroup's peak may
-// be when the limit held: the kernel charges some pages whatever the limit
-// (__GFP_NOFAIL allocations, and those of a task being OOM-killed, so that
-// it can exit: try_charge_memcg's "force"), a few pages in practice (12 KiB
-// seen on a gVisor Sentry killed at 64 MiB). A missing or unenforced limit
-// shows tens of MiB more in every case that bounds the peak.
-const forcedChargeSlack = 1 << 20
-
 // peakWithin says whether a run's peak memory respects limit, allowing the
-// kernel's forced charges, and describes the peak.
+// kernel's forced charges (cgroup.PeakWithin), and describes the peak.
 func peakWithin(peak, limit int64) (bool, string) {
 	note := fmt.Sprintf("peak memory %d MiB", peak>>20)
 	if over := peak - limit; over > 0 {
 		note += fmt.Sprintf(", %d KiB over the limit in forced charges", over>>10)
 	}
-	return peak <= limit+forcedChargeSlack, note
+	return cgroup.PeakWithin(peak, limit), note
 }
 
 // judge applies every expectation; the first that fails is the evidence of

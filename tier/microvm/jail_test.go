@@ -471,7 +471,7 @@ func TestVMMMemory(t *testing.T) {
 	if res.Termination != result.Exited || res.ExitCode != 0 {
 		t.Errorf("termination %s exit %d error %q", res.Termination, res.ExitCode, res.Error)
 	}
-	if ooms != 0 || peak > limit || limit != (ram+microvm.VMMOverheadMiB)<<20 {
+	if ooms != 0 || !cgroup.PeakWithin(peak, limit) || limit != (ram+microvm.VMMOverheadMiB)<<20 {
 		t.Errorf("VMM cgroup: limit %d, peak %d, %d OOM kills", limit, peak, ooms)
 	}
 }
