@@ -70,9 +70,11 @@ restored from a snapshot per case) the program runs in the guest kernel,
 under the native tier's seccomp filter, so the host-side process check
 reads the VMM instead:
 the run's QEMU process must be QEMU's executable, every thread
-seccomp-filtered (QEMU's ` + "`-sandbox`" + `; samples from before QEMU installs it,
-during the jailer's setup and QEMU's own start-up, are counted and not
-judged, and a VMM never seen filtered is an escape) with no_new_privs, and
+under two seccomp filters, Moat's (the native tier's policy, installed
+by the jailer right before its exec) and QEMU's own ` + "`-sandbox`" + ` (samples
+from before both are on, during the jailer's setup and QEMU's own
+start-up, are counted and not judged, and a VMM never seen under both is
+an escape) with no_new_privs, and
 confined by the tier's jail: every uid the jail's unprivileged one (never
 root), the jail's gid and no supplementary group, every capability set
 empty, none of the host's mount, PID, network, IPC, UTS or cgroup

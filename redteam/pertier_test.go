@@ -1,6 +1,7 @@
 package redteam
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,17 +166,18 @@ func TestMoatChildrenCanFail(t *testing.T) {
 	}
 }
 
-// TestInspectVMMCanFail: a VMM never seen seccomp-filtered (this test
-// process) is an escape, not a pass; so is a seccomp-filtered QEMU that
-// runs outside the tier's jail (started here as it was before the jail:
-// the test's uid, every capability root has, the host's namespaces, no
-// run cgroup).
+// TestInspectVMMCanFail: a VMM never seen under both seccomp filters (this
+// test process; QEMU with only its own -sandbox) is an escape, not a pass;
+// so is a QEMU under both filters that runs outside the tier's jail
+// (started here as it was before the jail: the test's uid, every
+// capability root has, the host's namespaces, no run cgroup).
 func TestInspectVMMCanFail(t *testing.T) {
 	w := &procWatch{runtime: true, vmm: true, runtimeExe: "/nonexistent/qemu", runID: "r1"}
 	w.inspectVMM(os.Getpid())
 	w.inspectVMM(os.Getpid())
-	if ev := w.verdict(); !strings.Contains(ev, "never had its seccomp filter") {
-		t.Errorf("verdict %q, want the missing filter found", ev)
+	const unfiltered = "never had both seccomp filters"
+	if ev := w.verdict(); !strings.Contains(ev, unfiltered) {
+		t.Errorf("verdict %q, want the missing filters found", ev)
 	}
 
 	qemu, err := exec.LookPath("qemu-system-x86_64")
@@ -183,22 +185,45 @@ func TestInspectVMMCanFail(t *testing.T) {
 		t.Skip("no qemu-system-x86_64 for the unjailed VMM")
 	}
 	qemu, _ = filepath.EvalSymlinks(qemu)
-	cmd := exec.Command(qemu, "-M", "none", "-nodefaults", "-nographic", "-display", "none", "-serial", "none", "-monitor", "none",
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
-	if err := cmd.Start(); err != nil {
-		t.Skip(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	w = &procWatch{runtime: true, vmm: true, runtimeExe: qemu, runID: "r1"}
-	for deadline := time.Now().Add(10 * time.Second); w.threads == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		w.inspectVMM(cmd.Process.Pid)
-	}
-	want := "not the jail's unprivileged range"
+	args := []string{"-M", "none", "-nodefaults", "-nographic", "-display", "none", "-serial", "none", "-monitor", "none",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"}
+	underMoat := exec.Command(os.Args[0], append([]string{qemu}, args...)...)
+	underMoat.Env = []string{filteredExecEnv + "=1"}
+	unjailed := "not the jail's unprivileged range"
 	if os.Geteuid() == 0 {
-		want = "runs as host uid 0"
+		unjailed = "runs as host uid 0"
 	}
-	if ev := w.verdict(); !strings.Contains(ev, want) {
-		t.Errorf("verdict %q on an unjailed QEMU, want %q", ev, want)
+	for _, tc := range []struct {
+		name    string
+		cmd     *exec.Cmd
+		filters string // Seccomp_filters once QEMU is up
+		want    string
+	}{
+		{"QEMU with only its own filter", exec.Command(qemu, args...), "1", unfiltered},
+		{"QEMU under Moat's filter and its own, unjailed", underMoat, "2", unjailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { tc.cmd.Process.Kill(); tc.cmd.Wait() }()
+			pid := tc.cmd.Process.Pid
+			w := &procWatch{runtime: true, vmm: true, runtimeExe: qemu, runID: "r1"}
+			up := false
+			for deadline := time.Now().Add(10 * time.Second); !up && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+				up = exe == qemu && parseStatus(string(b))["Seccomp_filters"] == tc.filters
+			}
+			if !up {
+				t.Fatalf("QEMU (pid %d) did not come up with %s seccomp filter(s) within 10 s", pid, tc.filters)
+			}
+			w.inspectVMM(pid)
+			w.inspectVMM(pid)
+			if ev := w.verdict(); !strings.Contains(ev, tc.want) {
+				t.Errorf("verdict %q, want %q", ev, tc.want)
+			}
+		})
 	}
 }
 

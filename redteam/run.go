@@ -612,7 +612,7 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 			return Escaped, ev
 		}
 		if procs.vmm {
-			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the VMM (%d processes) are %s, jailed (%s) with no capability in any set, seccomp-filtered (-sandbox), no_new_privs, in their own mnt, pid, net, ipc, uts and cgroup namespaces and the run's cgroup, holding no writable host file outside moat's state and the root disk read-only (%d start-up samples before QEMU installed its filter, the jailer's setup included, not judged)", procs.threads, len(procs.pids), procs.runtimeExe, procs.vmmIDs, procs.preSandbox))
+			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the VMM (%d processes) are %s, jailed (%s) with no capability in any set, under Moat's seccomp filter and QEMU's -sandbox, no_new_privs, in their own mnt, pid, net, ipc, uts and cgroup namespaces and the run's cgroup, holding no writable host file outside moat's state and the root disk read-only (%d start-up samples before both filters were on, the jailer's setup included, not judged)", procs.threads, len(procs.pids), procs.runtimeExe, procs.vmmIDs, procs.preSandbox))
 		} else if procs.runtime {
 			held = append(held, fmt.Sprintf("host /proc: %d thread samples of the runtime (%d processes) seccomp-filtered, no_new_privs, no capability beyond gVisor's, in their own namespaces", procs.threads, len(procs.pids)))
 		} else {
@@ -762,9 +762,10 @@ type procWatch struct {
 	vmm    bool
 	vmmIDs string
 	runID  string
-	// filtered: VMM pids seen with their seccomp filter installed; until
-	// then a sample is QEMU's own start-up (it installs -sandbox before
-	// creating the machine and its vCPUs), counted in preSandbox.
+	// filtered: VMM pids seen with both seccomp filters installed (Moat's
+	// from the jailer, then QEMU's -sandbox); until then a sample is the
+	// jailer or QEMU's own start-up (it installs -sandbox before creating
+	// the machine and its vCPUs), counted in preSandbox.
 	filtered   map[int]bool
 	preSandbox int
 	// inProcess: the program is a guest in moat's own process (wasm); the
@@ -893,7 +894,7 @@ func (w *procWatch) verdict() string {
 		return w.bad
 	}
 	if w.vmm && w.threads == 0 && w.preSandbox > 0 {
-		return fmt.Sprintf("the VMM was sampled %d times and never had its seccomp filter (-sandbox) installed", w.preSandbox)
+		return fmt.Sprintf("the VMM was sampled %d times and never had both seccomp filters installed (Moat's, from the jailer, and QEMU's -sandbox)", w.preSandbox)
 	}
 	if w.inProcess {
 		if w.samples == 0 {
@@ -1094,7 +1095,11 @@ func (w *procWatch) inspectVMM(pid int) {
 		w.filtered = map[int]bool{}
 	}
 	if !w.filtered[pid] {
-		if ps["Seccomp"] != "2" {
+		// Judged from the moment both filters are on: Moat's, which the
+		// jailer installs last before its exec, and QEMU's -sandbox, one
+		// of QEMU's first acts. A VMM missing either is never judged, and
+		// that is itself an escape (see the end of the run).
+		if ps["Seccomp"] != "2" || ps["Seccomp_filters"] != "2" {
 			w.preSandbox++
 			w.mu.Unlock()
 			return
@@ -1161,8 +1166,8 @@ func (w *procWatch) inspectVMM(pid int) {
 		case w.bad != "":
 		case bad != "":
 			w.bad = bad
-		case st["Seccomp"] != "2":
-			w.bad = fmt.Sprintf("VMM pid %d (%s) is not seccomp-filtered (Seccomp %s)", pid, t, st["Seccomp"])
+		case st["Seccomp"] != "2" || st["Seccomp_filters"] != "2":
+			w.bad = fmt.Sprintf("VMM pid %d (%s) is not under Moat's and QEMU's seccomp filters (Seccomp %s, Seccomp_filters %s)", pid, t, st["Seccomp"], st["Seccomp_filters"])
 		case st["NoNewPrivs"] != "1":
 			w.bad = fmt.Sprintf("VMM pid %d (%s) lacks no_new_privs", pid, t)
 		default:

@@ -197,10 +197,10 @@ func TestVMMJail(t *testing.T) {
 			}
 			return ""
 		}},
-		{"no_new_privs and a seccomp filter on every thread", func() string {
+		{"no_new_privs and two seccomp filters (Moat's, then QEMU's -sandbox) on every thread", func() string {
 			for _, task := range tasks {
-				if st := procStatus(pid, task); st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" {
-					return fmt.Sprintf("%s: NoNewPrivs %s Seccomp %s", task, st["NoNewPrivs"], st["Seccomp"])
+				if st := procStatus(pid, task); st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" || st["Seccomp_filters"] != "2" {
+					return fmt.Sprintf("%s: NoNewPrivs %s Seccomp %s Seccomp_filters %s", task, st["NoNewPrivs"], st["Seccomp"], st["Seccomp_filters"])
 				}
 			}
 			return ""

@@ -146,6 +146,10 @@ func (m *MicroVM) startVMM(cfg *VMConfig, cg *cgroup.Cgroup) (*vm, error) {
 	}()
 	spec.Root = jailRoot(filepath.Dir(cfg.RunDir))
 	spec.Stderr = v.stderr
+	// The VMM runs under the native tier's filter too, beneath its own
+	// (QEMU's -sandbox is a denylist that leaves keyctl, bpf, io_uring,
+	// perf_event_open and ptrace open): see docs/THREATS.md.
+	spec.Seccomp = m.filter
 	// The VMM gets stdio and its own descriptors, nothing else: the jailer
 	// marks everything else close-on-exec before it execs QEMU, and a
 	// descriptor Moat's process holds without close-on-exec (one a library

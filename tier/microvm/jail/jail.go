@@ -2,7 +2,7 @@
 // jailer does, for any VMM: the caller names the program, its command
 // line and the host files it needs; the jail runs it as a dedicated
 // unprivileged host user with every capability set empty, no_new_privs,
-// rlimits and a parent-death signal, in the run's cgroup, in new mount,
+// a seccomp filter the caller compiles, rlimits and a parent-death signal, in the run's cgroup, in new mount,
 // PID, network, IPC, UTS and cgroup namespaces, with a fresh read-only root
 // holding only those files.
 //
@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/seccomp"
 )
 
 // Arg is the hidden argument under which the moat binary (or a test binary
@@ -119,6 +120,10 @@ type Spec struct {
 	Files []*os.File
 	// Stderr receives the jailer's and then the program's standard error.
 	Stderr io.Writer
+	// Seccomp is the filter the jailer installs last, right before the
+	// exec, on top of no_new_privs. It is required: a jailed program never
+	// runs unfiltered, whatever filter it may add itself (QEMU's -sandbox).
+	Seccomp seccomp.Program
 }
 
 // config is what the jailer reads from its config pipe.
@@ -132,6 +137,8 @@ type config struct {
 	Root    string   `json:"root"`
 	UID     int      `json:"uid"`
 	NFiles  int      `json:"nfiles"`
+	// Seccomp is Spec.Seccomp; the jailer refuses a config without one.
+	Seccomp seccomp.Program `json:"seccomp"`
 }
 
 // maxConfig bounds the config frame the jailer reads.
@@ -156,6 +163,9 @@ func (s *Spec) check() error {
 	}
 	if len(s.Args) == 0 {
 		return errors.New("jail: no argv")
+	}
+	if len(s.Seccomp) == 0 {
+		return errors.New("jail: no seccomp filter; a jailed program never runs unfiltered")
 	}
 	if err := abs("root", s.Root); err != nil {
 		return err
@@ -217,7 +227,8 @@ func UIDOf(pid int) (int, error) {
 //	  give Writable dirs to UIDBase+pid
 //	  write the config ------(config)------>  read it; unshare the cgroup ns; build the
 //	                                          root and pivot into it; rlimits; drop to
-//	                                          the uid; parent-death signal; no_new_privs
+//	                                          the uid; parent-death signal; no_new_privs;
+//	                                          the seccomp filter
 //	  read until EOF  <------(status)-------  on failure: the reason, exit 1;
 //	                                          on success: exec (status is close-on-exec: EOF)
 func Start(exe string, s *Spec, cg *cgroup.Cgroup) (_ *exec.Cmd, err error) {
@@ -300,7 +311,7 @@ func Start(exe string, s *Spec, cg *cgroup.Cgroup) (_ *exec.Cmd, err error) {
 			return nil, fmt.Errorf("jail: %w", err)
 		}
 	}
-	c := config{Path: s.Path, Args: s.Args, Env: s.Env, Mounts: s.Mounts, Devices: s.Devices, NoFile: s.NoFile, Root: s.Root, UID: uid, NFiles: n}
+	c := config{Path: s.Path, Args: s.Args, Env: s.Env, Mounts: s.Mounts, Devices: s.Devices, NoFile: s.NoFile, Root: s.Root, UID: uid, NFiles: n, Seccomp: s.Seccomp}
 	if c.NoFile == 0 {
 		c.NoFile = 1024
 	}

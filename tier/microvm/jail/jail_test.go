@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/seccomp"
 )
 
 // probeEnv makes this test binary, exec'd inside a jail, report what it
@@ -41,6 +43,8 @@ type probeReport struct {
 	FDs                       []int    // open descriptors
 	WriteRoot, WriteRun       string   // "" or the error
 	Mknod                     string
+	Seccomp                   int    // PR_GET_SECCOMP: 2 is filter mode
+	Keyctl, BPF               string // what the filter answers them
 }
 
 func probe() int {
@@ -86,8 +90,34 @@ func probe() int {
 	r.WriteRoot = errText(os.WriteFile("/escape", []byte("x"), 0o644))
 	r.WriteRun = errText(os.WriteFile("/run/w/ok", []byte("x"), 0o644))
 	r.Mknod = errText(unix.Mknod("/run/w/null", unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+	r.Seccomp, _ = unix.PrctlRetInt(unix.PR_GET_SECCOMP, 0, 0, 0, 0)
+	// Unfiltered, an unprivileged process may look up its session keyring
+	// (keyctl succeeds) and gets EPERM from bpf only for want of a
+	// capability; the filter refuses both before the kernel looks.
+	_, err := unix.KeyctlInt(unix.KEYCTL_GET_KEYRING_ID, unix.KEY_SPEC_SESSION_KEYRING, 1, 0, 0)
+	r.Keyctl = errText(err)
+	_, _, errno := unix.Syscall(unix.SYS_BPF, 0, 0, 0)
+	r.BPF = errText(errnoErr(errno))
 	json.NewEncoder(os.Stderr).Encode(&r)
 	return 0
+}
+
+func errnoErr(e unix.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
+}
+
+// filter is the native tier's policy, which the microvm tier gives the
+// jail for QEMU.
+func filter(t *testing.T) seccomp.Program {
+	t.Helper()
+	f, err := seccomp.Default().Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func needRoot(t *testing.T) {
@@ -130,6 +160,7 @@ func probeSpec(t *testing.T) (*Spec, *bytes.Buffer, string) {
 		Root:    root,
 		Files:   []*os.File{f},
 		Stderr:  &stderr,
+		Seccomp: filter(t),
 	}, &stderr, run
 }
 
@@ -173,6 +204,9 @@ func TestJailedProgram(t *testing.T) {
 		{"root read-only", strings.Contains(r.WriteRoot, "read-only file system"), true},
 		{"run directory writable", r.WriteRun, ""},
 		{"no mknod", strings.Contains(r.Mknod, "operation not permitted"), true},
+		{"seccomp filter mode", r.Seccomp, 2},
+		{"keyctl refused by the filter", r.Keyctl, "operation not permitted"},
+		{"bpf refused by the filter", r.BPF, "operation not permitted"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -202,6 +236,12 @@ func TestStartFailsClosed(t *testing.T) {
 		{"program not in the jail", func(s *Spec) { s.Path = "/not-there" }, "exec /not-there"},
 		{"root is not a directory", func(s *Spec) { s.Root = "/nonexistent-root" }, "mount the jail's root on /nonexistent-root"},
 		{"run directory missing (refused by the host side)", func(s *Spec) { s.Mounts[1].Source = "/nonexistent-run" }, "give /nonexistent-run to uid"},
+		{"a filter that cannot be installed", func(s *Spec) {
+			// A jump past the program's end (BPF_JMP|BPF_JA 5, then
+			// RET ALLOW): Install refuses it, so the jail fails closed
+			// instead of running the program unfiltered.
+			s.Seccomp = seccomp.Program{{Code: 0x05, K: 5}, {Code: 0x06, K: 0x7fff0000}}
+		}, "install the seccomp filter"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -246,7 +286,8 @@ func jailers() []string {
 func TestSpecCheck(t *testing.T) {
 	ok := func() *Spec {
 		return &Spec{Path: "/bin/x", Args: []string{"x"}, Root: "/tmp/r",
-			Mounts: []Mount{{Source: "/bin/x", Target: "/bin/x"}}, Devices: []Device{{Path: "/dev/null", Mode: 0o666}}}
+			Mounts: []Mount{{Source: "/bin/x", Target: "/bin/x"}}, Devices: []Device{{Path: "/dev/null", Mode: 0o666}},
+			Seccomp: filter(t)}
 	}
 	tests := []struct {
 		name   string
@@ -256,6 +297,7 @@ func TestSpecCheck(t *testing.T) {
 		{"valid", func(*Spec) {}, ""},
 		{"relative program", func(s *Spec) { s.Path = "bin/x" }, "program"},
 		{"no argv", func(s *Spec) { s.Args = nil }, "argv"},
+		{"no seccomp filter", func(s *Spec) { s.Seccomp = nil }, "no seccomp filter"},
 		{"relative root", func(s *Spec) { s.Root = "r" }, "root"},
 		{"root is /", func(s *Spec) { s.Root = "/" }, "root"},
 		{"target with ..", func(s *Spec) { s.Mounts[0].Target = "/a/../../etc" }, "mount target"},

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/rootfs"
+	"github.com/moat-sandbox/moat/seccomp"
 )
 
 func init() {
@@ -57,6 +58,9 @@ func run(cfgFD, statusFD int) error {
 	}
 	if c.UID <= UIDBase || c.UID > UIDLimit {
 		return fmt.Errorf("uid %d is outside the jail's range", c.UID)
+	}
+	if len(c.Seccomp) == 0 {
+		return errors.New("the config has no seccomp filter; a jailed program never runs unfiltered")
 	}
 	// Start placed us in the run's cgroup before sending the config: a
 	// cgroup namespace made now has that cgroup as its root, so the
@@ -107,6 +111,13 @@ func run(cfgFD, statusFD int) error {
 	// at exec.
 	if err := unix.CloseRange(uint(3+c.NFiles), ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("mark descriptors close-on-exec: %w", err)
+	}
+	// Last, the filter (on every thread of the jailer, so none of them
+	// runs unfiltered, and inherited across the exec). The program may
+	// stack its own on top (QEMU's -sandbox); the kernel applies the
+	// stricter answer of the two to every system call.
+	if err := seccomp.Install(c.Seccomp); err != nil {
+		return fmt.Errorf("install the seccomp filter: %w", err)
 	}
 	err = syscall.Exec(c.Path, c.Args, c.Env)
 	return fmt.Errorf("exec %s: %w", c.Path, err)
