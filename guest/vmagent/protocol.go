@@ -91,6 +91,14 @@ type Request struct {
 	// keyrings, io_uring, bpf, ptrace, netlink, user namespaces, 32-bit
 	// entry). The agent refuses to run a command without it.
 	Seccomp seccomp.Program `json:"seccomp"`
+	// AllowNoLandlock: the manifest accepts running without Landlock
+	// (security.allow_missing: [landlock]) if the guest kernel lacks it.
+	// Otherwise such a kernel fails the run; Moat's own guest kernel has
+	// it (Debian's cloud kernel: ABI 2 in 6.1).
+	AllowNoLandlock bool `json:"allow_no_landlock,omitempty"`
+	// Landlock is set by the agent for its exec helper alone (whether to
+	// restrict the command); the host's value is ignored.
+	Landlock bool `json:"landlock,omitempty"`
 	// EgressPort, when non-zero, grants egress: the agent brings the
 	// loopback interface up and relays connections to 127.0.0.1:EgressPort
 	// over the egress port (see egress.go). Without it the guest's
@@ -110,6 +118,9 @@ type Result struct {
 	// WorkspaceFull is "disk" or "files" when the workspace ran out.
 	WorkspaceFull string `json:"workspace_full,omitempty"`
 	Error         string `json:"error,omitempty"`
+	// Degraded names protections the command ran without, each one the
+	// request accepted ("landlock").
+	Degraded []string `json:"degraded,omitempty"`
 }
 
 // CPUDuration is the result's CPU time.

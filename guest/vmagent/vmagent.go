@@ -29,6 +29,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/landlock-lsm/go-landlock/landlock"
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/seccomp"
@@ -279,8 +281,14 @@ func mountRun(req *Request) error {
 		name         string
 		major, minor uint32
 	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		if err := unix.Mknod(filepath.Join(newRoot, "dev", d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+		p := filepath.Join(newRoot, "dev", d.name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
 			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
+		}
+		// mknod applies the agent's umask (022): without this the
+		// command (uid 1000) could not write /dev/null.
+		if err := unix.Chmod(p, 0o666); err != nil {
+			return fmt.Errorf("chmod /dev/%s: %w", d.name, err)
 		}
 	}
 	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
@@ -317,9 +325,19 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 		return &Result{Error: err.Error()}
 	}
 	defer cg.Close()
+	// Landlock, as on the native tier, wherever the guest kernel has it;
+	// without it, the run fails unless the manifest accepted that.
+	var degraded []string
+	useLandlock := true
+	if abi, err := ll.LandlockGetABIVersion(); err != nil || abi < 1 {
+		if !req.AllowNoLandlock {
+			return &Result{Error: fmt.Sprintf("landlock is not available in the guest kernel (abi %d: %v); the manifest can accept running without it with security.allow_missing: [landlock]", abi, err)}
+		}
+		useLandlock, degraded = false, []string{"landlock"}
+	}
 	// Only what execCommand applies, not the command's argv and
 	// environment again: one argument string is bounded (MAX_ARG_STRLEN).
-	lim, _ := json.Marshal(Request{UID: req.UID, OpenFiles: req.OpenFiles, FileSizeBytes: req.FileSizeBytes, CPUTime: req.CPUTime, Seccomp: req.Seccomp})
+	lim, _ := json.Marshal(Request{UID: req.UID, OpenFiles: req.OpenFiles, FileSizeBytes: req.FileSizeBytes, CPUTime: req.CPUTime, Seccomp: req.Seccomp, Landlock: useLandlock})
 	cmd := exec.Command("/proc/self/exe", append([]string{ExecArg, string(lim)}, req.Argv...)...)
 	cmd.Args[0] = "/init"
 	cmd.Env = req.Env
@@ -360,7 +378,7 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	werr := cmd.Wait()
 	// Whatever the command left behind dies with it.
 	os.WriteFile(runCG+"/cgroup.kill", []byte("1"), 0)
-	res := &Result{TimedOut: timedOut.Load()}
+	res := &Result{TimedOut: timedOut.Load(), Degraded: degraded}
 	if ps := cmd.ProcessState; ps != nil {
 		ws := ps.Sys().(syscall.WaitStatus)
 		if ws.Signaled() {
@@ -402,7 +420,8 @@ func eventCount(file, key string) int64 {
 
 // execCommand runs in the image root, still root: it empties the
 // capability bounding set, sets no_new_privs, becomes the unprivileged
-// user, lowers the rlimits and becomes the command. The bounding set and
+// user, lowers the rlimits, applies Landlock and seccomp and becomes the
+// command. The bounding set and
 // no_new_privs are per thread and execve keeps the calling thread's, so
 // everything happens on one locked thread.
 func execCommand(args []string) {
@@ -444,6 +463,21 @@ func execCommand(args []string) {
 	if req.CPUTime > 0 {
 		s := uint64((time.Duration(req.CPUTime) + time.Second - 1) / time.Second)
 		unix.Setrlimit(unix.RLIMIT_CPU, &unix.Rlimit{Cur: s, Max: s + 1})
+	}
+	// Landlock (the same ruleset as the native tier's init): read and
+	// execute everywhere, write only in the workspace, /tmp and the
+	// writable devices, whatever the mounts and modes would allow. Paths
+	// are the image root's: this process is already chrooted into it.
+	if req.Landlock {
+		err := landlock.V5.BestEffort().RestrictPaths(
+			landlock.RODirs("/"),
+			landlock.RWDirs("/workspace", "/tmp"),
+			landlock.RWFiles("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"),
+		)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "moat: landlock: %v\n", err)
+			os.Exit(126)
+		}
 	}
 	argv := args[1:]
 	path := argv[0]

@@ -117,6 +117,36 @@ func TestHostileGuest(t *testing.T) {
 	}
 }
 
+// TestAcceptedDegradations: the agent may only report going without
+// Landlock, and only when the request accepted it.
+func TestAcceptedDegradations(t *testing.T) {
+	tests := []struct {
+		name     string
+		reported []string
+		allow    bool
+		want     string // the degradations, or the error
+	}{
+		{"none", nil, false, "[]"},
+		{"landlock, accepted", []string{"landlock"}, true, "[landlock]"},
+		{"landlock, not accepted", []string{"landlock"}, false, `error: reported unaccepted degradations "landlock"`},
+		{"landlock twice", []string{"landlock", "landlock"}, true, `error: reported unaccepted degradations "landlock,landlock"`},
+		{"another protection", []string{"seccomp"}, true, `error: reported unaccepted degradations "seccomp"`},
+		{"control bytes are sanitised", []string{"x\x1b[2J"}, true, `error: reported unaccepted degradations "x?[2J"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := accepted(tc.reported, tc.allow)
+			s := fmt.Sprint(got)
+			if err != nil {
+				s = "error: " + err.Error()
+			}
+			if s != tc.want {
+				t.Errorf("accepted(%q, %v) = %s, want %s", tc.reported, tc.allow, s, tc.want)
+			}
+		})
+	}
+}
+
 func TestCPIO(t *testing.T) {
 	var b bytes.Buffer
 	w := &cpioWriter{w: &b}

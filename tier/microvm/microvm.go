@@ -204,6 +204,7 @@ func (m *MicroVM) KernelVersion() string { return m.kernel.version }
 func (m *MicroVM) Capabilities() tier.Capabilities {
 	return tier.Capabilities{
 		Seccomp:     true, // the native policy, installed by the agent in the guest
+		Landlock:    true, // the native ruleset, in the guest kernel (refused there if missing)
 		MemoryLimit: true, // the VM's RAM, and a cgroup in the guest
 		PidsLimit:   true,
 		CPULimit:    true, // the VMM's cgroup, from the program's start

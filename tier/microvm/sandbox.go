@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -599,7 +600,8 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		// Every VM's own randomness and the current time: a restored VM
 		// has its snapshot's RNG state and clock.
 		Entropy: make([]byte, 64), Time: time.Now().UnixNano(),
-		Seccomp: s.m.filter,
+		Seccomp:         s.m.filter,
+		AllowNoLandlock: slices.Contains(s.spec.AllowMissing, "landlock"),
 	}
 	if _, err := rand.Read(req.Entropy); err != nil {
 		return s.infra(start, "entropy for the guest: %v", err), nil
@@ -681,6 +683,12 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		out.Termination, out.ExitCode, out.Error = result.InfraError, 125, "guest agent: "+sanitize([]byte(r.Error))
 		return out, nil
 	}
+	deg, err := accepted(r.Degraded, req.AllowNoLandlock)
+	if err != nil {
+		out.Termination, out.ExitCode, out.Error = result.InfraError, 125, "guest agent: "+err.Error()
+		return out, nil
+	}
+	out.Degradations = deg
 	var exit *tier.Exit
 	if !r.TimedOut {
 		exit = &tier.Exit{Code: r.ExitCode, Signal: r.Signal}
@@ -700,6 +708,19 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		}
 	}
 	return out, nil
+}
+
+// accepted checks the protections the guest agent says the command ran
+// without: only Landlock, only once, and only when the request accepted
+// going without it. Anything else is an agent that cannot be trusted.
+func accepted(degraded []string, allowNoLandlock bool) ([]string, error) {
+	if len(degraded) == 0 {
+		return nil, nil
+	}
+	if len(degraded) > 1 || degraded[0] != "landlock" || !allowNoLandlock {
+		return nil, fmt.Errorf("reported unaccepted degradations %q", sanitize([]byte(strings.Join(degraded, ","))))
+	}
+	return []string{"landlock"}, nil
 }
 
 // classify fills out from what the guest reported (nil when it was

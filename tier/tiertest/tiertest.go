@@ -344,6 +344,23 @@ except (OSError, AttributeError) as e:  # CPython for WASI has no getaddrinfo
 			},
 		},
 		{
+			// /proc/self/comm is the program's own file, writable by its
+			// owner whatever the mounts: only Landlock's read-only rule on
+			// / refuses the write, so the case fails without Landlock.
+			Name:  "Landlock refuses writes outside the workspace, /tmp and the devices",
+			Needs: []string{"linux-programs", "landlock"},
+			Argv:  []string{"sh", "-c", "echo probe > /proc/self/comm && echo comm-written; echo ok > /workspace/ll && echo ok > /tmp/ll && echo x > /dev/null && echo allowed-written"},
+			Check: func(t *testing.T, res *result.Result, _ map[string]string) {
+				wantExit(t, res, 0)
+				if strings.Contains(res.Stdout.Data, "comm-written") || !strings.Contains(res.Stderr.Data, "Permission denied") {
+					t.Errorf("writing /proc/self/comm was not refused by Landlock: stdout %q stderr %q", res.Stdout.Data, res.Stderr.Data)
+				}
+				if !strings.Contains(res.Stdout.Data, "allowed-written") {
+					t.Errorf("a write Landlock allows (workspace, /tmp, /dev/null) failed: stdout %q stderr %q", res.Stdout.Data, res.Stderr.Data)
+				}
+			},
+		},
+		{
 			Name:  "seccomp filter is installed",
 			Needs: []string{"seccomp"},
 			Argv:  []string{"grep", "^Seccomp:", "/proc/self/status"},
