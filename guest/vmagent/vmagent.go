@@ -342,9 +342,38 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	cmd.Args[0] = "/init"
 	cmd.Env = req.Env
 	cmd.Dir = req.Dir
-	cmd.Stdout = &FrameWriter{W: a.send, Typ: FrameStdout}
-	cmd.Stderr = &FrameWriter{W: a.send, Typ: FrameStderr}
-	stdin, _ := cmd.StdinPipe()
+	// The command's standard streams are pipes owned by its uid: a
+	// program may reopen them by path (/dev/stdout, /dev/stderr,
+	// /proc/self/fd/N), and the kernel checks that open against the
+	// pipe's owner and mode (0600), so pipes of the agent's (root) would
+	// refuse it.
+	var pipes [6]*os.File // stdin r, w; stdout r, w; stderr r, w
+	for i := 0; i < 6; i += 2 {
+		if pipes[i], pipes[i+1], err = os.Pipe(); err != nil {
+			closeAll(pipes[:])
+			return &Result{Error: "stdio pipes: " + err.Error()}
+		}
+	}
+	stdin := pipes[1]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = pipes[0], pipes[3], pipes[5]
+	for _, f := range []*os.File{pipes[0], pipes[3], pipes[5]} {
+		if err := f.Chown(req.UID, req.UID); err != nil {
+			closeAll(pipes[:])
+			return &Result{Error: "give the command its standard streams: " + err.Error()}
+		}
+	}
+	var copies sync.WaitGroup
+	for _, o := range []struct {
+		r   *os.File
+		typ byte
+	}{{pipes[2], FrameStdout}, {pipes[4], FrameStderr}} {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			io.Copy(&FrameWriter{W: a.send, Typ: o.typ}, o.r)
+			o.r.Close()
+		}()
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Chroot:      newRoot,
 		Setsid:      true,
@@ -352,7 +381,13 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 		CgroupFD:    int(cg.Fd()),
 		Pdeathsig:   syscall.SIGKILL,
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The command has its ends (or never will): ours go, so that EOF on
+	// stdout and stderr means every writer is gone.
+	closeAll([]*os.File{pipes[0], pipes[3], pipes[5]})
+	if err != nil {
+		stdin.Close()
+		copies.Wait()
 		return &Result{Error: "start: " + err.Error()}
 	}
 	go func() {
@@ -376,6 +411,10 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 		defer t.Stop()
 	}
 	werr := cmd.Wait()
+	// As exec.Cmd does for writers it copies to itself: all the output,
+	// until every process that holds the streams has closed them (or the
+	// timeout kills them).
+	copies.Wait()
 	// Whatever the command left behind dies with it.
 	os.WriteFile(runCG+"/cgroup.kill", []byte("1"), 0)
 	res := &Result{TimedOut: timedOut.Load(), Degraded: degraded}
@@ -405,6 +444,14 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 		res.PeakMemory, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	}
 	return res
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
 }
 
 func eventCount(file, key string) int64 {

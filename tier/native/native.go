@@ -43,6 +43,22 @@ const (
 	SandboxGID = 1000
 )
 
+// ownStdio gives the pipes that become a program's standard streams to
+// the sandbox user. A program may reopen them by path (/dev/stdout,
+// /dev/stderr, /proc/self/fd/N; shell scripts often write to /dev/stderr),
+// and the kernel checks such an open against the pipe's owner and mode
+// (0600): owned by the host's root, which is unmapped in the sandbox, the
+// open fails with EACCES. Owning them lets the program reach only its own
+// streams, which it holds already.
+func ownStdio(files ...*os.File) error {
+	for _, f := range files {
+		if err := f.Chown(HostIDBase+SandboxUID, HostIDBase+SandboxGID); err != nil {
+			return fmt.Errorf("give the program's standard streams to its user: %w", err)
+		}
+	}
+	return nil
+}
+
 // Name is the tier's manifest name.
 const Name = "native"
 
@@ -194,6 +210,11 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		return nil, fmt.Errorf("create pipes: %w", err)
 	}
 	childEnds = []*os.File{cfgR, statusW, stdinR, stdoutW, stderrW}
+	// Ours from here: Destroy closes them if Prepare fails below.
+	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
+	if err = ownStdio(stdinR, stdoutW, stderrW); err != nil {
+		return nil, err
+	}
 	extra := []*os.File{cfgR, statusW, s.ws} // fds 3, 4, 5: see nsinit
 	if spec.EgressSocket != "" {
 		// An O_PATH descriptor, not a path: init connects through
@@ -231,8 +252,6 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 		extra = append(extra, joins...)
 	}
-	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
-
 	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: idRange}}
 	cmd := &exec.Cmd{
 		Path: n.exe,

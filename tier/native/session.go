@@ -191,6 +191,10 @@ func (s *sandbox) Start(ctx context.Context, c *tier.Command) (tier.Process, err
 		closeAll()
 		return nil, fmt.Errorf("create pipes: %w", err)
 	}
+	if err := ownStdio(stdinR, stdoutW, stderrW); err != nil {
+		closeAll()
+		return nil, err
+	}
 
 	ss.mu.Lock()
 	if ss.dead || ss.destroyed {

@@ -104,6 +104,12 @@ func TestSession(t *testing.T) {
 				t.Errorf("stdout %q", res.Stdout.Data)
 			}
 		}},
+		{"standard streams reopened by path", engine.ExecRequest{Argv: []string{"sh", "-c", "echo out > /dev/stdout && echo err > /dev/stderr && head -c 3 /dev/stdin"}, Stdin: strings.NewReader("abc")}, func(t *testing.T, res *result.Result) {
+			wantResult(t, res, result.Exited, 0)
+			if res.Stdout.Data != "out\nabc" || res.Stderr.Data != "err\n" {
+				t.Errorf("stdout %q stderr %q", res.Stdout.Data, res.Stderr.Data)
+			}
+		}},
 		{"missing command", engine.ExecRequest{Argv: []string{"no-such-command"}}, func(t *testing.T, res *result.Result) {
 			wantResult(t, res, result.Exited, 127)
 			if !strings.Contains(res.Stderr.Data, "not found") {

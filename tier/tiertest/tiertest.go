@@ -37,6 +37,8 @@ type Case struct {
 	Manifest func(m *manifest.Manifest, env map[string]string)
 	// Argv is the command; "{key}" is replaced by Setup's values.
 	Argv []string
+	// Stdin is the program's standard input (empty: none).
+	Stdin string
 	// Check inspects the result (and host state).
 	Check func(t *testing.T, res *result.Result, env map[string]string)
 	// Needs names the tier capabilities the case checks (see needs): a
@@ -102,7 +104,11 @@ func Run(t *testing.T, e *engine.Engine, tierName string, leftovers Leftovers) {
 				}
 				argv[i] = a
 			}
-			res, err := e.Run(context.Background(), &engine.Request{Manifest: m, Argv: argv})
+			req := &engine.Request{Manifest: m, Argv: argv}
+			if tc.Stdin != "" {
+				req.Stdin = strings.NewReader(tc.Stdin)
+			}
+			res, err := e.Run(context.Background(), req)
 			if err != nil {
 				t.Fatalf("run %q: %v", argv, err)
 			}
@@ -340,6 +346,21 @@ except (OSError, AttributeError) as e:  # CPython for WASI has no getaddrinfo
 					if strings.Contains(res.Stdout.Data, key) && !strings.Contains(res.Stdout.Data, want) {
 						t.Errorf("/proc/self/status says %q is not %q: %q", key, want, res.Stdout.Data)
 					}
+				}
+			},
+		},
+		{
+			// Shell scripts write diagnostics to /dev/stderr; reopening a
+			// pipe by path is checked against the pipe's owner, so the
+			// streams must be the program's user's, not the host's root's.
+			Name:  "the program reopens its standard streams by path",
+			Needs: []string{"linux-programs"},
+			Argv:  []string{"sh", "-c", "echo to-stdout > /dev/stdout && echo to-stderr > /dev/stderr && echo via-fd > /proc/self/fd/1 && head -c 5 /dev/stdin"},
+			Stdin: "input",
+			Check: func(t *testing.T, res *result.Result, _ map[string]string) {
+				wantExit(t, res, 0)
+				if res.Stdout.Data != "to-stdout\nvia-fd\ninput" || res.Stderr.Data != "to-stderr\n" {
+					t.Errorf("stdout %q stderr %q, want to-stdout, via-fd and the input on stdout, to-stderr on stderr", res.Stdout.Data, res.Stderr.Data)
 				}
 			},
 		},
