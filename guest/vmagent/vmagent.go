@@ -291,7 +291,9 @@ func mountRun(req *Request) error {
 			return fmt.Errorf("chmod /dev/%s: %w", d.name, err)
 		}
 	}
-	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+	// shm is /tmp, as on the native tier: POSIX semaphores and shared
+	// memory (Python's multiprocessing) need a writable /dev/shm.
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2", "shm": "../tmp"} {
 		os.Symlink(target, filepath.Join(newRoot, "dev", name))
 	}
 	// The command's own cgroup bounds memory (no swap) and processes.

@@ -164,6 +164,12 @@ func bundleSpec(spec *tier.Spec, guest, workspace, tmp, cgroupsPath string, host
 			// bounded by the host kernel), not the Sentry's: that one
 			// lets the program create device nodes.
 			{Destination: "/tmp", Type: "bind", Source: tmp, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+			// /dev/shm is the same directory, as on the native tier (a
+			// symlink to /tmp there): POSIX semaphores and shared memory
+			// (Python's multiprocessing) need a /dev/shm the program can
+			// write, and gVisor's own is root's, mode 0755. One tmpfs
+			// keeps one size limit for both.
+			{Destination: "/dev/shm", Type: "bind", Source: tmp, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 			// The host tmpfs Moat made for this run: its size and inode
 			// limits are the host kernel's.
 			{Destination: "/workspace", Type: "bind", Source: workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},

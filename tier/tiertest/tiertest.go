@@ -350,6 +350,28 @@ except (OSError, AttributeError) as e:  # CPython for WASI has no getaddrinfo
 			},
 		},
 		{
+			// multiprocessing's locks are POSIX semaphores and its
+			// shared_memory POSIX shm: both live in /dev/shm, which must
+			// exist and be writable by the program.
+			Name:  "POSIX semaphores and shared memory work (Python multiprocessing)",
+			Needs: []string{"linux-programs"},
+			Argv: py(`import multiprocessing as mp
+from multiprocessing import shared_memory
+def square(x): return x * x
+if __name__ == "__main__":
+    with mp.Pool(2) as pool: print(pool.map(square, range(4)))
+    s = shared_memory.SharedMemory(create=True, size=64)
+    s.buf[0] = 7
+    print(s.buf[0])
+    s.close(); s.unlink()`),
+			Check: func(t *testing.T, res *result.Result, _ map[string]string) {
+				wantExit(t, res, 0)
+				if res.Stdout.Data != "[0, 1, 4, 9]\n7\n" {
+					t.Errorf("stdout %q stderr %q", res.Stdout.Data, clip(res.Stderr.Data))
+				}
+			},
+		},
+		{
 			// Shell scripts write diagnostics to /dev/stderr; reopening a
 			// pipe by path is checked against the pipe's owner, so the
 			// streams must be the program's user's, not the host's root's.
