@@ -203,6 +203,10 @@ func (a *agent) serve() error {
 	if err := mountRun(&req); err != nil {
 		return err
 	}
+	// The same hostname as on every other tier, not the kernel's "(none)".
+	if err := unix.Sethostname([]byte("moat")); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
 	// Loopback only, as on every tier with network mode none: the
 	// program may talk to itself (a local server and its tests), and the
 	// VM has no other interface, so this opens no route off it.

@@ -350,6 +350,17 @@ except (OSError, AttributeError) as e:  # CPython for WASI has no getaddrinfo
 			},
 		},
 		{
+			Name:  "the hostname is the sandbox's own",
+			Needs: []string{"linux-programs"},
+			Argv:  []string{"hostname"},
+			Check: func(t *testing.T, res *result.Result, _ map[string]string) {
+				wantExit(t, res, 0)
+				if res.Stdout.Data != "moat\n" {
+					t.Errorf("hostname %q, want moat (never the host's)", res.Stdout.Data)
+				}
+			},
+		},
+		{
 			// multiprocessing's locks are POSIX semaphores and its
 			// shared_memory POSIX shm: both live in /dev/shm, which must
 			// exist and be writable by the program.
