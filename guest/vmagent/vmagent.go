@@ -417,12 +417,12 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 		defer t.Stop()
 	}
 	werr := cmd.Wait()
-	// As exec.Cmd does for writers it copies to itself: all the output,
-	// until every process that holds the streams has closed them (or the
-	// timeout kills them).
-	copies.Wait()
-	// Whatever the command left behind dies with it.
+	// Whatever the command left behind dies with it, as on the other
+	// tiers: a background process does not keep the run going.
 	os.WriteFile(runCG+"/cgroup.kill", []byte("1"), 0)
+	// Then the rest of the output: what is in the pipes, up to EOF, which
+	// comes once the killed processes are gone.
+	copies.Wait()
 	res := &Result{TimedOut: timedOut.Load(), Degraded: degraded}
 	if ps := cmd.ProcessState; ps != nil {
 		ws := ps.Sys().(syscall.WaitStatus)

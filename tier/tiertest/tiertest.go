@@ -350,6 +350,25 @@ except (OSError, AttributeError) as e:  # CPython for WASI has no getaddrinfo
 			},
 		},
 		{
+			// The run is the command: when it exits, what it left running
+			// in the background is killed, not waited for (it holds the
+			// output pipes open, which must not keep the run alive).
+			Name:  "the run ends with the command, not with its background processes",
+			Needs: []string{"linux-programs"},
+			Argv:  []string{"sh", "-c", "sleep 60 & echo started"},
+			Check: func(t *testing.T, res *result.Result, _ map[string]string) {
+				wantExit(t, res, 0)
+				if res.Stdout.Data != "started\n" {
+					t.Errorf("stdout %q", res.Stdout.Data)
+				}
+				// The case's timeout is 20 s: a run that waited for the
+				// background sleep ends there, as a timeout.
+				if res.DurationMS > 15000 {
+					t.Errorf("the run took %.0f ms: it waited for the background sleep", res.DurationMS)
+				}
+			},
+		},
+		{
 			Name:  "the hostname is the sandbox's own",
 			Needs: []string{"linux-programs"},
 			Argv:  []string{"hostname"},
