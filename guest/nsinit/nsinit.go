@@ -15,12 +15,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/relay"
+	"github.com/moat-sandbox/moat/internal/fsrules"
 	"github.com/moat-sandbox/moat/seccomp"
 )
 
@@ -341,11 +341,7 @@ func dropPrivileges(cfg *Config) (degraded []string, err error) {
 	} else {
 		// Read-only everywhere, read-write only in the workspace and /tmp,
 		// plus the writable devices.
-		err := landlock.V5.BestEffort().RestrictPaths(
-			landlock.RODirs("/"),
-			landlock.RWDirs("/workspace", "/tmp"),
-			landlock.RWFiles("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"),
-		)
+		err := fsrules.Restrict("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 		if err != nil {
 			return nil, fmt.Errorf("landlock: %w", err)
 		}

@@ -29,10 +29,10 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/internal/fsrules"
 	"github.com/moat-sandbox/moat/seccomp"
 )
 
@@ -522,11 +522,7 @@ func execCommand(args []string) {
 	// writable devices, whatever the mounts and modes would allow. Paths
 	// are the image root's: this process is already chrooted into it.
 	if req.Landlock {
-		err := landlock.V5.BestEffort().RestrictPaths(
-			landlock.RODirs("/"),
-			landlock.RWDirs("/workspace", "/tmp"),
-			landlock.RWFiles("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"),
-		)
+		err := fsrules.Restrict("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "moat: landlock: %v\n", err)
 			os.Exit(126)
