@@ -23,7 +23,7 @@ import (
 //	  Stdout* Stderr* ----------------->   (capped by the host)
 //	  Tar* TarEnd ---------------------->  (workspace after the run)
 //	  Result --------------------------->
-//	  power off                            (host kills the VMM anyway)
+//	  wait for the host to kill the VMM    (power off a minute later)
 //
 // The host treats every frame from the guest as hostile: MaxFrame bounds
 // one frame, and the host bounds the sum of each kind.

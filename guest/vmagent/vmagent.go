@@ -73,8 +73,19 @@ func Main() {
 	if err := a.serve(); err != nil {
 		a.send(FrameFail, []byte(err.Error()))
 	}
+	// The host kills the VM once it has read the result. Powering off at
+	// once would drop what still sits in the port's queue, not yet passed
+	// on by QEMU to a host that reads slower than the guest writes (the
+	// last pieces of a large workspace, the result itself: seen with
+	// 10000 files under TCG). So wait for the host; the bound only matters
+	// if it never comes (a dead moat's VMM dies with it anyway).
+	time.Sleep(lingerForHost)
 	powerOff()
 }
+
+// lingerForHost is how long the agent waits, its work done, for the host
+// to kill the VM before it powers off by itself.
+const lingerForHost = time.Minute
 
 func powerOff() {
 	unix.Sync()
