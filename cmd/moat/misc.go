@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
@@ -27,11 +28,24 @@ import (
 func newFlags(name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs.Usage = usageFunc(fs, name, usage)
 	return fs
+}
+
+// usageFunc prints a command's whole help when the user asked for it (its
+// output is then stdout: see helpOutput) and, after a mistake, only the
+// synopsis (usage's first paragraph) and where the rest is, so that the
+// message naming the mistake is not buried under the list of flags.
+func usageFunc(fs *flag.FlagSet, name, usage string) func() {
+	return func() {
+		if fs.Output() == io.Writer(os.Stdout) {
+			fmt.Fprint(fs.Output(), usage)
+			fs.PrintDefaults()
+			return
+		}
+		synopsis, _, _ := strings.Cut(usage, "\n\n")
+		fmt.Fprintf(fs.Output(), "%s\nRun 'moat %s --help' for the flags.\n", synopsis, name)
+	}
 }
 
 // parse parses flags anywhere among the arguments (moat manifest check FILE

@@ -95,10 +95,7 @@ func cmdRun(args []string) int {
 		envs = append(envs, [2]string{k, v})
 		return nil
 	})
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), runUsage)
-		fs.PrintDefaults()
-	}
+	fs.Usage = usageFunc(fs, "run", runUsage)
 	fs.SetOutput(helpOutput(args))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
