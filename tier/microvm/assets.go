@@ -14,11 +14,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/cpio"
+	"github.com/moat-sandbox/moat/internal/guestkernel"
 )
 
 // DefaultKernelDir is where scripts/setup extracts Debian's
 // linux-image-cloud-amd64: DIR/vmlinuz and DIR/lib/modules/VERSION/.
-const DefaultKernelDir = "/var/cache/moat/microvm-kernel"
+const DefaultKernelDir = guestkernel.DefaultDir
 
 // modules are the guest kernel's modules the agent needs, in dependency
 // order (Debian's cloud kernel builds virtio as modules; ext4 is built in).
@@ -98,9 +101,9 @@ func buildInitramfs(cacheDir, agent string, k *kernel) (string, error) {
 	// recently used (another moat of another build may be booting one).
 	defer pruneInitramfs(cacheDir, keepInitramfs)
 	var buf bytes.Buffer
-	w := &cpioWriter{w: &buf}
+	w := cpio.NewWriter(&buf)
 	for _, d := range []string{"dev", "proc", "sys", "mnt", "mnt/root", "lib", "lib/modules"} {
-		w.dir(d)
+		w.Dir(d)
 	}
 	var order []string
 	for _, m := range modules {
@@ -109,17 +112,16 @@ func buildInitramfs(cacheDir, agent string, k *kernel) (string, error) {
 			return "", err
 		}
 		name := "lib/modules/" + filepath.Base(m)
-		w.file(name, 0o644, b)
+		w.File(name, 0o644, b)
 		order = append(order, "/"+name)
 	}
-	w.file("modules.order", 0o644, []byte(strings.Join(order, "\n")+"\n"))
+	w.File("modules.order", 0o644, []byte(strings.Join(order, "\n")+"\n"))
 	ab, err := os.ReadFile(agent)
 	if err != nil {
 		return "", err
 	}
-	w.file("init", 0o755, ab)
-	w.trailer()
-	if err := w.err; err != nil {
+	w.File("init", 0o755, ab)
+	if err := w.Close(); err != nil {
 		return "", err
 	}
 	return out, writeAtomic(out, buf.Bytes())
@@ -141,38 +143,6 @@ func writeAtomic(path string, b []byte) error {
 	os.Chmod(tmp.Name(), 0o644)
 	return os.Rename(tmp.Name(), path)
 }
-
-// cpioWriter writes the "newc" cpio format the kernel unpacks.
-type cpioWriter struct {
-	w   io.Writer
-	ino int
-	err error
-}
-
-func (c *cpioWriter) entry(name string, mode uint32, data []byte) {
-	if c.err != nil {
-		return
-	}
-	c.ino++
-	hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
-		c.ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
-	var b bytes.Buffer
-	b.WriteString(hdr)
-	b.WriteString(name)
-	b.WriteByte(0)
-	for b.Len()%4 != 0 {
-		b.WriteByte(0)
-	}
-	b.Write(data)
-	for b.Len()%4 != 0 {
-		b.WriteByte(0)
-	}
-	_, c.err = c.w.Write(b.Bytes())
-}
-
-func (c *cpioWriter) dir(name string)                         { c.entry(name, 0o040755, nil) }
-func (c *cpioWriter) file(name string, perm uint32, b []byte) { c.entry(name, 0o100000|perm, b) }
-func (c *cpioWriter) trailer()                                { c.entry("TRAILER!!!", 0, nil) }
 
 // buildRootDisk converts an image root into a read-only ext4 file, once
 // per image digest. mkfs.ext4 -d copies the tree, owners and modes

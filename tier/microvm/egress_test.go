@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/internal/guestkernel"
 )
 
 // TestQEMUArgsEgress: the egress port exists only with an egress grant,
@@ -37,7 +38,7 @@ func TestQEMUArgsEgress(t *testing.T) {
 	kernel, initrd, disk := file("vmlinuz"), file("initrd"), file("disk")
 	cfg := func(run string, egress bool) *VMConfig {
 		rd := "/runs/" + run + "/microvm/run"
-		c := &VMConfig{Kernel: kernel, Initramfs: initrd, RootDisk: disk, Cmdline: cmdline, RunDir: rd,
+		c := &VMConfig{Kernel: kernel, Initramfs: initrd, RootDisk: disk, Cmdline: guestkernel.Cmdline(false), RunDir: rd,
 			Socket: rd + "/agent.sock", MemoryMiB: 704, VCPUs: 1, Accel: "tcg"}
 		if egress {
 			c.Egress, c.EgressProxy = rd+"/egress.sock", "/runs/"+run+"/egress.sock"

@@ -147,17 +147,6 @@ func TestAcceptedDegradations(t *testing.T) {
 	}
 }
 
-func TestCPIO(t *testing.T) {
-	var b bytes.Buffer
-	w := &cpioWriter{w: &b}
-	w.dir("d")
-	w.file("d/f", 0o644, []byte("abc"))
-	w.trailer()
-	if b.Len()%4 != 0 || !bytes.HasPrefix(b.Bytes(), []byte("070701")) || !bytes.Contains(b.Bytes(), []byte("TRAILER!!!")) {
-		t.Fatalf("not a newc archive: %q", b.Bytes())
-	}
-}
-
 // TestPruneInitramfs: only the most recently used initramfs files stay
 // (every agent build makes a new one), and nothing else in the cache goes.
 func TestPruneInitramfs(t *testing.T) {

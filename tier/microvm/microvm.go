@@ -19,13 +19,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/internal/guestkernel"
 	"github.com/moat-sandbox/moat/seccomp"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
@@ -177,10 +177,7 @@ func New(opts Options) (*MicroVM, error) {
 	if m.filter, err = seccomp.Default().Compile(); err != nil {
 		return nil, fmt.Errorf("microvm: compile the seccomp policy: %w", err)
 	}
-	m.cmdline = cmdline
-	if khz := hostTSCkHz(); khz > 0 {
-		m.cmdline += " tsc_early_khz=" + strconv.FormatInt(khz, 10)
-	}
+	m.cmdline = guestkernel.Cmdline(false)
 	if err := os.MkdirAll(m.cache, 0o700); err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/internal/guestkernel"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
@@ -42,33 +43,6 @@ const guestUID = 1000
 // vmOverheadMiB is RAM the guest kernel, the initramfs and the agent need
 // beyond the command's memory limit.
 const vmOverheadMiB = 192
-
-// cmdline keeps the guest quiet and makes a guest panic end the VMM
-// (panic=-1 reboots, -no-reboot turns that into exit). Under TCG on a
-// loaded host the kernel's TSC calibration against the emulated PIT fails
-// and boot then hangs; TCG's guest TSC runs at the host's rate, so the
-// host's frequency is given instead (tsc_early_khz), and the IO-APIC timer
-// check, which times emulated interrupts, is skipped.
-const cmdline = "console=ttyS0 quiet loglevel=1 panic=-1 rdinit=/init tsc=reliable no_timer_check"
-
-// hostTSCkHz is the host CPU's clock in kHz from /proc/cpuinfo, or 0.
-func hostTSCkHz() int64 {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if ok && strings.TrimSpace(k) == "cpu MHz" {
-			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil || mhz <= 0 {
-				return 0
-			}
-			return int64(mhz * 1000)
-		}
-	}
-	return 0
-}
 
 // vm is one running VMM process and the host end of its agent port (and
 // of its egress port, when it has one).
@@ -120,7 +94,7 @@ func (m *MicroVM) config(dir, disk, accel string, memMiB int64, vcpus int) (*VMC
 		Socket: filepath.Join(run, "agent.sock"), MemoryMiB: memMiB, VCPUs: vcpus, Accel: accel, Prealloc: m.prealloc,
 	}
 	if m.opts.Console != "" {
-		cfg.Cmdline = strings.Replace(m.cmdline, "quiet loglevel=1", "loglevel=7", 1)
+		cfg.Cmdline = guestkernel.Cmdline(true)
 		cfg.Console = filepath.Join(m.opts.Console, filepath.Base(filepath.Dir(dir))+".console")
 	}
 	return cfg, nil
