@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/testvm"
 )
 
 // These tests use the real cgroupfs of the host and need root. Every
@@ -27,6 +29,15 @@ func TestMain(m *testing.M) {
 		runHelper(mode)
 		return
 	}
+	if testvm.Guest() {
+		// This binary is the init of TestV2InVM's VM (vm_test.go).
+		testvm.GuestMain(mountV2, func() int { return runTests(m) })
+	}
+	os.Exit(runTests(m))
+}
+
+// runTests runs the tests and removes (and fails on) what they left.
+func runTests(m *testing.M) int {
 	var h *Host
 	var preexisting []string
 	if os.Geteuid() == 0 {
@@ -59,7 +70,7 @@ func TestMain(m *testing.M) {
 			}
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // runHelper is the re-executed test binary. It waits for one byte on stdin

@@ -1,0 +1,304 @@
+// Package testvm runs a package's tests inside a small virtual machine, so
+// they meet a kernel configuration the host lacks: on a cgroup v1 host,
+// cgroup v2 with every controller. The VM boots the microvm tier's guest
+// kernel (Debian's cloud kernel) under QEMU with an initramfs holding the
+// running test binary as /init and a static busybox for the shell, sleep
+// and true that tests start; the test binary's TestMain hands over to
+// GuestMain when it finds itself there. Only tests import this package.
+//
+// The VM is a test harness for Moat's own test binary, not a sandbox: it
+// is not jailed, and it always uses TCG (QEMU's emulator), which is slower
+// than KVM but works on every host, this nested one included.
+package testvm
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/cpio"
+	"github.com/moat-sandbox/moat/internal/guestkernel"
+)
+
+// guestEnv marks the VM's init; the kernel hands it over from the command
+// line (a parameter with "=" and no "." becomes init's environment).
+const guestEnv = "MOAT_TESTVM"
+
+// requireEnv, when set (scripts/test sets it for root), turns a missing
+// QEMU, kernel or busybox into a test failure instead of a skip.
+const requireEnv = "MOAT_REQUIRE_TESTVM"
+
+// busyboxApplets are the host programs tests start by absolute path.
+var busyboxApplets = []string{"sh", "sleep", "true", "cat", "echo"}
+
+// exitMarker precedes m.Run's status on the console.
+const exitMarker = "MOAT-TESTVM-EXIT "
+
+// Guest reports whether this process is the VM's init.
+func Guest() bool { return os.Getpid() == 1 && os.Getenv(guestEnv) == "1" }
+
+// GuestMain is TestMain inside the VM. It mounts /proc, /sys, /dev and
+// /tmp, runs setup (a package's own preparation, e.g. mounting cgroup2),
+// then run (the package's usual TestMain body, returning m.Run's status),
+// prints the status for the host and powers the VM off. It never returns.
+func GuestMain(setup func() error, run func() int) {
+	code := 1
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "testvm: panic: %v\n", r)
+			code = 1
+		}
+		fmt.Fprintf(os.Stdout, "\n%s%d\n", exitMarker, code)
+		unix.Sync()
+		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		select {} // init must not exit: the kernel would panic
+	}()
+	if err := guestMounts(); err != nil {
+		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
+		return
+	}
+	os.Setenv("PATH", "/bin")
+	os.Setenv("TMPDIR", "/tmp")
+	if setup != nil {
+		if err := setup(); err != nil {
+			fmt.Fprintf(os.Stderr, "testvm: setup: %v\n", err)
+			return
+		}
+	}
+	code = run()
+}
+
+func guestMounts() error {
+	for _, m := range []struct{ fstype, target string }{
+		{"proc", "/proc"}, {"sysfs", "/sys"}, {"devtmpfs", "/dev"}, {"tmpfs", "/tmp"},
+	} {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.fstype, m.target, m.fstype, unix.MS_NOSUID, ""); err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+		}
+	}
+	// The kernel found no /dev/console in the initramfs to give init;
+	// devtmpfs has one now.
+	f, err := os.OpenFile("/dev/console", os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	for fd := 0; fd <= 2; fd++ {
+		if err := unix.Dup2(int(f.Fd()), fd); err != nil {
+			return err
+		}
+	}
+	return f.Close()
+}
+
+// Options sizes the VM.
+type Options struct {
+	MemoryMiB int           // default 512
+	CPUs      int           // default 2
+	Timeout   time.Duration // default 3 minutes
+}
+
+// Result is what the VM printed and the status m.Run returned inside.
+type Result struct {
+	Console string
+	Code    int
+	Elapsed time.Duration
+}
+
+// Unavailable says why a VM cannot boot here, or "" when it can.
+func Unavailable() string {
+	if os.Geteuid() != 0 {
+		return "needs root (the tests inside mount cgroupfs in the VM; QEMU itself does not)"
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		return "qemu-system-x86_64 is not installed (scripts/setup installs qemu-system-x86)"
+	}
+	if _, err := os.Stat(filepath.Join(guestkernel.Dir(), "vmlinuz")); err != nil {
+		return fmt.Sprintf("no guest kernel at %s (scripts/setup extracts linux-image-cloud-amd64 there)", guestkernel.Dir())
+	}
+	if _, err := busybox(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// Skip skips t when the VM cannot boot, naming why, or fails it when
+// MOAT_REQUIRE_TESTVM is set (as scripts/test does for root).
+func Skip(t interface {
+	Helper()
+	Skipf(string, ...any)
+	Fatalf(string, ...any)
+}) {
+	t.Helper()
+	if why := Unavailable(); why != "" {
+		if os.Getenv(requireEnv) != "" {
+			t.Fatalf("a test VM cannot boot and %s is set: %s", requireEnv, why)
+		}
+		t.Skipf("a test VM cannot boot here: %s", why)
+	}
+}
+
+func busybox() (string, error) {
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		static := true
+		for _, prog := range f.Progs {
+			if prog.Type == elf.PT_INTERP {
+				static = false
+			}
+		}
+		f.Close()
+		if static {
+			return p, nil
+		}
+	}
+	return "", errors.New("no static busybox (Debian: apt-get install busybox-static; scripts/setup does)")
+}
+
+// Run boots a VM whose init is the running test binary with args (test
+// flags such as -test.run), waits for it to power off, and returns what it
+// printed and m.Run's status inside. An error means the VM did not report
+// a status: it did not boot, crashed or timed out.
+func Run(ctx context.Context, args []string, opts Options) (*Result, error) {
+	for _, a := range args {
+		if strings.ContainsAny(a, " \t\n\"") {
+			return nil, fmt.Errorf("argument %q: the kernel command line splits at blanks and quotes", a)
+		}
+	}
+	if why := Unavailable(); why != "" {
+		return nil, errors.New(why)
+	}
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB = 512
+	}
+	if opts.CPUs == 0 {
+		opts.CPUs = 2
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = 3 * time.Minute
+	}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("moat-testvm-%d-", os.Getpid()))
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	initrd := filepath.Join(dir, "initramfs.cpio")
+	if err := writeInitramfs(initrd); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	// MOAT_TESTVM_DEBUG=1: every kernel message on the console.
+	cmdline := guestkernel.Cmdline(os.Getenv("MOAT_TESTVM_DEBUG") != "") + " " + guestEnv + "=1 -- " + strings.Join(args, " ")
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
+		// The settings the microvm tier boots this kernel with under TCG
+		// (tier/microvm/vmm.go), with the serial port on QEMU's stdout.
+		"-M", "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=on",
+		"-accel", "tcg", "-cpu", "qemu64",
+		"-m", strconv.Itoa(opts.MemoryMiB)+"M", "-smp", strconv.Itoa(opts.CPUs),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-serial", "stdio",
+		"-kernel", filepath.Join(guestkernel.Dir(), "vmlinuz"), "-initrd", initrd,
+		"-append", cmdline)
+	var out capped
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	err = cmd.Run()
+	r := &Result{Console: strings.ReplaceAll(out.String(), "\r\n", "\n"), Elapsed: time.Since(start)}
+	if ctx.Err() != nil {
+		return r, fmt.Errorf("the VM did not power off within %v", opts.Timeout)
+	}
+	if err != nil {
+		return r, fmt.Errorf("qemu: %v", err)
+	}
+	m := regexp.MustCompile(`(?m)^`+exitMarker+`(\d+)$`).FindAllStringSubmatch(r.Console, -1)
+	if len(m) != 1 {
+		return r, errors.New("the VM powered off without reporting a status (init crashed or the kernel panicked: see its console)")
+	}
+	r.Code, _ = strconv.Atoi(m[0][1])
+	return r, nil
+}
+
+// writeInitramfs packs the running test binary as /init and busybox with
+// its applets in /bin.
+func writeInitramfs(path string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if f, err := elf.Open(self); err != nil {
+		return err
+	} else {
+		defer f.Close()
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				return fmt.Errorf("the test binary %s is dynamically linked: build it with CGO_ENABLED=0 (scripts/test does)", self)
+			}
+		}
+	}
+	bb, err := busybox()
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	w := cpio.NewWriter(&buf)
+	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp"} {
+		w.Dir(d)
+	}
+	for _, f := range []struct{ src, dst string }{{self, "init"}, {bb, "bin/busybox"}} {
+		b, err := os.ReadFile(f.src)
+		if err != nil {
+			return err
+		}
+		w.File(f.dst, 0o755, b)
+	}
+	for _, a := range busyboxApplets {
+		w.Symlink("bin/"+a, "busybox")
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(path, buf.Bytes(), 0o600)
+}
+
+// capped keeps the first 8 MiB of the console: a test that floods it
+// cannot grow the host test's memory without bound.
+type capped struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+const consoleCap = 8 << 20
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if room := consoleCap - c.buf.Len(); room > 0 {
+		c.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
