@@ -21,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/relay"
 	"github.com/moat-sandbox/moat/internal/fsrules"
+	"github.com/moat-sandbox/moat/internal/loopback"
 	"github.com/moat-sandbox/moat/seccomp"
 )
 
@@ -96,7 +97,7 @@ func run(st *reporter) (int, error) {
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return 1, fmt.Errorf("sethostname: %w", err)
 	}
-	if err := loopbackUp(); err != nil {
+	if err := loopback.Up(); err != nil {
 		return 1, err
 	}
 	var egress net.Listener

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/guest/relay"
 )
@@ -95,25 +94,3 @@ func startEgress(port int) error {
 type halfClosing struct{ *yamux.Stream }
 
 func (h halfClosing) CloseWrite() error { return h.Stream.Close() }
-
-// loopbackUp sets IFF_UP on lo (the kernel then gives it 127.0.0.1/8 and
-// ::1); the VM has no other interface, so this adds no route off the VM.
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("SIOCGIFFLAGS: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("SIOCSIFFLAGS: %w", err)
-	}
-	return nil
-}

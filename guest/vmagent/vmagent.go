@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/fsrules"
+	"github.com/moat-sandbox/moat/internal/loopback"
 	"github.com/moat-sandbox/moat/seccomp"
 )
 
@@ -221,7 +222,7 @@ func (a *agent) serve() error {
 	// Loopback only, as on every tier with network mode none: the
 	// program may talk to itself (a local server and its tests), and the
 	// VM has no other interface, so this opens no route off it.
-	if err := loopbackUp(); err != nil {
+	if err := loopback.Up(); err != nil {
 		return fmt.Errorf("bring lo up: %w", err)
 	}
 	if req.EgressPort != 0 {
