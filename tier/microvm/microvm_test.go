@@ -453,7 +453,7 @@ func TestEgress(t *testing.T) {
 		m.Resources.Memory = 320 << 20
 		m.Network.Mode = "allowlist"
 		m.Network.Allow = []string{"localhost:" + granted}
-		m.Network.AllowAddresses = []string{"127.0.0.1"}
+		m.Network.AllowAddresses = tiertest.LoopbackAddresses
 		m.Network.MaxBytesIn = 1 << 20
 	}
 	base := runtime.NumGoroutine()

@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier/tiertest"
 )
 
 // Every server these tests start listens on this machine's loopback; the
@@ -59,7 +60,7 @@ func egressManifest(allow ...string) *manifest.Manifest {
 	m := manifest.Default()
 	m.Network.Mode = "allowlist"
 	m.Network.Allow = allow
-	m.Network.AllowAddresses = []string{"127.0.0.1"}
+	m.Network.AllowAddresses = tiertest.LoopbackAddresses
 	return m
 }
 

@@ -16,6 +16,13 @@ import (
 
 // HTTPServer serves on the host's loopback for egress tests: "/big" is
 // big bytes, any other path body; it counts requests.
+// LoopbackAddresses is the address grant for test servers reached as
+// "localhost": both loopbacks, because a stock Debian /etc/hosts maps
+// localhost to ::1 as well as 127.0.0.1, and the proxy refuses a name when
+// any of its addresses is reserved and not granted (the CI host's
+// /etc/hosts has 127.0.0.1 alone; TestCgroupV2InVM's VM has both).
+var LoopbackAddresses = []string{"127.0.0.1", "::1"}
+
 func HTTPServer(t *testing.T, body string, big int) (port string, hits *atomic.Int64) {
 	t.Helper()
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -57,7 +64,7 @@ func egressCases() []Case {
 			m.Network.Allow = []string{"localhost:" + env["granted"]}
 			// The test servers live on the host's loopback, which only
 			// an explicit address grant opens.
-			m.Network.AllowAddresses = []string{"127.0.0.1"}
+			m.Network.AllowAddresses = LoopbackAddresses
 		},
 		Argv: py(`
 import socket, urllib.request
