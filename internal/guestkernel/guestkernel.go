@@ -5,7 +5,9 @@
 package guestkernel
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -21,6 +23,27 @@ func Dir() string {
 		return d
 	}
 	return DefaultDir
+}
+
+// Modules are the kernel's modules a guest with a disk and a
+// virtio-serial port needs, relative to lib/modules/VERSION/kernel, in
+// dependency order (Debian's cloud kernel builds virtio as modules; ext4
+// is built in).
+var Modules = []string{
+	"drivers/virtio/virtio_ring.ko",
+	"drivers/virtio/virtio.ko",
+	"drivers/virtio/virtio_mmio.ko",
+	"drivers/block/virtio_blk.ko",
+	"drivers/char/virtio_console.ko",
+}
+
+// ModuleDir is DIR/lib/modules/VERSION/kernel of the kernel in dir.
+func ModuleDir(dir string) (string, error) {
+	mods, _ := filepath.Glob(filepath.Join(dir, "lib/modules/*/kernel"))
+	if len(mods) != 1 {
+		return "", fmt.Errorf("expected one lib/modules/VERSION in %s, found %d", dir, len(mods))
+	}
+	return mods[0], nil
 }
 
 // base keeps the guest quiet and makes a guest panic end the VMM

@@ -22,7 +22,18 @@ func BuildGuest() (path string, cleanup func(), err error) {
 	return build("moat-guest")
 }
 
+// DirEnv names a directory holding moat and moat-guest already built, for
+// test binaries run where no Go toolchain is (internal/testvm's VMs).
+const DirEnv = "MOAT_TESTBIN_DIR"
+
 func build(name string) (path string, cleanup func(), err error) {
+	if dir := os.Getenv(DirEnv); dir != "" {
+		path = filepath.Join(dir, name)
+		if _, err := os.Stat(path); err != nil {
+			return "", nil, fmt.Errorf("$%s: %w", DirEnv, err)
+		}
+		return path, func() {}, nil
+	}
 	dir, err := os.MkdirTemp("", "moat-test-bin-")
 	if err != nil {
 		return "", nil, err

@@ -17,10 +17,12 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +32,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/cpio"
 	"github.com/moat-sandbox/moat/internal/guestkernel"
+	"github.com/moat-sandbox/moat/internal/loopback"
 )
 
 // guestEnv marks the VM's init; the kernel hands it over from the command
@@ -69,6 +72,15 @@ func GuestMain(setup func() error, run func() int) {
 		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
 		return
 	}
+	// A booted host's loopback is up: tests serve on 127.0.0.1.
+	if err := loopback.Up(); err != nil {
+		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
+		return
+	}
+	if err := loadModules(); err != nil {
+		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
+		return
+	}
 	os.Setenv("PATH", "/bin")
 	os.Setenv("TMPDIR", "/tmp")
 	if setup != nil {
@@ -81,6 +93,28 @@ func GuestMain(setup func() error, run func() int) {
 }
 
 func guestMounts() error {
+	// The initramfs is the kernel's rootfs, which pivot_root refuses to
+	// move (EINVAL): the native tier's init pivots into its image. So init
+	// moves onto a bind mount of it, which has a parent mount, as the root
+	// of a booted system has.
+	if err := os.Mkdir("/newroot", 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("/", "/newroot", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind the initramfs: %w", err)
+	}
+	if err := unix.Chdir("/newroot"); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the initramfs bind to /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
 	for _, m := range []struct{ fstype, target string }{
 		{"proc", "/proc"}, {"sysfs", "/sys"}, {"devtmpfs", "/dev"}, {"tmpfs", "/tmp"},
 	} {
@@ -105,11 +139,58 @@ func guestMounts() error {
 	return f.Close()
 }
 
-// Options sizes the VM.
+// moduleDir and moduleOrder are where the initramfs holds the virtio
+// modules and the order to load them in.
+const (
+	moduleDir   = "/lib/modules"
+	moduleOrder = "/modules.order"
+)
+
+// loadModules loads the modules moduleOrder lists, if any, and waits for
+// the disks they bring.
+func loadModules() error {
+	b, err := os.ReadFile(moduleOrder)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, m := range strings.Fields(string(b)) {
+		f, err := os.Open(m)
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", m, err)
+		}
+	}
+	for i := 0; i < 500; i++ {
+		if _, err := os.Stat("/dev/vda"); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return errors.New("the virtio modules are loaded but /dev/vda did not appear")
+}
+
+// Options sizes the VM and says what it gets besides the test binary.
 type Options struct {
 	MemoryMiB int           // default 512
 	CPUs      int           // default 2
 	Timeout   time.Duration // default 3 minutes
+	// Files are host files copied into the initramfs: guest path
+	// (relative, e.g. "bin/moat") to host path. Modes are kept.
+	Files map[string]string
+	// Disks are host files attached read-only as virtio disks, in order:
+	// /dev/vda, /dev/vdb, ... (the virtio modules are then loaded by
+	// GuestMain before setup).
+	Disks []string
+	// Env is set in the guest's environment (through the kernel command
+	// line: names without ".", values without blanks).
+	Env map[string]string
 }
 
 // Result is what the VM printed and the status m.Run returned inside.
@@ -182,6 +263,14 @@ func Run(ctx context.Context, args []string, opts Options) (*Result, error) {
 			return nil, fmt.Errorf("argument %q: the kernel command line splits at blanks and quotes", a)
 		}
 	}
+	var env []string
+	for k, v := range opts.Env {
+		if k == "" || strings.ContainsAny(k, ". =\t\n\"") || strings.ContainsAny(v, " \t\n\"") {
+			return nil, fmt.Errorf("environment %s=%s: the kernel passes on only names without \".\" and values without blanks or quotes", k, v)
+		}
+		env = append(env, k+"="+v)
+	}
+	slices.Sort(env)
 	if why := Unavailable(); why != "" {
 		return nil, errors.New(why)
 	}
@@ -200,23 +289,29 @@ func Run(ctx context.Context, args []string, opts Options) (*Result, error) {
 	}
 	defer os.RemoveAll(dir)
 	initrd := filepath.Join(dir, "initramfs.cpio")
-	if err := writeInitramfs(initrd); err != nil {
+	if err := writeInitramfs(initrd, opts); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	// MOAT_TESTVM_DEBUG=1: every kernel message on the console.
-	cmdline := guestkernel.Cmdline(os.Getenv("MOAT_TESTVM_DEBUG") != "") + " " + guestEnv + "=1 -- " + strings.Join(args, " ")
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64",
+	cmdline := guestkernel.Cmdline(os.Getenv("MOAT_TESTVM_DEBUG") != "") + " " + strings.Join(append(env, guestEnv+"=1"), " ") + " -- " + strings.Join(args, " ")
+	var disks []string
+	for i, d := range opts.Disks {
+		id := "disk" + strconv.Itoa(i)
+		disks = append(disks, "-drive", "id="+id+",file="+d+",format=raw,if=none,readonly=on",
+			"-device", "virtio-blk-device,drive="+id)
+	}
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", append([]string{
 		// The settings the microvm tier boots this kernel with under TCG
 		// (tier/microvm/vmm.go), with the serial port on QEMU's stdout.
 		"-M", "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=on",
 		"-accel", "tcg", "-cpu", "qemu64",
-		"-m", strconv.Itoa(opts.MemoryMiB)+"M", "-smp", strconv.Itoa(opts.CPUs),
+		"-m", strconv.Itoa(opts.MemoryMiB) + "M", "-smp", strconv.Itoa(opts.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-serial", "stdio",
 		"-kernel", filepath.Join(guestkernel.Dir(), "vmlinuz"), "-initrd", initrd,
-		"-append", cmdline)
+		"-append", cmdline}, disks...)...)
 	var out capped
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = 5 * time.Second
@@ -237,9 +332,9 @@ func Run(ctx context.Context, args []string, opts Options) (*Result, error) {
 	return r, nil
 }
 
-// writeInitramfs packs the running test binary as /init and busybox with
-// its applets in /bin.
-func writeInitramfs(path string) error {
+// writeInitramfs packs the running test binary as /init, busybox with its
+// applets in /bin, opts.Files, and the virtio modules when opts has disks.
+func writeInitramfs(path string, opts Options) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -263,12 +358,52 @@ func writeInitramfs(path string) error {
 	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp"} {
 		w.Dir(d)
 	}
-	for _, f := range []struct{ src, dst string }{{self, "init"}, {bb, "bin/busybox"}} {
+	type file struct {
+		dst, src string
+		perm     uint32
+	}
+	files := []file{{"init", self, 0o755}, {"bin/busybox", bb, 0o755}}
+	dsts := slices.Sorted(maps.Keys(opts.Files))
+	for _, dst := range dsts {
+		fi, err := os.Stat(opts.Files[dst])
+		if err != nil {
+			return err
+		}
+		files = append(files, file{dst, opts.Files[dst], uint32(fi.Mode().Perm())})
+	}
+	// What every booted host has and tests rely on: localhost resolves
+	// (the egress proxy's tests grant it).
+	w.Dir("etc")
+	w.File("etc/hosts", 0o644, []byte("127.0.0.1 localhost\n::1 localhost\n"))
+	made := map[string]bool{"bin": true, "dev": true, "proc": true, "sys": true, "tmp": true, "etc": true}
+	if len(opts.Disks) > 0 {
+		mods, err := guestkernel.ModuleDir(guestkernel.Dir())
+		if err != nil {
+			return err
+		}
+		var order []string
+		for _, m := range guestkernel.Modules {
+			dst := moduleDir + "/" + filepath.Base(m)
+			files = append(files, file{strings.TrimPrefix(dst, "/"), filepath.Join(mods, m), 0o644})
+			order = append(order, dst)
+		}
+		w.File(strings.TrimPrefix(moduleOrder, "/"), 0o644, []byte(strings.Join(order, "\n")))
+	}
+	for _, f := range files {
+		// Parent directories first, once each.
+		var parents []string
+		for d := filepath.Dir(f.dst); d != "." && !made[d]; d = filepath.Dir(d) {
+			parents = append(parents, d)
+			made[d] = true
+		}
+		for i := len(parents) - 1; i >= 0; i-- {
+			w.Dir(parents[i])
+		}
 		b, err := os.ReadFile(f.src)
 		if err != nil {
 			return err
 		}
-		w.File(f.dst, 0o755, b)
+		w.File(f.dst, f.perm, b)
 	}
 	for _, a := range busyboxApplets {
 		w.Symlink("bin/"+a, "busybox")

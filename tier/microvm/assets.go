@@ -23,16 +23,6 @@ import (
 // linux-image-cloud-amd64: DIR/vmlinuz and DIR/lib/modules/VERSION/.
 const DefaultKernelDir = guestkernel.DefaultDir
 
-// modules are the guest kernel's modules the agent needs, in dependency
-// order (Debian's cloud kernel builds virtio as modules; ext4 is built in).
-var modules = []string{
-	"drivers/virtio/virtio_ring.ko",
-	"drivers/virtio/virtio.ko",
-	"drivers/virtio/virtio_mmio.ko",
-	"drivers/block/virtio_blk.ko",
-	"drivers/char/virtio_console.ko",
-}
-
 // kernel is a located guest kernel.
 type kernel struct {
 	vmlinuz string
@@ -45,13 +35,13 @@ func findKernel(dir string) (*kernel, error) {
 	if _, err := os.Stat(vmlinuz); err != nil {
 		return nil, fmt.Errorf("%w: no guest kernel at %s (run scripts/setup, or set $MOAT_MICROVM_KERNEL to a directory holding vmlinuz and lib/modules)", errUnavailable, vmlinuz)
 	}
-	mods, _ := filepath.Glob(filepath.Join(dir, "lib/modules/*/kernel"))
-	if len(mods) != 1 {
-		return nil, fmt.Errorf("%w: expected one lib/modules/VERSION in %s, found %d", errUnavailable, dir, len(mods))
+	mods, err := guestkernel.ModuleDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUnavailable, err)
 	}
-	k := &kernel{vmlinuz: vmlinuz, modDir: filepath.Dir(mods[0])}
+	k := &kernel{vmlinuz: vmlinuz, modDir: filepath.Dir(mods)}
 	k.version = filepath.Base(k.modDir)
-	for _, m := range modules {
+	for _, m := range guestkernel.Modules {
 		if _, err := os.Stat(filepath.Join(k.modDir, "kernel", m)); err != nil {
 			return nil, fmt.Errorf("%w: guest kernel module %s: %v", errUnavailable, m, err)
 		}
@@ -83,7 +73,7 @@ func buildInitramfs(cacheDir, agent string, k *kernel) (string, error) {
 		return "", fmt.Errorf("guest agent %s: %w", agent, err)
 	}
 	fmt.Fprintf(h, "agent %s\nkernel %s\n", ad, k.version)
-	for _, m := range modules {
+	for _, m := range guestkernel.Modules {
 		d, err := fileDigest(filepath.Join(k.modDir, "kernel", m))
 		if err != nil {
 			return "", err
@@ -106,7 +96,7 @@ func buildInitramfs(cacheDir, agent string, k *kernel) (string, error) {
 		w.Dir(d)
 	}
 	var order []string
-	for _, m := range modules {
+	for _, m := range guestkernel.Modules {
 		b, err := os.ReadFile(filepath.Join(k.modDir, "kernel", m))
 		if err != nil {
 			return "", err

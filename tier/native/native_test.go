@@ -18,6 +18,7 @@ import (
 
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/internal/testvm"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier/tiertest"
@@ -31,6 +32,10 @@ var moatBin string
 var skipReason string
 
 func TestMain(m *testing.M) {
+	if testvm.Guest() {
+		// This binary is the init of TestCgroupV2InVM's VM (vm_test.go).
+		testvm.GuestMain(setupV2VM, func() int { return run(m) })
+	}
 	os.Exit(run(m))
 }
 
