@@ -49,38 +49,34 @@ var busyboxApplets = []string{"sh", "sleep", "true", "cat", "echo"}
 // exitMarker precedes m.Run's status on the console.
 const exitMarker = "MOAT-TESTVM-EXIT "
 
-// Guest reports whether this process is the VM's init.
-func Guest() bool { return os.Getpid() == 1 && os.Getenv(guestEnv) == "1" }
+// Guest reports whether this process is the VM's init, or the test
+// process init starts.
+func Guest() bool {
+	return os.Getenv(guestEnv) == "1" && (os.Getpid() == 1 || os.Getppid() == 1)
+}
 
-// GuestMain is TestMain inside the VM. It mounts /proc, /sys, /dev and
-// /tmp, runs setup (a package's own preparation, e.g. mounting cgroup2),
-// then run (the package's usual TestMain body, returning m.Run's status),
-// prints the status for the host and powers the VM off. It never returns.
+// GuestMain is TestMain inside the VM; it never returns. As the VM's init
+// it mounts /proc, /sys, /dev and /tmp, brings lo up, loads the disk
+// modules, starts the test binary again as its one child and reaps every
+// process until that child ends, as a host's init would (tests kill
+// processes whose orphans init must reap), then prints the child's status
+// for the host and powers the VM off. As that child it runs setup (a
+// package's own preparation, e.g. mounting cgroup2), then run (the
+// package's usual TestMain body, returning m.Run's status), and exits.
 func GuestMain(setup func() error, run func() int) {
+	if os.Getpid() == 1 {
+		initMain()
+	}
+	// What the tests start must not take itself for the VM's test process.
+	os.Unsetenv(guestEnv)
 	code := 1
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(os.Stderr, "testvm: panic: %v\n", r)
 			code = 1
 		}
-		fmt.Fprintf(os.Stdout, "\n%s%d\n", exitMarker, code)
-		unix.Sync()
-		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
-		select {} // init must not exit: the kernel would panic
+		os.Exit(code)
 	}()
-	if err := guestMounts(); err != nil {
-		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
-		return
-	}
-	// A booted host's loopback is up: tests serve on 127.0.0.1.
-	if err := loopback.Up(); err != nil {
-		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
-		return
-	}
-	if err := loadModules(); err != nil {
-		fmt.Fprintf(os.Stderr, "testvm: %v\n", err)
-		return
-	}
 	os.Setenv("PATH", "/bin")
 	os.Setenv("TMPDIR", "/tmp")
 	if setup != nil {
@@ -90,6 +86,59 @@ func GuestMain(setup func() error, run func() int) {
 		}
 	}
 	code = run()
+}
+
+// initMain is the VM's PID 1.
+func initMain() {
+	code := 1
+	defer func() {
+		fmt.Fprintf(os.Stdout, "\n%s%d\n", exitMarker, code)
+		unix.Sync()
+		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		select {} // init must not exit: the kernel would panic
+	}()
+	fail := func(err error) { fmt.Fprintf(os.Stderr, "testvm: %v\n", err) }
+	if err := guestMounts(); err != nil {
+		fail(err)
+		return
+	}
+	// A booted host's loopback is up: tests serve on 127.0.0.1.
+	if err := loopback.Up(); err != nil {
+		fail(err)
+		return
+	}
+	if err := loadModules(); err != nil {
+		fail(err)
+		return
+	}
+	child := exec.Command("/init", os.Args[1:]...)
+	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := child.Start(); err != nil {
+		fail(err)
+		return
+	}
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			fail(fmt.Errorf("wait: %w", err))
+			return
+		}
+		if pid != child.Process.Pid {
+			continue // an orphan, reaped
+		}
+		switch {
+		case ws.Exited():
+			code = ws.ExitStatus()
+		case ws.Signaled():
+			fmt.Fprintf(os.Stderr, "testvm: the test process was killed by %v\n", ws.Signal())
+			code = 128 + int(ws.Signal())
+		}
+		return
+	}
 }
 
 func guestMounts() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,7 +28,27 @@ func TestMain(m *testing.M) {
 			case "panic":
 				panic("guest panics")
 			case "exit":
-				os.Exit(3) // init dies: the kernel panics, no status
+				os.Exit(3)
+			case "orphans":
+				// Orphans go to init, which must reap them: no zombie
+				// may stay behind.
+				for i := 0; i < 5; i++ {
+					exec.Command("/bin/sh", "-c", "/bin/sleep 0.1 &").Run()
+				}
+				time.Sleep(time.Second)
+				zombies := 0
+				stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+				for _, st := range stats {
+					if b, err := os.ReadFile(st); err == nil && strings.Contains(string(b), ") Z ") {
+						zombies++
+					}
+				}
+				fmt.Println("zombies:", zombies)
+				return 0
+			case "crash":
+				// The kernel panics: the VM ends without a status.
+				os.WriteFile("/proc/sysrq-trigger", []byte("c"), 0)
+				time.Sleep(time.Minute)
 			}
 			return m.Run()
 		})
@@ -45,8 +66,10 @@ func TestRun(t *testing.T) {
 	}{
 		{mode: "status", code: 7, want: "guest ran"},
 		{mode: "panic", code: 1, want: "testvm: panic: guest panics"},
-		// A guest that dies before reporting is an error, never a pass.
-		{mode: "exit", noStatus: true},
+		{mode: "exit", code: 3},
+		{mode: "orphans", code: 0, want: "zombies: 0"},
+		// A VM that ends before reporting is an error, never a pass.
+		{mode: "crash", noStatus: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.mode, func(t *testing.T) {

@@ -24,7 +24,8 @@ import (
 // to pass there: init born in the run's cgroup (CLONE_INTO_CGROUP), the
 // program inside it, limits, OOM, pids, timeouts and the leftover checks
 // of the conformance suite, on the kernel's real cgroup v2.
-var v2Tests = []string{"TestInitJoinsCgroup", "TestMoatGuest", "TestExitStatusConvention", "TestConformance"}
+var v2Tests = []string{"TestInitJoinsCgroup", "TestMoatGuest", "TestExitStatusConvention", "TestConformance",
+	"TestKilledMoatIsCleanedUp", "TestWarmPool", "TestSession", "TestSessionConcurrentAndSignals", "TestCancelForwardsSIGTERM", "TestOutputFloodMemory"}
 
 // The guest's environment: the image's digest and what the VM holds.
 const (
