@@ -53,7 +53,13 @@ func ModuleDir(dir string) (string, error) {
 // this host): TCG's guest TSC runs at the host's rate, so Cmdline gives
 // the host's frequency instead (tsc_early_khz), and the IO-APIC timer
 // check, which times emulated interrupts, is skipped.
-const base = "console=ttyS0 panic=-1 rdinit=/init tsc=reliable no_timer_check"
+//
+// reboot=t: the restart after a panic is a triple fault, which QEMU turns
+// into its exit at once. The default order tries ACPI, the keyboard
+// controller (polled up to 64Ki times per attempt) and port CF9 first, none
+// of which a microvm machine has; under TCG on a loaded host that took over
+// a minute (seen in CI), a VM that had panicked and still held its RAM.
+const base = "console=ttyS0 panic=-1 reboot=t rdinit=/init tsc=reliable no_timer_check"
 
 // Cmdline is the kernel command line: quiet unless verbose (every kernel
 // message on the console, for debugging a boot).

@@ -11,8 +11,8 @@ func TestCmdline(t *testing.T) {
 		want    []string
 		notWant []string
 	}{
-		{false, []string{"console=ttyS0", "panic=-1", "rdinit=/init", "tsc=reliable", "no_timer_check", "quiet", "loglevel=1"}, []string{"loglevel=7"}},
-		{true, []string{"console=ttyS0", "panic=-1", "rdinit=/init", "tsc=reliable", "no_timer_check", "loglevel=7"}, []string{"quiet", "loglevel=1"}},
+		{false, []string{"console=ttyS0", "panic=-1", "reboot=t", "rdinit=/init", "tsc=reliable", "no_timer_check", "quiet", "loglevel=1"}, []string{"loglevel=7"}},
+		{true, []string{"console=ttyS0", "panic=-1", "reboot=t", "rdinit=/init", "tsc=reliable", "no_timer_check", "loglevel=7"}, []string{"quiet", "loglevel=1"}},
 	}
 	for _, tc := range tests {
 		c := Cmdline(tc.verbose)
