@@ -17,6 +17,7 @@ import (
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/internal/testvm"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
@@ -37,6 +38,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if testvm.Guest() {
+		// This binary is the init of TestCgroupV2InVM's VM (vm_test.go).
+		testvm.GuestMain(tiertest.SetupCgroupV2VM, func() int { flag.Parse(); return run(m) })
+	}
 	flag.Parse()
 	os.Exit(run(m))
 }

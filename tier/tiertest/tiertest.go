@@ -80,7 +80,7 @@ func Run(t *testing.T, e *engine.Engine, tierName string, leftovers Leftovers) {
 					t.Fatalf("case needs unknown capability %q", n)
 				}
 				if !has(caps) {
-					t.Skipf("not applicable on %s: the case checks %s, which the tier does not provide (capability %q)", tierName, n, n)
+					t.Skipf(NotApplicable+"%s: the case checks %s, which the tier does not provide (capability %q)", tierName, n, n)
 				}
 			}
 			env := map[string]string{}
