@@ -17,7 +17,6 @@ import (
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/testbin"
-	"github.com/moat-sandbox/moat/internal/testvm"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
@@ -38,10 +37,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if testvm.Guest() {
-		// This binary is the init of TestCgroupV2InVM's VM (vm_test.go).
-		testvm.GuestMain(tiertest.SetupCgroupV2VM, func() int { flag.Parse(); return run(m) })
-	}
 	flag.Parse()
 	os.Exit(run(m))
 }
