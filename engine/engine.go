@@ -510,8 +510,13 @@ const claimPrefix = ".new-"
 
 // claim marks run id as alive for GC: a lock held for the run's lifetime.
 // A moat killed mid-run loses its lock with its file descriptors, which is
-// how GC tells an orphan from a live run.
-func (e *Engine) claim(id string) (release func(), err error) {
+// how GC tells an orphan from a live run. release(true) ends the run
+// cleanly: the directory goes. release(false) only lets the lock go, for
+// a run whose sandbox could not be destroyed (a cgroup still busy): its
+// directory stays, so the next GC (any moat start, moat gc) finds a dead
+// run and removes what it left; GC removes a cgroup only for a dead run
+// directory, never one it cannot tell from another home's live run.
+func (e *Engine) claim(id string) (release func(clean bool), err error) {
 	runs := filepath.Join(e.opts.Home, "runs")
 	tmp := filepath.Join(runs, claimPrefix+id)
 	dir := filepath.Join(runs, id)
@@ -532,7 +537,11 @@ func (e *Engine) claim(id string) (release func(), err error) {
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("lock run %s: %w", id, err)
 	}
-	return func() {
+	return func(clean bool) {
+		if !clean {
+			f.Close()
+			return
+		}
 		// Most runs leave only the lock: two unlinks, not RemoveAll's
 		// directory walk. What a tier left there goes the long way.
 		os.Remove(filepath.Join(dir, "lock"))

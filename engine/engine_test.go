@@ -297,7 +297,7 @@ func TestClaim(t *testing.T) {
 	released := false
 	t.Cleanup(func() {
 		if !released {
-			release()
+			release(true)
 		}
 	})
 	if !exists(t, filepath.Join(dir, "lock")) {
@@ -312,13 +312,43 @@ func TestClaim(t *testing.T) {
 	if !isAlive(filepath.Join(dir, "lock")) {
 		t.Errorf("the refused second claim released the first")
 	}
-	release()
+	release(true)
 	released = true
 	if exists(t, dir) {
 		t.Errorf("release left %s", dir)
 	}
 	if isAlive(filepath.Join(dir, "lock")) {
 		t.Errorf("a released run is still alive")
+	}
+}
+
+// TestClaimReleasedUnclean: a run whose sandbox could not be destroyed
+// lets its lock go but keeps its directory, so the next GC takes it (and
+// its cgroup) as a dead run's.
+func TestClaimReleasedUnclean(t *testing.T) {
+	e, err := New(Options{Home: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := newID()
+	dir := filepath.Join(e.Home(), "runs", id)
+	release, err := e.claim(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(false)
+	if !exists(t, filepath.Join(dir, "lock")) {
+		t.Fatalf("release(false) removed %s", dir)
+	}
+	if isAlive(filepath.Join(dir, "lock")) {
+		t.Errorf("a run released uncleanly still holds its lock")
+	}
+	rep, err := e.GC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Runs, id) || exists(t, dir) {
+		t.Errorf("GC = %+v; want run %s removed", rep, id)
 	}
 }
 
@@ -342,7 +372,7 @@ func gcEntries() []gcEntry {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(release)
+			t.Cleanup(func() { release(true) })
 		}},
 		{name: "stale run whose lock nobody holds", removed: true, setup: func(t *testing.T, e *Engine, path string) {
 			mkdir(t, path)

@@ -24,7 +24,7 @@ type prepared struct {
 	spec    *tier.Spec
 	sb      tier.Sandbox
 	egress  *egressRun
-	release func()
+	release func(clean bool)
 	pooled  bool
 
 	closeOnce sync.Once
@@ -126,7 +126,7 @@ func (p *prepared) close() error {
 		}
 		p.stopEgress()
 		if p.release != nil {
-			p.release()
+			p.release(len(errs) == 0)
 		}
 		p.closeErr = errors.Join(errs...)
 	})
