@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -349,6 +350,46 @@ func TestClaimReleasedUnclean(t *testing.T) {
 	}
 	if !slices.Contains(rep.Runs, id) || exists(t, dir) {
 		t.Errorf("GC = %+v; want run %s removed", rep, id)
+	}
+}
+
+// leftoverTier's Prepare fails without being able to undo everything.
+type leftoverTier struct{ tier.Tier }
+
+func (leftoverTier) Prepare(context.Context, *tier.Spec) (tier.Sandbox, error) {
+	return nil, fmt.Errorf("start init: broken pipe (%w: destroy cgroup: rmdir: device or resource busy)", tier.ErrLeftovers)
+}
+
+// TestPrepareLeftovers: a run the tier could not clean up after a failed
+// Prepare keeps its directory, unlocked, for the next GC; a run whose
+// Prepare failed cleanly leaves nothing.
+func TestPrepareLeftovers(t *testing.T) {
+	e, err := New(Options{Home: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := &image.Image{Name: "python", Root: t.TempDir(), Digest: "sha256:" + strings.Repeat("0", 64)}
+	runs := func() []string {
+		ents, _ := os.ReadDir(filepath.Join(e.Home(), "runs"))
+		var names []string
+		for _, ent := range ents {
+			names = append(names, ent.Name())
+		}
+		return names
+	}
+	if _, err := e.prepare(context.Background(), leftoverTier{}, img, manifest.Default(), false); !errors.Is(err, tier.ErrLeftovers) {
+		t.Fatalf("prepare = %v, want ErrLeftovers", err)
+	}
+	left := runs()
+	if len(left) != 1 || isAlive(filepath.Join(e.Home(), "runs", left[0], "lock")) {
+		t.Fatalf("runs/ = %v, want one dead run kept for GC", left)
+	}
+	rep, err := e.GC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Runs, left[0]) || len(runs()) != 0 {
+		t.Errorf("GC = %+v, runs/ now %v; want the run removed", rep, runs())
 	}
 }
 

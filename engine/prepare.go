@@ -25,7 +25,9 @@ type prepared struct {
 	sb      tier.Sandbox
 	egress  *egressRun
 	release func(clean bool)
-	pooled  bool
+	// leftovers: the tier could not undo its failed Prepare.
+	leftovers bool
+	pooled    bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -57,7 +59,8 @@ func (e *Engine) resolve(ctx context.Context, m *manifest.Manifest, session bool
 }
 
 // prepare builds a new sandbox for m: claim, egress, tier Prepare. On error
-// nothing is left.
+// nothing is left, or, when the tier could not undo its failed Prepare
+// (tier.ErrLeftovers), the run's directory stays for GC.
 func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool) (_ *prepared, err error) {
 	id := newID()
 	release, err := e.claim(id)
@@ -87,6 +90,7 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 		p.spec.EgressSocket = p.egress.socket
 	}
 	if p.sb, err = t.Prepare(ctx, p.spec); err != nil {
+		p.leftovers = errors.Is(err, tier.ErrLeftovers)
 		return nil, fmt.Errorf("prepare sandbox: %w", err)
 	}
 	return p, nil
@@ -126,7 +130,7 @@ func (p *prepared) close() error {
 		}
 		p.stopEgress()
 		if p.release != nil {
-			p.release(len(errs) == 0)
+			p.release(len(errs) == 0 && !p.leftovers)
 		}
 		p.closeErr = errors.Join(errs...)
 	})

@@ -199,3 +199,9 @@ type Capabilities struct {
 
 // ErrUnavailable is returned (wrapped) when a tier cannot run on this host.
 var ErrUnavailable = errors.New("tier unavailable on this host")
+
+// ErrLeftovers is wrapped into a Prepare error when undoing the failed
+// preparation did not remove everything (a cgroup still busy): the engine
+// then keeps the run's directory, so GC finds a dead run and removes what
+// it left.
+var ErrLeftovers = errors.New("the failed sandbox could not be fully removed")

@@ -140,7 +140,9 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	s.counted = true
 	defer func() {
 		if err != nil {
-			s.Destroy()
+			if derr := s.Destroy(); derr != nil {
+				err = fmt.Errorf("%w (%w: %v)", err, tier.ErrLeftovers, derr)
+			}
 		}
 	}()
 

@@ -169,7 +169,9 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	s := &sandbox{spec: spec, host: n.cg}
 	defer func() {
 		if err != nil {
-			s.Destroy()
+			if derr := s.Destroy(); derr != nil {
+				err = fmt.Errorf("%w (%w: %v)", err, tier.ErrLeftovers, derr)
+			}
 		}
 	}()
 
