@@ -1,14 +1,10 @@
 package cgroup
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/internal/testvm"
 )
@@ -31,36 +27,16 @@ var v2HostTests = []string{
 // CLONE_INTO_CGROUP then run on the real kernel.
 func TestV2InVM(t *testing.T) {
 	testvm.Skip(t)
-	r, err := testvm.Run(context.Background(), []string{"-test.v", "-test.count=1", "-test.skip=^TestV2InVM$"}, testvm.Options{})
-	if r != nil {
-		t.Logf("VM console (%v):\n%s", r.Elapsed.Round(1e6), r.Console)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Code != 0 {
-		t.Errorf("the tests inside the VM exited %d", r.Code)
-	}
-	if !strings.Contains(r.Console, "cgroup v2 in the VM: controllers ") {
-		t.Error("the VM did not report its cgroup v2 set-up")
-	}
-	for _, name := range v2HostTests {
-		if !regexp.MustCompile(`(?m)^--- PASS: ` + name + ` `).MatchString(r.Console) {
-			t.Errorf("%s did not pass inside the VM", name)
-		}
-	}
-	// A skip inside would be a v2 path that did not run.
-	for _, l := range regexp.MustCompile(`(?m)^\s*--- (SKIP|FAIL): .*$`).FindAllString(r.Console, -1) {
-		t.Errorf("inside the VM: %s", strings.TrimSpace(l))
-	}
+	testvm.RunTests(t, []string{"-test.skip=^TestV2InVM$"}, testvm.Options{},
+		testvm.Expect{Ready: "cgroup v2 in the VM: controllers ", Tests: v2HostTests})
 }
 
 // mountV2 is the VM's set-up: cgroup2 alone at /sys/fs/cgroup, as on a
 // v2-only host, and Detect must see v2 there.
 func mountV2() error {
 	const mnt = "/sys/fs/cgroup"
-	if err := unix.Mount("cgroup2", mnt, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount cgroup2: %w", err)
+	if err := testvm.MountCgroup2(); err != nil {
+		return err
 	}
 	h, err := Detect()
 	if err != nil {

@@ -74,6 +74,17 @@ func Cmdline(verbose bool) string {
 	return s
 }
 
+// Machine is QEMU's -M for this kernel: the microvm machine without option
+// ROMs, with the legacy timers the kernel calibrates against, and an ISA
+// serial port (the console) only when serial is set.
+func Machine(serial bool) string {
+	return "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=" + strconv.FormatBool(serial)
+}
+
+// TCGCPU is QEMU's -cpu under TCG: the default model; with "max" the
+// kernel's TSC calibration hangs on this QEMU.
+const TCGCPU = "qemu64"
+
 // hostTSCkHz is the host CPU's clock in kHz from /proc/cpuinfo, or 0.
 func hostTSCkHz() int64 {
 	b, err := os.ReadFile("/proc/cpuinfo")

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -139,6 +140,15 @@ func initMain() {
 		}
 		return
 	}
+}
+
+// MountCgroup2 mounts the unified hierarchy alone at /sys/fs/cgroup, as a
+// v2-only host (systemd's default) has it: for a guest's set-up.
+func MountCgroup2() error {
+	if err := unix.Mount("cgroup2", "/sys/fs/cgroup", "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount cgroup2: %w", err)
+	}
+	return nil
 }
 
 func guestMounts() error {
@@ -268,11 +278,7 @@ func Unavailable() string {
 
 // Skip skips t when the VM cannot boot, naming why, or fails it when
 // MOAT_REQUIRE_TESTVM is set (as scripts/test does for root).
-func Skip(t interface {
-	Helper()
-	Skipf(string, ...any)
-	Fatalf(string, ...any)
-}) {
+func Skip(t testing.TB) {
 	t.Helper()
 	if why := Unavailable(); why != "" {
 		if os.Getenv(requireEnv) != "" {
@@ -284,22 +290,27 @@ func Skip(t interface {
 
 func busybox() (string, error) {
 	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
-		f, err := elf.Open(p)
-		if err != nil {
-			continue
-		}
-		static := true
-		for _, prog := range f.Progs {
-			if prog.Type == elf.PT_INTERP {
-				static = false
-			}
-		}
-		f.Close()
-		if static {
+		if ok, _ := static(p); ok {
 			return p, nil
 		}
 	}
 	return "", errors.New("no static busybox (Debian: apt-get install busybox-static; scripts/setup does)")
+}
+
+// static reports whether the ELF executable at p needs no dynamic loader:
+// the initramfs has no libraries.
+func static(p string) (bool, error) {
+	f, err := elf.Open(p)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // Run boots a VM whose init is the running test binary with args (test
@@ -352,10 +363,10 @@ func Run(ctx context.Context, args []string, opts Options) (*Result, error) {
 			"-device", "virtio-blk-device,drive="+id)
 	}
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", append([]string{
-		// The settings the microvm tier boots this kernel with under TCG
-		// (tier/microvm/vmm.go), with the serial port on QEMU's stdout.
-		"-M", "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=on",
-		"-accel", "tcg", "-cpu", "qemu64",
+		// The machine the microvm tier boots this kernel on, under TCG,
+		// with the serial port (the console) on QEMU's stdout.
+		"-M", guestkernel.Machine(true),
+		"-accel", "tcg", "-cpu", guestkernel.TCGCPU,
 		"-m", strconv.Itoa(opts.MemoryMiB) + "M", "-smp", strconv.Itoa(opts.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-serial", "stdio",
@@ -388,15 +399,10 @@ func writeInitramfs(path string, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if f, err := elf.Open(self); err != nil {
+	if ok, err := static(self); err != nil {
 		return err
-	} else {
-		defer f.Close()
-		for _, p := range f.Progs {
-			if p.Type == elf.PT_INTERP {
-				return fmt.Errorf("the test binary %s is dynamically linked: build it with CGO_ENABLED=0 (scripts/test does)", self)
-			}
-		}
+	} else if !ok {
+		return fmt.Errorf("the test binary %s is dynamically linked: build it with CGO_ENABLED=0 (scripts/test does)", self)
 	}
 	bb, err := busybox()
 	if err != nil {
@@ -485,4 +491,61 @@ func (c *capped) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.buf.String()
+}
+
+// Expect is what RunTests requires of the tests inside the VM.
+type Expect struct {
+	// Ready is text the guest's set-up prints once it is done.
+	Ready string
+	// Tests are top-level tests, each of which must pass.
+	Tests []string
+	// SkipReason, when set, allows a skip whose reason contains it (a
+	// case ruled out by what is under test, as on the host); any other
+	// skip fails, since it would be a path that did not run.
+	SkipReason string
+}
+
+// RunTests boots a VM running this test binary's tests with -test.v,
+// -test.count=1 and args, logs its console, and fails t unless they
+// exited 0 after the guest printed want.Ready, every test in want.Tests
+// passed, and nothing failed or skipped (but for want.SkipReason).
+func RunTests(t testing.TB, args []string, opts Options, want Expect) {
+	t.Helper()
+	r, err := Run(context.Background(), append([]string{"-test.v", "-test.count=1"}, args...), opts)
+	if r != nil {
+		t.Logf("VM console (%v):\n%s", r.Elapsed.Round(time.Millisecond), r.Console)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Code != 0 {
+		t.Errorf("the tests inside the VM exited %d", r.Code)
+	}
+	if !strings.Contains(r.Console, want.Ready) {
+		t.Errorf("the VM's set-up did not report %q", want.Ready)
+	}
+	for _, name := range want.Tests {
+		if !regexp.MustCompile(`(?m)^--- PASS: ` + regexp.QuoteMeta(name) + ` `).MatchString(r.Console) {
+			t.Errorf("%s did not pass inside the VM", name)
+		}
+	}
+	// go test -v prints a test's skip reason after its "=== RUN" line.
+	allowed := map[string]bool{}
+	var running string
+	for _, l := range strings.Split(r.Console, "\n") {
+		l = strings.TrimSpace(l)
+		if name, ok := strings.CutPrefix(l, "=== RUN   "); ok {
+			running = name
+		} else if want.SkipReason != "" && strings.Contains(l, want.SkipReason) {
+			allowed[running] = true
+		}
+		if strings.HasPrefix(l, "--- FAIL: ") {
+			t.Errorf("inside the VM: %s", l)
+		}
+		if name, ok := strings.CutPrefix(l, "--- SKIP: "); ok {
+			if name, _, _ = strings.Cut(name, " ("); !allowed[name] {
+				t.Errorf("inside the VM: %s", l)
+			}
+		}
+	}
 }

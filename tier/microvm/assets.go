@@ -7,14 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/internal/cpio"
 	"github.com/moat-sandbox/moat/internal/guestkernel"
 )
@@ -134,9 +133,8 @@ func writeAtomic(path string, b []byte) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// buildRootDisk converts an image root into a read-only ext4 file, once
-// per image digest. mkfs.ext4 -d copies the tree, owners and modes
-// included, without mounting anything on the host.
+// buildRootDisk converts an image root into a read-only ext4 file
+// (image.WriteExt4), once per image digest.
 func buildRootDisk(cacheDir, digest, root string) (string, error) {
 	hexd := strings.TrimPrefix(digest, "sha256:")
 	if len(hexd) != 64 || strings.Trim(hexd, "0123456789abcdef") != "" {
@@ -149,28 +147,10 @@ func buildRootDisk(cacheDir, digest, root string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
 		return "", err
 	}
-	var size, inodes int64
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		inodes++
-		if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() {
-			size += (fi.Size() + 4095) &^ 4095
-		}
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("measure image %s: %w", root, err)
-	}
-	// Headroom for metadata: inode tables, directories, bitmaps.
-	blocks := (size+inodes*4096)/4096*5/4 + 8192
 	tmp := filepath.Join(filepath.Dir(out), ".tmp-"+hexd[:16]+"-"+strconv.Itoa(os.Getpid()))
 	defer os.Remove(tmp)
-	cmd := exec.Command("mkfs.ext4", "-q", "-F", "-b", "4096", "-N", strconv.FormatInt(inodes+1024, 10),
-		"-O", "^has_journal,^resize_inode", "-E", "root_owner=0:0", "-L", "moat-image", "-d", root, tmp, strconv.FormatInt(blocks, 10))
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("mkfs.ext4 for image %s: %v: %s", digest, err, bytes.TrimSpace(b))
+	if err := image.WriteExt4(root, tmp); err != nil {
+		return "", fmt.Errorf("root disk of image %s: %w", digest, err)
 	}
 	os.Chmod(tmp, 0o600)
 	return out, os.Rename(tmp, out)

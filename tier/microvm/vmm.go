@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/internal/guestkernel"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
@@ -138,9 +139,7 @@ func (q *QEMU) Name() string { return "qemu-microvm" }
 // diskFD), one virtio-serial port, and a second one for the egress
 // channel only when cfg has one.
 func (q *QEMU) Args(cfg *VMConfig) []string {
-	// Under TCG the default CPU model: with "max" the guest kernel's TSC
-	// calibration hangs on this QEMU.
-	cpu, accel := "qemu64", "tcg,tb-size="+strconv.Itoa(tcgCacheMiB)
+	cpu, accel := guestkernel.TCGCPU, "tcg,tb-size="+strconv.Itoa(tcgCacheMiB)
 	if cfg.Accel == "kvm" {
 		cpu, accel = "host", "kvm"
 	}
@@ -155,7 +154,7 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 		serial = "file:/dev/fdset/" + strconv.Itoa(consoleFD)
 	}
 	args := []string{
-		"-M", "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=" + strconv.FormatBool(cfg.Console != ""),
+		"-M", guestkernel.Machine(cfg.Console != ""),
 		"-accel", accel,
 		"-cpu", cpu,
 		"-m", strconv.FormatInt(cfg.MemoryMiB, 10) + "M",

@@ -34,7 +34,7 @@ var skipReason string
 func TestMain(m *testing.M) {
 	if testvm.Guest() {
 		// This binary is the init of TestCgroupV2InVM's VM (vm_test.go).
-		testvm.GuestMain(tiertest.SetupCgroupV2VM, func() int { return run(m) })
+		testvm.GuestMain(setupCgroupV2VM, func() int { return run(m) })
 	}
 	os.Exit(run(m))
 }

@@ -46,6 +46,10 @@ type Case struct {
 	Needs []string
 }
 
+// NotApplicable begins the skip reason of a case a tier's capabilities
+// rule out (Case.Needs).
+const NotApplicable = "not applicable on "
+
 // needs maps the names used in Case.Needs to the capability they require.
 var needs = map[string]func(tier.Capabilities) bool{
 	"seccomp":        func(c tier.Capabilities) bool { return c.Seccomp },
