@@ -210,8 +210,11 @@ func (p *Proxy) admit(c net.Conn) {
 
 // refuseEarly answers a connection refused before it was read. The write
 // goes into a fresh socket buffer and cannot block for long; the deadline is
-// there in case it does.
+// there in case it does. The attempt is logged first, so whoever sees the
+// refusal finds it in the log already (TestConnRate read the log a moment
+// too early in CI: the last stop's unexplained egress failure, likely).
 func (p *Proxy) refuseEarly(c net.Conn, start time.Time, reason string, status int) {
+	p.logAttempt(Attempt{Time: start, Reason: reason})
 	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	msg := "too many connections at once; retry later"
 	if reason == ReasonLimitRate {
@@ -219,7 +222,6 @@ func (p *Proxy) refuseEarly(c net.Conn, start time.Time, reason string, status i
 	}
 	writeRefusal(c, status, reason, msg)
 	c.Close()
-	p.logAttempt(Attempt{Time: start, Reason: reason})
 }
 
 func (p *Proxy) isClosed() bool {

@@ -528,8 +528,10 @@ func TestConnRate(t *testing.T) {
 	if s := get(); s == 200 {
 		t.Fatal("fourth request in the same second was served")
 	}
-	if a := h.last(); a.Reason != ReasonLimitRate {
-		t.Fatalf("attempt %+v, want limit-rate", a)
+	// The refusal may reach the client before the proxy has logged it:
+	// wait for the fourth attempt, not just for the proxy to be idle.
+	if atts := h.settle(4); atts[3].Reason != ReasonLimitRate {
+		t.Fatalf("attempt %+v, want limit-rate", atts[3])
 	}
 	mu.Lock()
 	now = now.Add(time.Second)
