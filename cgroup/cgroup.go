@@ -116,6 +116,9 @@ type Cgroup struct {
 	memDir, pidsDir, cpuDir, acctDir, freezerDir string
 	// fd is the v2 O_PATH directory fd for CLONE_INTO_CGROUP, or -1.
 	fd int
+	// parentsFD holds the parents lock shared while the cgroup exists
+	// (Host.holdParents), or is -1.
+	parentsFD int
 
 	mu        sync.Mutex
 	destroyed bool
@@ -139,7 +142,7 @@ func validID(id string) error {
 
 // handle returns a Cgroup for moat/<id> without creating anything.
 func (h *Host) handle(id string) *Cgroup {
-	c := &Cgroup{id: id, host: h, fd: -1}
+	c := &Cgroup{id: id, host: h, fd: -1, parentsFD: -1}
 	if h.Version == V2 {
 		d := filepath.Join(h.v2Parent, id)
 		c.dirs = []string{d}
@@ -171,10 +174,12 @@ func (h *Host) Create(id string, lim Limits) (*Cgroup, error) {
 	if err := lim.validate(); err != nil {
 		return nil, err
 	}
-	if err := h.prepare(); err != nil {
+	pfd, err := h.holdParents()
+	if err != nil {
 		return nil, err
 	}
 	c := h.handle(id)
+	c.parentsFD = pfd
 	// Undo in reverse on failure. A fresh cgroup holds no process, so
 	// removing it is a plain rmdir.
 	var undo []string
@@ -189,16 +194,14 @@ func (h *Host) Create(id string, lim Limits) (*Cgroup, error) {
 		for _, d := range slices.Backward(undo) {
 			h.fs.rmdir(d)
 		}
+		c.releaseParents()
+		h.Prune()
 	}()
+	if err := h.prepare(); err != nil {
+		return nil, err
+	}
 	for _, d := range c.dirs {
 		err := h.fs.mkdir(d)
-		if errors.Is(err, unix.ENOENT) {
-			// The parent went away (a concurrent Prune); make it again once.
-			h.unprepare()
-			if err = h.prepare(); err == nil {
-				err = h.fs.mkdir(d)
-			}
-		}
 		if errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("create cgroup %s: %s already exists (an orphan? see Orphans/Remove)", id, d)
 		}
@@ -207,7 +210,6 @@ func (h *Host) Create(id string, lim Limits) (*Cgroup, error) {
 		}
 		undo = append(undo, d)
 	}
-	var err error
 	if h.Version == V1 {
 		err = c.applyV1(lim)
 	} else {
@@ -735,7 +737,18 @@ func (c *Cgroup) Destroy() error {
 		c.fd = -1
 	}
 	c.destroyed = true
+	c.releaseParents()
+	// The moat/ parents go too when no other run uses them.
+	c.host.Prune()
 	return nil
+}
+
+// releaseParents lets the parents lock go.
+func (c *Cgroup) releaseParents() {
+	if c.parentsFD >= 0 {
+		unix.Close(c.parentsFD)
+		c.parentsFD = -1
+	}
 }
 
 func (c *Cgroup) rmdir(d string, deadline time.Time) error {

@@ -22,7 +22,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -103,9 +102,6 @@ type Host struct {
 	v2Parent string
 
 	fs fsOps
-
-	mu       sync.Mutex
-	prepared bool // parents exist and (v2) controllers are enabled
 }
 
 // Detect inspects this host: which cgroup version is in use, where the
@@ -246,34 +242,17 @@ func cgroupDir(m *mount, cgPath string) (string, error) {
 	return filepath.Join(m.point, rel), nil
 }
 
-// prepare makes the moat/ parents once per Host (and, on v2, enables the
-// controllers for moat/ and its children). Only missing pieces are written,
-// so a Host on a prepared machine costs one mkdir per hierarchy.
+// prepare makes the moat/ parents (and, on v2, enables the controllers
+// for moat/ and its children). Only missing pieces are written. It runs
+// for every Create, under the parents lock (holdParents): the parents may
+// have been pruned, and made again by another moat process that has not
+// enabled the controllers yet, since this process last looked, so a
+// remembered "prepared" would be wrong.
 func (h *Host) prepare() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.prepared {
-		return nil
-	}
-	var err error
 	if h.Version == V1 {
-		err = h.prepareV1()
-	} else {
-		err = h.prepareV2()
+		return h.prepareV1()
 	}
-	if err != nil {
-		return err
-	}
-	h.prepared = true
-	return nil
-}
-
-// unprepare forgets that the parents exist, after a Create found one gone
-// (a concurrent Prune, or an operator's rmdir).
-func (h *Host) unprepare() {
-	h.mu.Lock()
-	h.prepared = false
-	h.mu.Unlock()
+	return h.prepareV2()
 }
 
 func (h *Host) prepareV1() error {
@@ -382,24 +361,89 @@ func (h *Host) Remove(id string) error {
 	if err := validID(id); err != nil {
 		return err
 	}
-	return h.handle(id).Destroy()
+	err := h.handle(id).Destroy()
+	if err == nil {
+		err = h.Prune()
+	}
+	return err
 }
 
-// Prune removes the empty moat/ parents (for `moat gc` and tests). A parent
-// that still holds a run's cgroup is busy and left alone; that is not an
-// error. The next Create makes the parents again.
+// Prune removes the empty moat/ parents, so that an idle host keeps no
+// trace of Moat in its cgroup tree, when no run on this host holds its
+// cgroup (see holdParents); otherwise it does nothing, and the last run to
+// end prunes. Destroy and Remove call it; it is exported for `moat gc` and
+// tests.
 func (h *Host) Prune() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	var errs []error
-	for _, p := range h.parents() {
-		err := h.fs.rmdir(p)
-		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.ENOTEMPTY) {
-			errs = append(errs, fmt.Errorf("prune %s: %w", p, err))
+	h.IfIdle(func() {
+		for _, p := range h.parents() {
+			err := h.fs.rmdir(p)
+			if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.ENOTEMPTY) {
+				errs = append(errs, fmt.Errorf("prune %s: %w", p, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// The moat/ parents are shared by every moat process on the host, and each
+// run's cgroup is made in them. One process pruning the parents while
+// another made its cgroup in them made that one fail ("mkdir moat/<id>:
+// no such file or directory", or on v2 a moat/ made again without its
+// controllers: "open memory.max: no such file or directory"). So the
+// parents have a lock: a flock on the directory that holds them (the
+// hierarchy's, or on v2 the base's; flock works on cgroupfs directories
+// and needs no file of ours anywhere):
+//
+//	Create   LOCK_SH, held until Destroy: prepare the parents, mkdir moat/<id>
+//	Prune    LOCK_EX|LOCK_NB: only when no run holds LOCK_SH, rmdir the parents
+//
+// A moat killed mid-run loses its LOCK_SH with its descriptors. Waiting
+// for LOCK_SH is waiting for a prune: a few rmdirs.
+
+// lockDir is the directory whose flock guards the moat/ parents.
+func (h *Host) lockDir() string {
+	if h.Version == V1 {
+		return filepath.Dir(h.v1Parents[0])
+	}
+	return h.v2Base
+}
+
+// holdParents takes the parents lock shared and returns its descriptor:
+// while it is held, no moat process on this host removes the parents.
+func (h *Host) holdParents() (int, error) {
+	fd, err := unix.Open(h.lockDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("lock the cgroup parents: %w", err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_SH)
+		if err != unix.EINTR {
+			break
 		}
 	}
-	h.prepared = false
-	return errors.Join(errs...)
+	if err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("lock the cgroup parents in %s: %w", h.lockDir(), err)
+	}
+	return fd, nil
+}
+
+// IfIdle runs fn, and reports true, only when no run on this host holds
+// its cgroup: with the parents lock exclusive, so that no run can start
+// making one until fn returns. For work that must not race any run's
+// cgroup creation, such as removing shared parents.
+func (h *Host) IfIdle(fn func()) bool {
+	fd, err := unix.Open(h.lockDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false
+	}
+	fn()
+	return true
 }
 
 // Parents returns the moat/ directories runs are created under: one per v1

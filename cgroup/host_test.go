@@ -1,6 +1,7 @@
 package cgroup
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -88,6 +90,10 @@ func runHelper(mode string) {
 			buf[i] = 1
 		}
 		os.Exit(0)
+	case "churn":
+		// One moat process of many: make, use and destroy runs' cgroups,
+		// pruning after each as the tiers' Destroy does.
+		os.Exit(churn(churnRounds))
 	case "spin":
 		// Spin until this process has used 200 ms of CPU, however busy the
 		// host is, so the test can expect at least that much.
@@ -603,4 +609,81 @@ func BenchmarkCreateDestroy(b *testing.B) {
 			}
 		}
 	})
+}
+
+// churnRounds is how many cgroups each churn helper makes.
+var churnRounds = 150
+
+// churn makes, measures and destroys rounds cgroups, each followed by a
+// Prune, and prints every failure; it returns the exit code.
+func churn(rounds int) int {
+	h, err := Detect()
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	failed := 0
+	for i := range rounds {
+		id := fmt.Sprintf("%s%d", testPrefix, i)
+		c, err := h.Create(id, Limits{MemoryBytes: 64 << 20, Pids: 16, CPUs: 0.5})
+		if err == nil {
+			_, err = c.Stats()
+			if derr := c.Destroy(); err == nil {
+				err = derr
+			}
+		}
+		if perr := h.Prune(); err == nil {
+			err = perr
+		}
+		if err != nil {
+			fmt.Printf("round %d: %v\n", i, err)
+			failed++
+		}
+	}
+	if failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+// TestCreateAcrossProcesses: moat processes on one host make and destroy
+// runs' cgroups at once, and each prunes the shared moat/ parents when it
+// thinks it is the last. A prune must never take the parents from under
+// another process's Create (issue 17: "mkdir moat/<id>: no such file or
+// directory", "open memory.max: no such file or directory" on v2).
+func TestCreateAcrossProcesses(t *testing.T) {
+	h := requireHost(t)
+	procs := 8
+	if n, err := strconv.Atoi(os.Getenv("MOAT_CHURN_PROCS")); err == nil {
+		procs = n
+	}
+	var cmds []*exec.Cmd
+	outs := make([]*bytes.Buffer, procs)
+	for i := range procs {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), helperEnv+"=churn")
+		cmd.Stdin = strings.NewReader("x")
+		outs[i] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("process %d of %d (%d cgroups each): %v\n%s", i, procs, churnRounds, err, outs[i])
+		}
+	}
+	ids, err := h.Orphans()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		for _, cmd := range cmds {
+			if strings.HasPrefix(id, fmt.Sprintf("t%d-", cmd.Process.Pid)) {
+				t.Errorf("moat/%s left behind", id)
+			}
+		}
+	}
 }

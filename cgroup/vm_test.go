@@ -16,7 +16,7 @@ var v2HostTests = []string{
 	"TestHostDetect", "TestCreateDestroyLeavesNothing", "TestLimitsReadBack",
 	"TestCreateRejects", "TestCreateUndoesPartialFailure", "TestCreateExistingFails",
 	"TestKillAndDestroyKillProcess", "TestKillWhileForking", "TestForkBomb",
-	"TestOOM", "TestStatsCPU", "TestFD", "TestOrphansRemove",
+	"TestOOM", "TestStatsCPU", "TestFD", "TestOrphansRemove", "TestCreateAcrossProcesses",
 }
 
 // TestV2InVM runs this package's tests again in a VM whose kernel has

@@ -284,6 +284,9 @@ func exists(t *testing.T, path string) bool {
 	return err == nil
 }
 
+// held says whether a live process holds the run lock file at path.
+func held(path string) bool { return RunAlive(filepath.Dir(path)) }
+
 func TestClaim(t *testing.T) {
 	e, err := New(Options{Home: t.TempDir()})
 	if err != nil {
@@ -304,13 +307,13 @@ func TestClaim(t *testing.T) {
 	if !exists(t, filepath.Join(dir, "lock")) {
 		t.Fatalf("claim(%s) made no lock file", id)
 	}
-	if !isAlive(filepath.Join(dir, "lock")) {
+	if !held(filepath.Join(dir, "lock")) {
 		t.Errorf("a claimed run is not alive")
 	}
 	if _, err := e.claim(id); err == nil {
 		t.Errorf("claiming a live run's id twice succeeded")
 	}
-	if !isAlive(filepath.Join(dir, "lock")) {
+	if !held(filepath.Join(dir, "lock")) {
 		t.Errorf("the refused second claim released the first")
 	}
 	release(true)
@@ -318,7 +321,7 @@ func TestClaim(t *testing.T) {
 	if exists(t, dir) {
 		t.Errorf("release left %s", dir)
 	}
-	if isAlive(filepath.Join(dir, "lock")) {
+	if held(filepath.Join(dir, "lock")) {
 		t.Errorf("a released run is still alive")
 	}
 }
@@ -341,7 +344,7 @@ func TestClaimReleasedUnclean(t *testing.T) {
 	if !exists(t, filepath.Join(dir, "lock")) {
 		t.Fatalf("release(false) removed %s", dir)
 	}
-	if isAlive(filepath.Join(dir, "lock")) {
+	if held(filepath.Join(dir, "lock")) {
 		t.Errorf("a run released uncleanly still holds its lock")
 	}
 	rep, err := e.GC()
@@ -381,7 +384,7 @@ func TestPrepareLeftovers(t *testing.T) {
 		t.Fatalf("prepare = %v, want ErrLeftovers", err)
 	}
 	left := runs()
-	if len(left) != 1 || isAlive(filepath.Join(e.Home(), "runs", left[0], "lock")) {
+	if len(left) != 1 || held(filepath.Join(e.Home(), "runs", left[0], "lock")) {
 		t.Fatalf("runs/ = %v, want one dead run kept for GC", left)
 	}
 	rep, err := e.GC()
@@ -398,6 +401,7 @@ type gcEntry struct {
 	name    string
 	setup   func(t *testing.T, e *Engine, path string) // makes path
 	removed bool                                       // GC removes and reports it
+	legacy  bool                                       // named as an older moat named a claim
 }
 
 func gcEntries() []gcEntry {
@@ -424,15 +428,14 @@ func gcEntries() []gcEntry {
 				t.Fatal(err)
 			}
 		}},
-		{name: "old run directory without a lock", removed: true, setup: func(t *testing.T, e *Engine, path string) {
+		{name: "run directory without a lock (its moat died claiming or releasing it)", removed: true, setup: func(t *testing.T, e *Engine, path string) {
 			mkdir(t, path)
-			old := time.Now().Add(-time.Hour)
-			if err := os.Chtimes(path, old, old); err != nil {
+		}},
+		{name: "directory of an older moat's claim", removed: true, legacy: true, setup: func(t *testing.T, e *Engine, path string) {
+			mkdir(t, path)
+			if err := os.WriteFile(filepath.Join(path, "lock"), nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
-		}},
-		{name: "fresh run directory without a lock yet", setup: func(t *testing.T, e *Engine, path string) {
-			mkdir(t, path)
 		}},
 	}
 }
@@ -456,7 +459,11 @@ func checkGC(t *testing.T, e *Engine, shared bool) {
 	var entries []made
 	for _, g := range gcEntries() {
 		id := newID()
-		entries = append(entries, made{g, id, filepath.Join(runs, id)})
+		path := filepath.Join(runs, id)
+		if g.legacy {
+			path = filepath.Join(runs, legacyClaimPrefix+id)
+		}
+		entries = append(entries, made{g, id, path})
 	}
 	for _, name := range invalidRunNames {
 		name := name + "-" + newID()[:6]

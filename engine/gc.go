@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -25,36 +24,31 @@ type GCReport struct {
 
 // GC removes what runs of this engine's home that died without cleaning up
 // (moat killed with SIGKILL, a host crash) left behind. A run is dead when
-// nobody holds its lock; live runs are never touched, and neither are runs
-// of other homes (their own GC collects them). Processes, mounts and
-// network namespaces of a dead run die with its init or its jailed VMM
+// nobody holds its lock; live runs are never touched, whichever process
+// runs them, and neither are runs of other homes (their own GC collects
+// them): claim.go has the protocol. Processes, mounts and network
+// namespaces of a dead run die with its init or its jailed VMM
 // (parent-death signal, PID namespace teardown); what can outlive it is
-// its cgroup and its run directory (with a VMM's sockets). The cgroup goes first, so a GC interrupted in between leaves
-// the directory for the next one to find.
+// its cgroup and its run directory (with a VMM's sockets). The cgroup goes
+// first, so a GC interrupted in between leaves the directory for the next
+// one to find.
 func (e *Engine) GC() (GCReport, error) {
 	var rep GCReport
-	var errs []error
-	runsDir := filepath.Join(e.opts.Home, "runs")
-	entries, err := os.ReadDir(runsDir)
-	if err != nil && !os.IsNotExist(err) {
-		return rep, fmt.Errorf("gc: %w", err)
+	dead, err := e.deadRuns()
+	errs := []error{err}
+	if len(dead) > 0 {
+		e.collect(dead, &rep, &errs)
 	}
-	var dead []string // directory names
-	for _, ent := range entries {
-		dir := filepath.Join(runsDir, ent.Name())
-		id, claiming := strings.CutPrefix(ent.Name(), claimPrefix)
-		// A run being claimed has its lock file a moment before the lock
-		// itself (claim): a fresh claim is alive whatever its lock says,
-		// or another moat's GC could take it in between.
-		if !validRunID(id) || claiming && fresh(dir) || isAlive(filepath.Join(dir, "lock")) {
-			continue
-		}
-		dead = append(dead, ent.Name())
+	if removed, err := e.images.GC(); err != nil {
+		errs = append(errs, err)
+	} else {
+		rep.Images = removed
 	}
-	if len(dead) == 0 {
-		return rep, nil
-	}
+	return rep, errors.Join(errs...)
+}
 
+// collect removes what the dead runs left and lets their locks go.
+func (e *Engine) collect(dead []deadRun, rep *GCReport, errs *[]error) {
 	// Every tier that confines a run in a cgroup (native, gvisor, and the
 	// microvm tier's VMM) names it moat/<run id>, so one host's orphans
 	// are every tier's. The native tier's view is used when it is there;
@@ -72,39 +66,36 @@ func (e *Engine) GC() (GCReport, error) {
 	if cg != nil {
 		ids, err := cg.Orphans()
 		if err != nil {
-			errs = append(errs, err)
+			*errs = append(*errs, err)
 		}
 		for _, id := range ids {
 			orphans[id] = true
 		}
 	}
-	for _, name := range dead {
-		id, _ := strings.CutPrefix(name, claimPrefix)
-		if cg != nil && orphans[id] {
-			if err := cg.Remove(id); err != nil {
-				errs = append(errs, fmt.Errorf("remove cgroup of run %s: %w", id, err))
-				continue
+	for _, d := range dead {
+		func() {
+			defer d.lock.Close()
+			if cg != nil && orphans[d.id] {
+				if err := cg.Remove(d.id); err != nil {
+					*errs = append(*errs, fmt.Errorf("remove cgroup of run %s: %w", d.id, err))
+					return
+				}
+				rep.Cgroups = append(rep.Cgroups, d.id)
 			}
-			rep.Cgroups = append(rep.Cgroups, id)
-		}
-		// A tier that needs a host mount (gVisor's workspace) keeps it
-		// below the run's directory; a killed moat leaves it mounted.
-		if err := unmountBelow(filepath.Join(runsDir, name)); err != nil {
-			errs = append(errs, fmt.Errorf("unmount what run %s left: %w", id, err))
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(runsDir, name)); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		rep.Runs = append(rep.Runs, id)
+			// A tier that needs a host mount (gVisor's workspace) keeps
+			// it below the run's directory; a killed moat leaves it
+			// mounted.
+			if err := unmountBelow(d.dir); err != nil {
+				*errs = append(*errs, fmt.Errorf("unmount what run %s left: %w", d.id, err))
+				return
+			}
+			if err := e.removeRun(d.dir); err != nil {
+				*errs = append(*errs, fmt.Errorf("remove run %s: %w", d.id, err))
+				return
+			}
+			rep.Runs = append(rep.Runs, d.id)
+		}()
 	}
-	if removed, err := e.images.GC(); err != nil {
-		errs = append(errs, err)
-	} else {
-		rep.Images = removed
-	}
-	return rep, errors.Join(errs...)
 }
 
 // unmountBelow lazily unmounts every mount at or below dir, deepest first.
@@ -153,77 +144,20 @@ func unescapeMountinfo(s string) string {
 	return out.String()
 }
 
-// isAlive reports whether some process holds the run's lock.
-func isAlive(lock string) bool {
-	f, err := os.OpenFile(lock, os.O_RDWR, 0)
-	if err != nil {
-		// No lock file: either being created right now (the directory
-		// exists first) or long gone. Treat a missing file as alive only
-		// if its directory is fresh.
-		return fresh(filepath.Dir(lock))
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return true
-	}
-	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false
-}
-
-// fresh says whether dir was modified in the last few seconds: a run
-// directory still being set up.
-func fresh(dir string) bool {
-	fi, err := os.Stat(dir)
-	return err == nil && time.Since(fi.ModTime()) < 5*time.Second
-}
-
-func validRunID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-// LiveRuns returns the ids of this home's runs whose lock is held right
-// now. It reads /proc/locks rather than trying the locks, so it never
-// disturbs a run that is taking its own lock at that moment.
+// LiveRuns returns the ids of this home's runs that are alive right now
+// (RunAlive).
 func (e *Engine) LiveRuns() map[string]bool {
-	held := HeldLocks()
 	live := map[string]bool{}
+	unlock, err := e.lockRuns(unix.LOCK_EX)
+	if err != nil {
+		return live
+	}
+	defer unlock()
 	runs, _ := os.ReadDir(filepath.Join(e.opts.Home, "runs"))
 	for _, r := range runs {
-		if held(filepath.Join(e.opts.Home, "runs", r.Name(), "lock")) {
-			id, _ := strings.CutPrefix(r.Name(), claimPrefix)
-			live[id] = true
+		if lockHeld(filepath.Join(e.opts.Home, "runs", r.Name(), runLock)) {
+			live[strings.TrimPrefix(r.Name(), legacyClaimPrefix)] = true
 		}
 	}
 	return live
-}
-
-// HeldLocks returns a test of whether a file (a run's lock, under any
-// home) is flock-ed by a live process, as /proc/locks says now: it never
-// takes the lock itself.
-func HeldLocks() func(path string) bool {
-	held := map[uint64]bool{}
-	if b, err := os.ReadFile("/proc/locks"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 6 || f[1] != "FLOCK" {
-				continue
-			}
-			parts := strings.Split(f[5], ":")
-			if ino, err := strconv.ParseUint(parts[len(parts)-1], 10, 64); err == nil {
-				held[ino] = true
-			}
-		}
-	}
-	return func(path string) bool {
-		var st unix.Stat_t
-		return unix.Stat(path, &st) == nil && held[st.Ino]
-	}
 }

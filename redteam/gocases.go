@@ -193,7 +193,6 @@ func (r *runner) leftovers() []string {
 		}
 	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		held := engine.HeldLocks()
 		for _, line := range strings.Split(string(mi), "\n") {
 			if !strings.Contains(line, "moat-redteam") && !strings.Contains(line, "/runs/") {
 				continue
@@ -202,7 +201,7 @@ func (r *runner) leftovers() []string {
 			// another moat or test package on this host, under any
 			// home) is that run's, not residue: its lock is held.
 			if f := strings.Fields(line); len(f) > 4 {
-				if dir, ok := runDirOf(f[4]); ok && held(filepath.Join(dir, "lock")) {
+				if dir, ok := runDirOf(f[4]); ok && engine.RunAlive(dir) {
 					continue
 				}
 			}

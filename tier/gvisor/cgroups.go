@@ -125,16 +125,12 @@ func removeForeign(root string, v cgroup.Version, id string) error {
 // directories whose run's own cgroup is gone (a runsc killed before it
 // deleted its container, then collected by the engine's GC or by Destroy),
 // and the moat/ parents once they are empty, so an idle host keeps no
-// trace of Moat there either. It runs only while no sandbox of this tier
-// is alive: a concurrent runsc creating moat/<id> must not lose its parent
-// between its mkdirs.
+// trace of Moat there either. It runs only while no run on this host, of
+// any tier or moat process, holds its cgroup (cgroup.Host.IfIdle): a
+// runsc creating its moat/<id> runs inside such a run, and must not lose
+// its parent between its mkdirs.
 func (g *GVisor) pruneForeign() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.live > 0 {
-		return
-	}
-	pruneForeignAt(cgroupRoot, g.cg.Version)
+	g.cg.IfIdle(func() { pruneForeignAt(cgroupRoot, g.cg.Version) })
 }
 
 func pruneForeignAt(root string, v cgroup.Version) {

@@ -104,12 +104,6 @@ type GVisor struct {
 	guest   string
 	cg      *cgroup.Host
 	caps    tier.Capabilities
-
-	// mu guards live, the number of this tier's sandboxes between Prepare
-	// and Destroy: the cgroup parents runsc creates are pruned only when
-	// none is alive (see pruneForeign).
-	mu   sync.Mutex
-	live int
 }
 
 // Options configure the tier. The zero value is ready to use.

@@ -71,7 +71,6 @@ type sandbox struct {
 	bundle, state, logs, ws, tmp string
 	hostPids                     int
 	mounted, tmpMounted          bool
-	counted                      bool // g.live counts this sandbox
 
 	boot     *exec.Cmd     // `runsc run` of the guest's init
 	bootDone chan struct{} // closed once boot is reaped
@@ -134,10 +133,6 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		tmp:    filepath.Join(spec.StateDir, tmpDir),
 		procs:  map[int]*process{},
 	}
-	g.mu.Lock()
-	g.live++
-	g.mu.Unlock()
-	s.counted = true
 	defer func() {
 		if err != nil {
 			if derr := s.Destroy(); derr != nil {
@@ -549,7 +544,6 @@ func (s *sandbox) Destroy() error {
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
 			}
-			s.g.cg.Prune()
 			if err := removeForeign(cgroupRoot, s.g.cg.Version, s.spec.ID); err != nil {
 				errs = append(errs, err)
 			}
@@ -575,12 +569,7 @@ func (s *sandbox) Destroy() error {
 				errs = append(errs, err)
 			}
 		}
-		if s.counted {
-			s.g.mu.Lock()
-			s.g.live--
-			s.g.mu.Unlock()
-			s.g.pruneForeign()
-		}
+		s.g.pruneForeign()
 		s.destroyErr = errors.Join(errs...)
 	})
 	return s.destroyErr

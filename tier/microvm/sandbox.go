@@ -366,14 +366,12 @@ func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, e
 	}
 	if err := os.MkdirAll(s.ws, 0o700); err != nil {
 		s.cg.Destroy()
-		m.cg.Prune()
 		return nil, err
 	}
 	cfg, err := m.config(s.dir, disk, acc.Accel, mem+vmOverheadMiB, vcpus)
 	if err != nil {
 		os.RemoveAll(s.dir)
 		s.cg.Destroy()
-		m.cg.Prune()
 		return nil, err
 	}
 	if spec.EgressSocket != "" {
@@ -931,11 +929,10 @@ func (s *Sandbox) Destroy() error {
 		}
 		var errs []error
 		if s.cg != nil {
-			// Kills anything left in it (nothing, once the VMM is reaped).
-			errs = append(errs, s.cg.Destroy())
-			// And the moat/ parents when no other run uses them, so an
+			// Kills anything left in it (nothing, once the VMM is reaped),
+			// and the moat/ parents when no other run uses them, so an
 			// idle host has no trace of Moat in its cgroup tree.
-			s.m.cg.Prune()
+			errs = append(errs, s.cg.Destroy())
 		}
 		errs = append(errs, os.RemoveAll(s.dir))
 		err = errors.Join(errs...)

@@ -695,12 +695,11 @@ func (s *sandbox) Destroy() error {
 			s.sess.sock.Close()
 		}
 		if s.cg != nil {
+			// Destroy also removes the moat/ parents when no other run
+			// uses them, so an idle host has no trace of Moat there.
 			if err := s.cg.Destroy(); err != nil {
 				errs = append(errs, fmt.Errorf("destroy cgroup: %w", err))
 			}
-			// Remove the moat/ parents too when no other run uses them, so
-			// an idle host has no trace of Moat in its cgroup tree.
-			s.host.Prune()
 		}
 		if s.init != nil && s.init.Process != nil {
 			// Reached only when Exec never ran (or did not finish):
