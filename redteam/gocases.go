@@ -32,6 +32,8 @@ func goCases() []Case {
 		registerConcurrencyCases()
 		registerEgressCases()
 		registerFSCases()
+		registerHostWideCases()
+		registerHostIdentityCase()
 		registerKernelCases()
 		registerNetCases()
 	})

@@ -135,9 +135,6 @@ var allowGroups = []group{
 		"poll", "ppoll", "select", "pselect6",
 		"epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2",
 	}},
-	{reason: "POSIX AIO via the kernel's aio ring (databases, libaio); io_uring is denied separately", names: []string{
-		"io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
-	}},
 	{reason: "memory management of the process's own address space", names: []string{
 		"brk", "mmap", "munmap", "mremap", "mprotect", "msync", "mincore", "madvise", "remap_file_pages",
 		"mlock", "mlock2", "munlock", "mlockall", "munlockall", // bounded by RLIMIT_MEMLOCK
@@ -285,6 +282,9 @@ var denyGroups = []group{
 	}},
 	{reason: "userfaultfd lets an exploit pause the kernel mid-copy_from_user to widen race windows (why vm.unprivileged_userfaultfd defaults to 0)", names: []string{
 		"userfaultfd",
+	}},
+	{reason: "the kernel's AIO contexts come from one host-wide pool (fs.aio-max-nr, not per user, namespace or cgroup): eight io_setup calls from one sandbox took all 65536 and every host process got EAGAIN, and its fill level is a channel between runs; ENOSYS, so libaio users (databases) take their thread-based fallback as on a kernel without AIO", errno: unix.ENOSYS, names: []string{
+		"io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
 	}},
 	{reason: "io_uring bypasses per-syscall seccomp checks for the operations it queues and has had a stream of privilege escalations (CVE-2021-41073, CVE-2022-29582, CVE-2023-2598)", names: []string{
 		"io_uring_setup", "io_uring_enter", "io_uring_register",

@@ -34,6 +34,17 @@ var maskedPaths = []string{
 	"/proc/slabinfo",
 	"/proc/vmallocinfo",
 	"/proc/config.gz",
+	// Host identity and activity, masked because it costs nothing (issue
+	// 17): the boot command line (root device, options), the kernel's
+	// build string, the id of this boot (which tells runs, and tenants,
+	// that they share a host), every disk's activity and the host-wide
+	// AIO count (both readable traces of other tenants). The kernel
+	// release stays visible through uname(2), which programs need.
+	"/proc/cmdline",
+	"/proc/version",
+	"/proc/diskstats",
+	"/proc/sys/kernel/random/boot_id",
+	"/proc/sys/fs/aio-nr",
 }
 
 // readonlyPaths stay visible but can never be written, even by a process

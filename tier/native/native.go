@@ -32,17 +32,6 @@ import (
 	"github.com/moat-sandbox/moat/tier"
 )
 
-// Host IDs the sandbox's user namespace maps to. Inside, uid 0 (init
-// during setup) and uid 1000 (the program) exist; outside they are high,
-// unused ids that own nothing on the host, so even a process that reached a
-// host file would have only "other" permissions on it.
-const (
-	HostIDBase = 0x70000000
-	idRange    = 65536
-	SandboxUID = 1000
-	SandboxGID = 1000
-)
-
 // ownStdio gives the pipes that become a program's standard streams to
 // the sandbox user. A program may reopen them by path (/dev/stdout,
 // /dev/stderr, /proc/self/fd/N; shell scripts often write to /dev/stderr),
@@ -50,9 +39,9 @@ const (
 // (0600): owned by the host's root, which is unmapped in the sandbox, the
 // open fails with EACCES. Owning them lets the program reach only its own
 // streams, which it holds already.
-func ownStdio(files ...*os.File) error {
+func ownStdio(ids *idSlot, files ...*os.File) error {
 	for _, f := range files {
-		if err := f.Chown(HostIDBase+SandboxUID, HostIDBase+SandboxGID); err != nil {
+		if err := f.Chown(ids.base()+SandboxUID, ids.base()+SandboxGID); err != nil {
 			return fmt.Errorf("give the program's standard streams to its user: %w", err)
 		}
 	}
@@ -96,6 +85,9 @@ func New(opts Options) (*Native, error) {
 	}
 	cg, err := cgroup.Detect()
 	if err != nil {
+		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
+	}
+	if err := ensureSigpending(); err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 	}
 	filter, err := seccomp.Default().Compile()
@@ -152,6 +144,7 @@ type sandbox struct {
 	// sess is set in session mode (Spec.Session).
 	sess     *session
 	degraded []string
+	ids      *idSlot // the run's host id range
 
 	destroyOnce sync.Once
 	destroyErr  error
@@ -180,7 +173,10 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
-	s.ws, err = newWorkspace(lim.WorkspaceBytes, lim.WorkspaceFiles)
+	if s.ids, err = allocIDSlot(); err != nil {
+		return nil, err
+	}
+	s.ws, err = newWorkspace(lim.WorkspaceBytes, lim.WorkspaceFiles, s.ids)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +210,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	childEnds = []*os.File{cfgR, statusW, stdinR, stdoutW, stderrW}
 	// Ours from here: Destroy closes them if Prepare fails below.
 	s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR = cfgW, statusR, stdinW, stdoutR, stderrR
-	if err = ownStdio(stdinR, stdoutW, stderrW); err != nil {
+	if err = ownStdio(s.ids, stdinR, stdoutW, stderrW); err != nil {
 		return nil, err
 	}
 	extra := []*os.File{cfgR, statusW, s.ws} // fds 3, 4, 5: see nsinit
@@ -254,7 +250,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		}
 		extra = append(extra, joins...)
 	}
-	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: idRange}}
+	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: s.ids.base(), Size: idRange}}
 	cmd := &exec.Cmd{
 		Path: n.exe,
 		Args: []string{"moat-init", nsinit.Arg},
@@ -271,7 +267,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 				unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
 			UidMappings: idmap,
 			GidMappings: idmap,
-			// Become root of the new user namespace (host id HostIDBase),
+			// Become root of the new user namespace (the run's base id),
 			// not the host's root.
 			Credential: &syscall.Credential{Uid: 0, Gid: 0},
 			Pdeathsig:  unix.SIGKILL,
@@ -282,7 +278,8 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = fd
 	}
-	if err = cmd.Start(); err != nil {
+	// The run's base id owns the user namespace (startOwnedBy).
+	if err = startOwnedBy(cmd, s.ids.base()); err != nil {
 		return nil, fmt.Errorf("start init %s: %w", n.exe, err)
 	}
 	s.init = cmd
@@ -367,7 +364,7 @@ func egressPort(spec *tier.Spec) int {
 // only as this file descriptor until init attaches it inside the sandbox,
 // and vanishes when the last reference goes, so a killed moat leaves no
 // mount on the host.
-func newWorkspace(bytes int64, files int) (*os.File, error) {
+func newWorkspace(bytes int64, files int, ids *idSlot) (*os.File, error) {
 	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("workspace: fsopen tmpfs: %w", err)
@@ -377,8 +374,8 @@ func newWorkspace(bytes int64, files int) (*os.File, error) {
 		{"size", fmt.Sprint(bytes)},
 		{"nr_inodes", fmt.Sprint(files)},
 		{"mode", "0755"},
-		{"uid", fmt.Sprint(HostIDBase + SandboxUID)},
-		{"gid", fmt.Sprint(HostIDBase + SandboxGID)},
+		{"uid", fmt.Sprint(ids.base() + SandboxUID)},
+		{"gid", fmt.Sprint(ids.base() + SandboxGID)},
 	}
 	for _, o := range opts {
 		if err := unix.FsconfigSetString(fsfd, o[0], o[1]); err != nil {
@@ -419,8 +416,8 @@ var _ tier.Readier = (*sandbox)(nil)
 func (s *sandbox) Workspace() tier.Workspace {
 	return tier.Workspace{
 		Dir: fmt.Sprintf("/proc/self/fd/%d", s.ws.Fd()),
-		UID: HostIDBase + SandboxUID,
-		GID: HostIDBase + SandboxGID,
+		UID: s.ids.base() + SandboxUID,
+		GID: s.ids.base() + SandboxGID,
 	}
 }
 
@@ -465,6 +462,13 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	}()
 
 	statuses := s.statuses
+
+	// Init confines itself before it reads the command. A setup that
+	// never ends is Moat's failure, said with its reason, not a timeout
+	// the program would be blamed for.
+	if why := waitSetup(s.init.Process.Pid, s.ready, ctx.Done()); why != "" {
+		return nil, fmt.Errorf("sandbox setup: %s", why)
+	}
 
 	start := time.Now()
 	// The config pipe stays open after the command: a cancelled run's
@@ -718,6 +722,13 @@ func (s *sandbox) Destroy() error {
 			}
 		}
 		s.destroyErr = errors.Join(errs...)
+		if s.destroyErr == nil {
+			// Every process of the run is gone with its cgroup: its
+			// ids own nothing now. After a failed destroy the slot stays
+			// taken until this moat exits, never shared with a
+			// straggler.
+			s.ids.release()
+		}
 	})
 	return s.destroyErr
 }

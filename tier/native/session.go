@@ -62,21 +62,30 @@ func (s *sandbox) serveSession(ctx context.Context) error {
 		close(ss.initDone)
 	}()
 	go s.readSessionStatus()
-	// A stuck setup must not hold a pool or a request forever.
-	timer := time.NewTimer(min(s.spec.Limits.Timeout, 30*time.Second))
+	// A stuck setup must not hold a pool or a request forever, and one
+	// that cannot finish fails at once with its reason.
+	timer := time.NewTimer(min(s.spec.Limits.Timeout, SetupTimeout))
 	defer timer.Stop()
-	select {
-	case msg := <-ss.ready:
-		if msg != "" {
-			return fmt.Errorf("sandbox setup: %s", msg)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case msg := <-ss.ready:
+			if msg != "" {
+				return fmt.Errorf("sandbox setup: %s", msg)
+			}
+			return nil
+		case <-ss.initDone:
+			return errors.New("sandbox setup: init exited before serving")
+		case <-timer.C:
+			return errors.New("sandbox setup: init did not become ready in time")
+		case <-tick.C:
+			if why := setupStuck(s.init.Process.Pid); why != "" {
+				return fmt.Errorf("sandbox setup: %s", why)
+			}
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
-		return nil
-	case <-ss.initDone:
-		return errors.New("sandbox setup: init exited before serving")
-	case <-timer.C:
-		return errors.New("sandbox setup: init did not become ready in time")
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	}
 }
 
@@ -191,7 +200,7 @@ func (s *sandbox) Start(ctx context.Context, c *tier.Command) (tier.Process, err
 		closeAll()
 		return nil, fmt.Errorf("create pipes: %w", err)
 	}
-	if err := ownStdio(stdinR, stdoutW, stderrW); err != nil {
+	if err := ownStdio(s.ids, stdinR, stdoutW, stderrW); err != nil {
 		closeAll()
 		return nil, err
 	}

@@ -47,8 +47,9 @@ const Arg = "moat-vmm-jail"
 // uid, and with it the kernel's per-user state (RLIMIT_NPROC's count, the
 // user keyring, inotify and pipe-buffer quotas, signal and ptrace
 // permission), without any allocation state that a killed moat could
-// leave behind. The range lies above the native tier's (0x70000000 +
-// 65536) and holds PID_MAX_LIMIT (2^22) ids. All jailed programs share
+// leave behind. The range lies below the native tier's (one range of
+// 65536 per live sandbox from 0x72000000 up) and holds PID_MAX_LIMIT
+// (2^22) ids. All jailed programs share
 // GID, the one group the files they must open by path (the guest's
 // initramfs) are readable by; no host account has these ids (New of the
 // microvm tier refuses a host whose /etc/passwd or /etc/group uses them).
