@@ -43,28 +43,37 @@ func setupStuck(pid int) string {
 	return ""
 }
 
-// minSigpending is the least RLIMIT_SIGPENDING moat gives itself, and so
-// each sandbox's user namespace (which takes its creator's limit as the
-// bound of what the whole namespace may queue): init's setup needs a few.
-const minSigpending = 1024
+// wantSigpending is the RLIMIT_SIGPENDING moat gives itself where it is
+// lower, and so each sandbox's user namespace, which takes its creator's
+// limit as the bound of what the whole namespace may queue; init's setup
+// queues one signal per thread, so needSigpending is enough to run.
+const (
+	wantSigpending = 1024
+	needSigpending = 64
+)
 
-// ensureSigpending raises this process's RLIMIT_SIGPENDING to at least
-// minSigpending (a moat started with `prlimit --sigpending=0` made every
-// sandbox's init spin in its setup).
+// ensureSigpending raises this process's RLIMIT_SIGPENDING towards
+// wantSigpending, and refuses the tier, saying how to fix it, when even
+// needSigpending cannot be had: a moat started with `prlimit
+// --sigpending=0` made every sandbox's init spin in its setup.
 func ensureSigpending() error {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_SIGPENDING, &lim); err != nil {
 		return err
 	}
-	if lim.Cur >= minSigpending {
+	if lim.Cur >= wantSigpending {
 		return nil
 	}
-	lim.Cur = minSigpending
-	lim.Max = max(lim.Max, minSigpending)
-	if err := unix.Setrlimit(unix.RLIMIT_SIGPENDING, &lim); err != nil {
-		return fmt.Errorf("raise RLIMIT_SIGPENDING to %d (sandboxes' init needs to queue signals): %w; raise it for moat (ulimit -i)", minSigpending, err)
+	raised := unix.Rlimit{Cur: wantSigpending, Max: max(lim.Max, wantSigpending)}
+	if unix.Setrlimit(unix.RLIMIT_SIGPENDING, &raised) == nil {
+		return nil
 	}
-	return nil
+	// Without CAP_SYS_RESOURCE only the soft limit can rise, to the hard.
+	if lim.Max >= needSigpending {
+		raised = unix.Rlimit{Cur: min(lim.Max, wantSigpending), Max: lim.Max}
+		return unix.Setrlimit(unix.RLIMIT_SIGPENDING, &raised)
+	}
+	return fmt.Errorf("moat's RLIMIT_SIGPENDING is %d (hard limit %d) and cannot be raised: each sandbox's init must queue signals while it sets up; raise it to at least %d (ulimit -i %d, or LimitSIGPENDING= in moat's service unit)", lim.Cur, lim.Max, needSigpending, wantSigpending)
 }
 
 // waitSetup waits until ready is closed, init is found stuck, or
