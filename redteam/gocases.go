@@ -34,6 +34,7 @@ func goCases() []Case {
 		registerFSCases()
 		registerKernelCases()
 		registerNetCases()
+		registerTerminalCases()
 	})
 	return append([]Case(nil), registered...)
 }

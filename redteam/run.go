@@ -672,6 +672,11 @@ func copyOutEvidence(en *env) string {
 			bad = "copy-out created a special file: " + p
 		case fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0:
 			bad = "copy-out kept a setuid/setgid bit: " + p
+		case fi.Mode()&os.ModeSticky != 0:
+			bad = "copy-out kept a sticky bit: " + p
+		case fi.Mode().Perm()&0o022 != 0 && p != en.outDir:
+			// Another local user could plant or swap files in it.
+			bad = fmt.Sprintf("copy-out created a group- or world-writable %v: %s", fi.Mode(), p)
 		}
 		return nil
 	})
