@@ -623,7 +623,7 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 		if ev := copyOutEvidence(en); ev != "" {
 			return Escaped, ev
 		}
-		held = append(held, "copy-out wrote only plain files inside the output directory")
+		held = append(held, "copy-out wrote only plain files and directories inside the output directory, none writable by group or others, no setuid, setgid or sticky bit")
 	}
 	for _, p := range e.FilesAbsent {
 		for _, f := range res.Files {
