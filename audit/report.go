@@ -11,9 +11,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
+	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -567,13 +567,10 @@ func trimZeros(s string, least int) string {
 }
 
 // Display returns s as is when every character is printable, else quoted
-// with Go escapes ("\x1b]52;..."), so it cannot move the cursor, set the
-// window title or reach the clipboard of a terminal it is printed on.
+// with Go escapes: output.Display, the one rule for what a sandbox or a
+// client chose and a terminal shows.
 func Display(s string) string {
-	if printable(s) {
-		return s
-	}
-	return strconv.Quote(s)
+	return output.Display(s)
 }
 
 // DisplayCommand renders argv as a command line for a person: plain words
@@ -582,7 +579,7 @@ func Display(s string) string {
 func DisplayCommand(argv []string, width int) string {
 	parts := make([]string, len(argv))
 	for i, a := range argv {
-		if a != "" && printable(a) && !strings.ContainsAny(a, " \t\"'\\$`;&|<>(){}*?[]#~!") {
+		if a != "" && output.Display(a) == a && !strings.ContainsAny(a, " \t\"'\\$`;&|<>(){}*?[]#~!") {
 			parts[i] = a
 		} else {
 			parts[i] = strconv.Quote(a)
@@ -594,16 +591,4 @@ func DisplayCommand(argv []string, width int) string {
 		s = string(r[:width-3]) + "..."
 	}
 	return s
-}
-
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
 }

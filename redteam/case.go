@@ -122,8 +122,9 @@ type Expect struct {
 	// no_new_privs, seccomp filtering and an unprivileged host uid.
 	HostProcs bool `yaml:"host_procs"`
 	// CopyOutSafe: with Setup.Output, the host output directory holds only
-	// regular files and directories, no setuid bits, nothing outside it,
-	// and the sentinel next to it is untouched.
+	// regular files and directories, no setuid, setgid or sticky bits,
+	// nothing writable by group or others, nothing outside it, and the
+	// sentinel next to it is untouched.
 	CopyOutSafe bool `yaml:"copy_out_safe"`
 	// FilesAbsent: paths (relative to /workspace) that must not be in the
 	// diff as added or modified.

@@ -36,6 +36,7 @@ func goCases() []Case {
 		registerHostIdentityCase()
 		registerKernelCases()
 		registerNetCases()
+		registerTerminalCases()
 	})
 	return append([]Case(nil), registered...)
 }

@@ -574,6 +574,9 @@ sys.exit(len(found))
 		return Escaped, "the result JSON (diff paths, symlink targets or another field) contains the canary", 1
 	case strings.Contains(decode(res.Stdout)+decode(res.Stderr), canary):
 		return Escaped, "the decoded output contains the canary", 1
+	case diffHolds(res.Files, canary):
+		// Names that are not UTF-8 are base64 in the JSON: look at the bytes.
+		return Escaped, "a diff path or symlink target (decoded) contains the canary", 1
 	case res.ExitCode != 0:
 		return Escaped, fmt.Sprintf("the program found %d copies of the canary (exit code)", res.ExitCode), 1
 	}
@@ -626,6 +629,17 @@ sys.stdout.buffer.write(b); sys.stderr.buffer.write(b[::-1])
 		}
 	}
 	return Contained, fmt.Sprintf("stdout and stderr (%d bytes each, NUL and invalid UTF-8) are base64 and decode to the exact bytes", len(want)), 1
+}
+
+// diffHolds reports whether a path or symlink target of the diff, as
+// bytes, contains s.
+func diffHolds(files []result.FileChange, s string) bool {
+	for _, f := range files {
+		if strings.Contains(f.Path, s) || strings.Contains(f.Target, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // exfilEscapes is output that would act on a terminal: an OSC 52 clipboard

@@ -623,7 +623,7 @@ func judge(c *Case, en *env, res *result.Result, procs *procWatch) (string, stri
 		if ev := copyOutEvidence(en); ev != "" {
 			return Escaped, ev
 		}
-		held = append(held, "copy-out wrote only plain files inside the output directory")
+		held = append(held, "copy-out wrote only plain files and directories inside the output directory, none writable by group or others, no setuid, setgid or sticky bit")
 	}
 	for _, p := range e.FilesAbsent {
 		for _, f := range res.Files {
@@ -672,6 +672,11 @@ func copyOutEvidence(en *env) string {
 			bad = "copy-out created a special file: " + p
 		case fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0:
 			bad = "copy-out kept a setuid/setgid bit: " + p
+		case fi.Mode()&os.ModeSticky != 0:
+			bad = "copy-out kept a sticky bit: " + p
+		case fi.Mode().Perm()&0o022 != 0 && p != en.outDir:
+			// Another local user could plant or swap files in it.
+			bad = fmt.Sprintf("copy-out created a group- or world-writable %v: %s", fi.Mode(), p)
 		}
 		return nil
 	})

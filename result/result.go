@@ -8,7 +8,13 @@
 // This package must never import anything that touches the host: it is data.
 package result
 
-import "time"
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
 
 // Termination says why a run ended. It is a closed set shared by all tiers;
 // never free text.
@@ -108,6 +114,15 @@ const (
 
 // FileChange is one entry of the workspace diff. Paths are relative to
 // /workspace and use forward slashes.
+//
+// Path and Target hold a name's bytes as the kernel has them, which need
+// not be UTF-8. JSON strings cannot carry such bytes (encoding/json
+// writes U+FFFD for each invalid byte, so "a\xff" and "a\xfe" would both
+// read "a\ufffd"): in JSON, an entry whose path or target is not valid
+// UTF-8 has "encoding": "base64" and both path and target written as
+// standard base64 of their bytes, as a Stream does; otherwise "encoding"
+// is absent and they are the text itself. MarshalJSON and UnmarshalJSON
+// do this; the Go value always holds the bytes (and no Encoding).
 type FileChange struct {
 	Path   string `json:"path"`
 	Change Change `json:"change"`
@@ -119,6 +134,63 @@ type FileChange struct {
 	Mode string `json:"mode"`
 	// Target is a symlink's target, recorded, never followed.
 	Target string `json:"target,omitempty"`
+	// Encoding is "base64" in the JSON form of an entry whose Path or
+	// Target is not valid UTF-8, absent otherwise. In Go it is empty:
+	// MarshalJSON sets it, UnmarshalJSON decodes the names and clears it.
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// EncodingBase64 is the "encoding" of a diff entry or a copy-out skip
+// whose names are not valid UTF-8, and of such a Stream.
+const EncodingBase64 = "base64"
+
+// MarshalJSON writes c with its names in base64 when one is not UTF-8.
+func (c FileChange) MarshalJSON() ([]byte, error) {
+	type plain FileChange // without the methods
+	v := plain(c)
+	v.Encoding = ""
+	if !utf8.ValidString(c.Path) || !utf8.ValidString(c.Target) {
+		v.Encoding = EncodingBase64
+		v.Path = base64.StdEncoding.EncodeToString([]byte(c.Path))
+		if c.Target != "" {
+			v.Target = base64.StdEncoding.EncodeToString([]byte(c.Target))
+		}
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads c, decoding names written in base64.
+func (c *FileChange) UnmarshalJSON(b []byte) error {
+	type plain FileChange
+	var v plain
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	var err error
+	if v.Path, err = decodeName("path", v.Path, v.Encoding); err != nil {
+		return err
+	}
+	if v.Target, err = decodeName("target", v.Target, v.Encoding); err != nil {
+		return err
+	}
+	v.Encoding = ""
+	*c = FileChange(v)
+	return nil
+}
+
+// decodeName reads a name written with encoding ("" and "utf-8": as is).
+func decodeName(field, s, encoding string) (string, error) {
+	switch encoding {
+	case "", "utf-8":
+		return s, nil
+	case EncodingBase64:
+		b, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			return "", fmt.Errorf("%s %q: encoding is base64 but it is not standard base64: %w", field, s, err)
+		}
+		return string(b), nil
+	}
+	return "", fmt.Errorf("encoding %q: want utf-8 or base64", encoding)
 }
 
 // Violation records a limit or policy the run ran into.
@@ -140,10 +212,42 @@ type CopyOut struct {
 	Skipped []Skip `json:"skipped"`
 }
 
-// Skip is one entry CopyOut did not copy.
+// Skip is one entry CopyOut did not copy. Path is written in JSON as a
+// FileChange's is: base64, with "encoding": "base64", when it is not UTF-8.
 type Skip struct {
 	Path   string `json:"path"`
 	Reason string `json:"reason"`
+	// Encoding is as a FileChange's: "base64" in JSON for a path that is
+	// not UTF-8, empty in Go.
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// MarshalJSON writes s with its path in base64 when it is not UTF-8.
+func (s Skip) MarshalJSON() ([]byte, error) {
+	type plain Skip
+	v := plain(s)
+	v.Encoding = ""
+	if !utf8.ValidString(s.Path) {
+		v.Encoding = EncodingBase64
+		v.Path = base64.StdEncoding.EncodeToString([]byte(s.Path))
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads s, decoding a path written in base64.
+func (s *Skip) UnmarshalJSON(b []byte) error {
+	type plain Skip
+	var v plain
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	var err error
+	if v.Path, err = decodeName("path", v.Path, v.Encoding); err != nil {
+		return err
+	}
+	v.Encoding = ""
+	*s = Skip(v)
+	return nil
 }
 
 // NetworkAttempt is one destination the run's program asked the egress

@@ -57,9 +57,10 @@ type Skipped struct {
 //     directory swapped for a symlink after the diff (CVE-2024-45310-style
 //     races) fails that entry closed. Paths must be clean and relative.
 //   - Symlinks are never copied (skipped, reported); devices, FIFOs and
-//     sockets are never copied. Setuid, setgid and sticky bits are
-//     stripped; directories get at least owner rwx so the user can manage
-//     the output.
+//     sockets are never copied. Setuid, setgid and sticky bits, and
+//     group and other write, are stripped (copyOutStrip): nothing copied
+//     out is writable by anyone but its owner; directories get at least
+//     owner rwx so the user can manage the output.
 //   - lim.FileBytes caps each file, lim.Bytes the total, lim.Files the
 //     entries created (including parent directories). Entries past a cap
 //     are skipped and reported; the rest still copy.
@@ -198,9 +199,22 @@ func (co *copyOut) violations() {
 // entry and its open: the window a live sandbox would race.
 var testHookAfterStat func(path string)
 
-// dirMode is the mode a directory copy gets: permission bits only, and at
-// least owner rwx.
-func dirMode(m uint32) uint32 { return m&0o777 | 0o700 }
+// copyOutStrip is what copy-out takes off every mode it reproduces on the
+// host: setuid and setgid (a sandbox-written binary must not run with the
+// copier's privileges), sticky, and group and other write. The copies
+// belong to the user who ran moat (root, often), in a directory other
+// users may traverse: a sandbox's 01777 /workspace/tmp copied as 0777 would
+// let any local user plant files into the results the user is about to
+// review (or swap them for their own). Read and execute bits are kept, so
+// the output reads as the sandbox left it.
+const copyOutStrip = 0o7022
+
+// fileMode is the mode a file copy gets.
+func fileMode(m uint32) uint32 { return m & 0o777 &^ copyOutStrip }
+
+// dirMode is the mode a directory copy gets: as a file's, and at least
+// owner rwx so the user can manage the output.
+func dirMode(m uint32) uint32 { return fileMode(m) | 0o700 }
 
 // one copies one candidate. It returns an error only for failures on the
 // host side; anything about the workspace is a skip.
@@ -378,7 +392,7 @@ func (co *copyOut) file(c result.FileChange, parentfd int, name, rel string, st 
 	if c.SHA256 != "" && c.SHA256 != sum {
 		return discard("content changed since the diff: not copied")
 	}
-	mode := sst.Mode & 0o777 // setuid, setgid, sticky stripped
+	mode := fileMode(sst.Mode)
 	if err := dst.Chmod(fs.FileMode(mode)); err != nil {
 		dst.Close()
 		return err

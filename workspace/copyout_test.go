@@ -86,7 +86,21 @@ func TestCopyOut(t *testing.T) {
 			name:   "setuid stripped",
 			mutate: func(t *testing.T, h *host, root string) { build(t, root, file("suid", "s", 0o4755), dir("sg", 0o2775)) },
 			wantOut: map[string]string{
-				"proj": "dir 0755", "proj/suid": "file 0755 s", "proj/sg": "dir 0775",
+				"proj": "dir 0755", "proj/suid": "file 0755 s", "proj/sg": "dir 0755",
+			},
+		},
+		{
+			// A sandbox's 01777 tmp must not become a 0777 directory on
+			// the host that any local user could plant files in.
+			name: "group and other write stripped, sticky too",
+			mutate: func(t *testing.T, h *host, root string) {
+				build(t, root, dir("tmp", 0o1777), file("tmp/f", "f", 0o666), dir("open", 0o777), file("open/x", "x", 0o777),
+					dir("grp", 0o2770), file("grp/g", "g", 0o620), file("all", "a", 0o7777), file("ro", "r", 0o444))
+			},
+			wantOut: map[string]string{
+				"proj": "dir 0755", "proj/tmp": "dir 0755", "proj/tmp/f": "file 0644 f", "proj/open": "dir 0755",
+				"proj/open/x": "file 0755 x", "proj/grp": "dir 0750", "proj/grp/g": "file 0600 g", "proj/all": "file 0755 a",
+				"proj/ro": "file 0444 r",
 			},
 		},
 		{

@@ -34,6 +34,7 @@ __all__ = [
     "MoatError",
     "MoatConnectionError",
     "stream_bytes",
+    "file_name",
 ]
 
 __version__ = "0.1.0"
@@ -123,6 +124,21 @@ def stream_bytes(stream: Mapping[str, Any]) -> bytes:
     if enc == "base64":
         return base64.b64decode(data, validate=True)
     raise ValueError("output has unknown encoding %r" % enc)
+
+
+def file_name(entry: Mapping[str, Any], field: str = "path") -> bytes:
+    """Returns the bytes of a name in a result's ``files`` (the workspace
+    diff) or ``copy_out.skipped`` entry: ``field`` is ``"path"`` or
+    ``"target"`` (a symlink's). Names that are not valid UTF-8 travel as
+    base64 with ``"encoding": "base64"``, so two distinct names never read
+    the same; ``os.fsdecode`` turns the bytes into a ``str`` for ``open``."""
+    enc = entry.get("encoding") or "utf-8"
+    name = entry.get(field) or ""
+    if enc == "utf-8":
+        return name.encode("utf-8")
+    if enc == "base64":
+        return base64.b64decode(name, validate=True)
+    raise ValueError("file entry has unknown encoding %r" % enc)
 
 
 def _duration(d: Union[str, int, float, None]) -> Optional[str]:

@@ -662,6 +662,22 @@ class TestHelpers(unittest.TestCase):
         with self.assertRaises(ValueError):
             moat_client.stream_bytes({"data": "x", "encoding": "rot13"})
 
+    def test_file_name(self):
+        cases = [
+            ({"path": "dir/résumé.txt", "change": "added"}, "path", "dir/résumé.txt".encode()),
+            ({"path": "Yf8=", "encoding": "base64"}, "path", b"a\xff"),
+            ({"path": "Yf4=", "encoding": "base64"}, "path", b"a\xfe"),
+            ({"path": "bGluaw==", "target": "/g==", "encoding": "base64"}, "target", b"\xfe"),
+            ({"path": "link"}, "target", b""),
+        ]
+        for entry, field, want in cases:
+            with self.subTest(entry=entry, field=field):
+                self.assertEqual(moat_client.file_name(entry, field), want)
+        with self.assertRaises(ValueError):
+            moat_client.file_name({"path": "x", "encoding": "hex"})
+        with self.assertRaises(ValueError):
+            moat_client.file_name({"path": "not base64!", "encoding": "base64"})
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,7 +5,6 @@ package main
 // the store, reports and suggestions live in package audit.
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -212,9 +212,8 @@ func keysList(args []string) int {
 		}
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(os.Stdout)
 		for _, k := range keys {
-			enc.Encode(k)
+			output.EncodeJSON(os.Stdout, k, "")
 		}
 		return 0
 	}
@@ -393,11 +392,9 @@ func (q *auditQuery) records() (recs []audit.Record, found bool, err error) {
 	return recs, true, err
 }
 
-// printJSON writes v to stdout as indented JSON.
+// printJSON writes v to stdout as indented JSON (output.EncodeJSON).
 func printJSON(v any) int {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
+	if err := output.EncodeJSON(os.Stdout, v, "  "); err != nil {
 		return fail(err)
 	}
 	return 0
@@ -465,9 +462,10 @@ func cmdAudit(args []string) int {
 		return fail(err)
 	}
 	if *q.json {
-		enc := json.NewEncoder(os.Stdout)
+		// Hosts in the network log are as the program sent them: escaped
+		// where a terminal would act on them, the same strings.
 		for _, r := range recs {
-			enc.Encode(r)
+			output.EncodeJSON(os.Stdout, r, "")
 		}
 		return 0
 	}

@@ -198,7 +198,7 @@ func versionString() string {
 
 // fail prints err for a user and returns the exit status for it.
 func fail(err error) int {
-	fmt.Fprintf(os.Stderr, "moat: %v\n", err)
+	say("moat: %v\n", err)
 	var ue usageError
 	if errors.As(err, &ue) {
 		return exitUsage

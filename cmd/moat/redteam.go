@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -11,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/redteam"
 )
 
@@ -57,7 +57,8 @@ Flags:
 	defer stop()
 	progress := func(v redteam.Verdict) {
 		if !*jsonOut {
-			fmt.Printf("%-34s %-8s %-15s %s\n", v.Case, v.Tier, v.Verdict, v.Evidence)
+			// Evidence quotes what sandboxes printed: inert on a terminal.
+			os.Stdout.Write(output.Sanitize([]byte(fmt.Sprintf("%-34s %-8s %-15s %s\n", v.Case, v.Tier, v.Verdict, v.Evidence))))
 		}
 	}
 	if !*jsonOut {
@@ -72,9 +73,7 @@ Flags:
 		counts[v.Verdict]++
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(verdicts)
+		output.EncodeJSON(os.Stdout, verdicts, "  ")
 	} else {
 		fmt.Printf("\n%d contained, %d escaped, %d not-applicable, %d error\n",
 			counts[redteam.Contained], counts[redteam.Escaped], counts[redteam.NotApplicable], counts[redteam.Error])

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -269,11 +268,11 @@ func cmdRun(args []string) int {
 	if err != nil {
 		var fe *manifest.FieldError
 		if errors.Is(err, engine.ErrUsage) || errors.As(err, &fe) {
-			fmt.Fprintf(os.Stderr, "moat: %v\n", err)
+			say("moat: %v\n", err)
 			return exitUsage
 		}
 		if errors.Is(err, tier.ErrUnavailable) {
-			fmt.Fprintf(os.Stderr, "moat: %v\nRun 'moat doctor' for details.\n", err)
+			say("moat: %v\nRun 'moat doctor' for details.\n", err)
 			return exitMoat
 		}
 		if ctx.Err() != nil {
@@ -283,9 +282,8 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
+		// Escaped where a terminal would act on them, the same strings.
+		if err := output.EncodeJSON(os.Stdout, res, "  "); err != nil {
 			return fail(err)
 		}
 		return 0
@@ -314,38 +312,50 @@ func splitList(s string) []string {
 }
 
 // report tells the user, on stderr, what the streamed output cannot show.
+// Paths and reasons may hold what the sandbox chose (a file named with an
+// OSC 52 clipboard write): every line goes through say, every path through
+// output.Display.
 func report(res *result.Result) {
 	for _, v := range res.Violations {
-		fmt.Fprintf(os.Stderr, "moat: %s: %s", v.Kind, v.Detail)
+		line := fmt.Sprintf("moat: %s: %s", v.Kind, v.Detail)
 		if v.Limit != "" {
-			fmt.Fprintf(os.Stderr, " (limit %s)", v.Limit)
+			line += fmt.Sprintf(" (limit %s)", v.Limit)
 		}
-		fmt.Fprintln(os.Stderr)
+		say("%s\n", line)
 	}
 	for _, d := range res.Degradations {
-		fmt.Fprintf(os.Stderr, "moat: warning: ran without %s (accepted by the manifest)\n", d)
+		say("moat: warning: ran without %s (accepted by the manifest)\n", d)
 	}
 	if co := res.CopyOut; co != nil {
-		fmt.Fprintf(os.Stderr, "moat: copied %d file(s), %d bytes, to %s\n", co.Files, co.Bytes, co.Dir)
+		say("moat: copied %d file(s), %d bytes, to %s\n", co.Files, co.Bytes, output.Display(co.Dir))
 		for _, s := range co.Skipped {
-			fmt.Fprintf(os.Stderr, "moat: not copied: %s: %s\n", s.Path, s.Reason)
+			say("moat: not copied: %s: %s\n", output.Display(s.Path), s.Reason)
 		}
 	}
 	switch res.Termination {
 	case result.OOM:
-		fmt.Fprintln(os.Stderr, "moat: killed: out of memory (raise resources.memory or --memory)")
+		say("moat: killed: out of memory (raise resources.memory or --memory)\n")
 	case result.Signaled:
-		fmt.Fprintf(os.Stderr, "moat: killed by signal %s\n", res.SignalName)
+		say("moat: killed by signal %s\n", res.SignalName)
 	case result.InfraError:
-		fmt.Fprintf(os.Stderr, "moat: the sandbox failed: %s\n", res.Error)
+		say("moat: the sandbox failed: %s\n", res.Error)
 	}
+}
+
+// say writes a message of moat's to stderr through output.Sanitize: the
+// parts of it that came from a sandbox or a server (a reason, an error,
+// a result from --server) reach the terminal inert; newlines stay.
+func say(format string, args ...any) {
+	os.Stderr.Write(output.Sanitize([]byte(fmt.Sprintf(format, args...))))
 }
 
 type flusher interface{ Flush() error }
 
 // liveWriter streams untrusted output to the user. On a terminal, control
-// sequences are neutralised so the program cannot rewrite the screen, set
-// the clipboard (OSC 52) or retitle the window; pipes get the bytes as is.
+// sequences are neutralised (output.Sanitize: C0 controls but newline, tab
+// and CRLF, DEL, C1, bidi formatting characters, bytes that are not UTF-8)
+// so the program cannot rewrite the screen or a line (a bare CR), set the
+// clipboard (OSC 52) or retitle the window; pipes get the bytes as is.
 func liveWriter(f *os.File) interface {
 	io.Writer
 	flusher
@@ -430,7 +440,7 @@ func runRemote(r remoteRun) int {
 	defer stop()
 	files, err := inputFiles(r.m)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "moat: %v\n", err)
+		say("moat: %v\n", err)
 		return exitUsage
 	}
 	req.Files = files
@@ -443,7 +453,7 @@ func runRemote(r remoteRun) int {
 			if apiErr.Field != "" {
 				msg += " (field: " + apiErr.Field + ")"
 			}
-			fmt.Fprintf(os.Stderr, "moat: %s\n", msg)
+			say("moat: %s\n", msg) // the server's words
 			switch apiErr.Status {
 			case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnauthorized, http.StatusForbidden:
 				// The request as given can never succeed: fix the flags,
@@ -462,9 +472,7 @@ func runRemote(r remoteRun) int {
 		return fail(fmt.Errorf("the server at %s answered run %q without a result", r.server, resp.ID))
 	}
 	if r.jsonOut {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
+		if err := output.EncodeJSON(os.Stdout, res, "  "); err != nil {
 			return fail(err)
 		}
 		return 0
@@ -548,7 +556,7 @@ func inputFiles(m *manifest.Manifest) ([]client.File, error) {
 		switch e.Type {
 		case "dir":
 			if !hasChild[p] {
-				fmt.Fprintf(os.Stderr, "moat: warning: empty directory %s is not sent: the HTTP API carries files only\n", p)
+				say("moat: warning: empty directory %s is not sent: the HTTP API carries files only\n", output.Display(p))
 			}
 			continue
 		case "symlink":
@@ -567,7 +575,7 @@ func inputFiles(m *manifest.Manifest) ([]client.File, error) {
 		if mode == 0 {
 			// The API's default for a file without a mode is 0644; it
 			// cannot say "no permissions".
-			fmt.Fprintf(os.Stderr, "moat: warning: %s has mode 0000 here and is sent with the server's default mode 0644\n", p)
+			say("moat: warning: %s has mode 0000 here and is sent with the server's default mode 0644\n", output.Display(p))
 		}
 		files = append(files, client.File{Path: p, Content: data, Mode: mode})
 	}
