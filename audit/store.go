@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -114,6 +115,11 @@ type Store struct {
 	path string
 	w    *sql.DB // the writer: exactly one connection
 	r    *sql.DB // readers: query_only connections
+
+	// claim is the lock file Claim holds (a server's), nil when not
+	// claimed.
+	claimMu sync.Mutex
+	claim   *os.File
 }
 
 const (
@@ -223,6 +229,8 @@ func (s *Store) Close() error {
 	if s.w != nil {
 		errs = append(errs, s.w.Close())
 	}
+	// Last: the database is closed before another server may claim it.
+	errs = append(errs, s.releaseClaim())
 	return errors.Join(errs...)
 }
 
