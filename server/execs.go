@@ -31,7 +31,9 @@ type execution struct {
 	argv      []string
 	stdinOpen bool
 	started   time.Time
-	log       *eventLog
+	// untrack stops accruing the command's usage (before Finish).
+	untrack func()
+	log     *eventLog
 	// done is closed once the result is recorded and the exit event is in
 	// the log.
 	done chan struct{}
@@ -160,8 +162,18 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	defer context.AfterFunc(s.stopCtx, cancel)()
 	ex.started = time.Now().UTC()
+	usage, untrack := s.track(ex.auditID, rec.Started)
+	if cr, ok := sb.sess.(CPUReporter); ok {
+		// The sandbox's CPU since the command started: what commands
+		// running at once use is charged to each, as their results do.
+		if base, err := cr.CPU(); err == nil {
+			usage.setCPU(cr.CPU, base)
+		}
+	}
+	ex.untrack = untrack
 	proc, err := guard("session Start", "a process", func() (Process, error) { return sb.sess.Start(ctx, req) })
 	if err != nil {
+		untrack()
 		if ferr := s.cfg.Auditor.Finish(ex.auditID, nil, err); ferr != nil {
 			s.log.Error("audit: finish exec", "exec", ex.auditID, "err", ferr)
 		}
@@ -247,6 +259,7 @@ func (s *Server) watch(ex *execution, slot func()) {
 	ex.mu.Lock()
 	ex.res, ex.ended, ex.failed = res, time.Now().UTC(), failed
 	ex.mu.Unlock()
+	ex.untrack()
 	finishRes := res
 	if runErr != nil {
 		finishRes = nil

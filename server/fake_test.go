@@ -49,6 +49,7 @@ var (
 	_ Session      = (*fakeSession)(nil)
 	_ Process      = (*fakeProcess)(nil)
 	_ Auditor      = (*fakeAuditor)(nil)
+	_ CPUReporter  = (*fakeSession)(nil)
 )
 
 type fakeBackend struct {
@@ -120,6 +121,10 @@ func (b *fakeBackend) Run(ctx context.Context, req *engine.Request) (*result.Res
 	b.runs++
 	b.lastRun, b.lastMode, b.lastReq = files, modes, req
 	b.mu.Unlock()
+	if req.OnStart != nil {
+		// The fake's "sandbox" is the test process itself.
+		req.OnStart(req.ID, func() ([]int, error) { return []int{os.Getpid()}, nil })
+	}
 	p := &program{argv: req.Argv, stdin: req.Stdin, sig: make(chan unix.Signal), kill: ctx.Done(), manifest: req.Manifest}
 	return p.run(), nil
 }
@@ -179,6 +184,14 @@ func (s *fakeSession) ID() string { return s.id }
 
 func (s *fakeSession) Info() engine.SessionInfo {
 	return engine.SessionInfo{ID: s.id, Tier: "fake", Image: result.Image{Name: "python", Digest: "sha256:fake"}, ManifestDigest: s.manifest.Digest(), Created: s.created}
+}
+
+// CPU pretends the sandbox keeps one CPU busy (CPUReporter).
+func (s *fakeSession) CPU() (time.Duration, error) {
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	return time.Since(s.created), nil
 }
 
 func (s *fakeSession) check() error {

@@ -24,6 +24,7 @@ type sandbox struct {
 	metadata map[string]string
 	created  time.Time
 	release  func() // the key's sandbox slot
+	untrack  func() // stops accruing the sandbox record's usage
 
 	// state and expires are guarded by Server.mu.
 	state   string
@@ -109,6 +110,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.sandboxes[sb.id] = sb
 	registered = true
+	// A sandbox's record accrues its lifetime; its CPU is its commands'.
+	_, sb.untrack = s.track(sb.id, rec.Started)
 	view := s.viewLocked(sb)
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "sandbox", sb.id, "key", key.ID, "tier", info.Tier, "ttl", spec.ttl.String())
@@ -242,6 +245,7 @@ func (s *Server) finishDestroy(sb *sandbox, reason string) (Sandbox, *Error) {
 	view := s.viewLocked(sb)
 	s.mu.Unlock()
 	sb.release()
+	sb.untrack()
 	if ferr := s.cfg.Auditor.Finish(sb.id, nil, err); ferr != nil {
 		s.log.Error("audit: finish sandbox", "sandbox", sb.id, "err", ferr)
 	}
@@ -353,6 +357,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	wg.Wait()
 	s.tasks.Wait()
 	s.stop()
+	<-s.accrued // no accrual is written after Shutdown returns
 	s.log.Info("shut down", "sandboxes_destroyed", len(all))
 	s.shutdownErr = err
 	return err

@@ -71,6 +71,10 @@ type Config struct {
 	// ReapInterval is how often expired sandboxes are looked for.
 	// Default 1s.
 	ReapInterval time.Duration
+	// AccrueInterval is how often the usage of running records is written
+	// to the audit log (when the Auditor is an Accruer): what a crash of
+	// the server can lose of a run's accounting. Default 2s.
+	AccrueInterval time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -113,6 +117,9 @@ func (c *Config) setDefaults() error {
 	if c.ReapInterval <= 0 {
 		c.ReapInterval = time.Second
 	}
+	if c.AccrueInterval <= 0 {
+		c.AccrueInterval = 2 * time.Second
+	}
 	return nil
 }
 
@@ -136,6 +143,7 @@ type Server struct {
 	stop     context.CancelFunc
 	stopping chan struct{}
 	reaped   chan struct{}
+	accrued  chan struct{} // closed when accrueLoop has returned
 
 	mu        sync.Mutex
 	closing   bool
@@ -145,6 +153,8 @@ type Server struct {
 	// active counts sandboxes and in-flight runs, server-wide.
 	active int
 	runs   runStore
+	// meters accrue the usage of running records (accrue.go).
+	meters meters
 
 	// inflight counts requests starting work (see enter); tasks counts
 	// what outlives them: command watchers and sandbox destruction.
@@ -171,6 +181,7 @@ func New(cfg Config) (*Server, error) {
 		slots:        make(chan struct{}, cfg.MaxConcurrent),
 		stopping:     make(chan struct{}),
 		reaped:       make(chan struct{}),
+		accrued:      make(chan struct{}),
 		sandboxes:    map[string]*sandbox{},
 		held:         map[string]int{},
 		runs:         runStore{max: cfg.KeepRuns, byID: map[string]*storedRun{}},
@@ -181,6 +192,7 @@ func New(cfg Config) (*Server, error) {
 	s.routesInit()
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	go s.reap()
+	go s.accrueLoop()
 	return s, nil
 }
 
