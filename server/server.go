@@ -71,6 +71,12 @@ type Config struct {
 	// ReapInterval is how often expired sandboxes are looked for.
 	// Default 1s.
 	ReapInterval time.Duration
+	// DrainBytes bounds how much of a request body the server reads and
+	// discards before an error answer (a body over MaxBodyBytes, a bad
+	// key), so that a client that sends its whole body before reading
+	// the answer (Python's http.client) gets the answer, not a reset
+	// connection. Default 256 MiB; negative: none.
+	DrainBytes int64
 	// AccrueInterval is how often the usage of running records is written
 	// to the audit log (when the Auditor is an Accruer): what a crash of
 	// the server can lose of a run's accounting. Default 2s.
@@ -116,6 +122,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ReapInterval <= 0 {
 		c.ReapInterval = time.Second
+	}
+	if c.DrainBytes == 0 {
+		c.DrainBytes = 256 << 20
 	}
 	if c.AccrueInterval <= 0 {
 		c.AccrueInterval = 2 * time.Second
@@ -265,6 +274,9 @@ func requestID(r *http.Request) string {
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	id := "r-" + newID(8)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDCtx, id))
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &trackedBody{ReadCloser: r.Body}
+	}
 	rw := &responseWriter{ResponseWriter: w}
 	rw.Header().Set("X-Request-Id", id)
 	defer func() {
@@ -417,6 +429,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if rw, ok := w.(*responseWriter); ok && rw.wrote {
 		return
 	}
+	s.discardBody(w, r)
 	msg := e.Message
 	if e.Status == http.StatusInternalServerError {
 		msg += " (request id " + id + "; the server log has the detail)"
