@@ -84,3 +84,38 @@ func (s *Session) CPU() (time.Duration, error) {
 	}
 	return ProcsCPU(pids), nil
 }
+
+// endedWait bounds how long Ended waits for a dying sandbox's processes
+// to be gone: when init exits, the kernel kills the rest of its PID
+// namespace, which takes a moment.
+const endedWait = 200 * time.Millisecond
+
+// Ended reports whether the session's sandbox has no process left: its
+// init has exited, so nothing can run in it any more (see
+// ErrSandboxEnded). A closed session has ended; a tier that cannot list
+// its processes never says so.
+func (s *Session) Ended() bool {
+	if s.open() != nil {
+		return true
+	}
+	var list func() ([]int, error)
+	switch sb := s.p.sb.(type) {
+	case tier.RuntimeLister:
+		list = sb.RuntimeProcs
+	case tier.ProcessLister:
+		list = sb.Procs
+	default:
+		return false
+	}
+	deadline := time.Now().Add(endedWait)
+	for {
+		pids, err := list()
+		if err == nil && len(pids) == 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

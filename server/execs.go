@@ -177,6 +177,10 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 		if ferr := s.cfg.Auditor.Finish(ex.auditID, nil, err); ferr != nil {
 			s.log.Error("audit: finish exec", "exec", ex.auditID, "err", ferr)
 		}
+		if s.checkEnded(sb, err) {
+			return &Error{Status: http.StatusConflict, Code: CodeConflict, Err: err,
+				Message: fmt.Sprintf("sandbox %s has ended: its init process exited (did a command kill PID 1?), so it can run nothing more; it was destroyed: create a new sandbox", sb.id)}
+		}
 		return requestError(err, "command", "")
 	}
 	ex.proc = proc
@@ -268,6 +272,12 @@ func (s *Server) watch(ex *execution, slot func()) {
 		s.log.Error("audit: finish exec", "exec", ex.auditID, "err", err)
 	}
 	s.metrics.observe(res)
+	if failed {
+		// A command that took the sandbox's init with it (kill 1) ends
+		// the sandbox: destroy it rather than report it running while
+		// every later command fails.
+		s.goSafe("check an ended sandbox", func() { s.checkEnded(ex.sb, nil) })
+	}
 }
 
 // lookupExec finds {eid} in the caller's sandbox {id}.
