@@ -26,7 +26,7 @@ var (
 
 // SchemaVersion is the version of the database layout this package writes.
 // Open upgrades an older database and refuses a newer one.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrations[i] takes a database from schema version i to i+1. Append only:
 // a released migration never changes.
@@ -101,6 +101,9 @@ CREATE TABLE violations (
 	PRIMARY KEY (record_id, seq)
 ) STRICT, WITHOUT ROWID;
 `,
+	// 1 -> 2: admin keys, the only ones that read server-wide state
+	// (GET /metrics). Every existing key is a tenant's.
+	`ALTER TABLE keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Store is an open audit database. It is safe for concurrent use.

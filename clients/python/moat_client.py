@@ -57,7 +57,7 @@ class MoatError(Exception):
     ``{"error": {"code", "message", "field", "request_id"}}``.
 
     ``code`` is one of the API's codes (``bad_request``, ``invalid_field``,
-    ``unauthenticated``, ``not_found``, ``conflict``, ``too_large``,
+    ``unauthenticated``, ``forbidden``, ``not_found``, ``conflict``, ``too_large``,
     ``quota_exceeded``, ``internal``, ``unavailable``...), or ``""`` when the
     answer was not Moat's error JSON (a proxy's error page)."""
 
