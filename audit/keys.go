@@ -40,6 +40,16 @@ const (
 // DefaultQuota's) and returns the token, the only time it exists outside
 // the caller: the store keeps only the SHA-256 of its secret.
 func (s *Store) CreateKey(name string, q Quota) (token string, k Key, err error) {
+	return s.createKey(name, q, false)
+}
+
+// CreateAdminKey creates an admin key (Key.Admin) as CreateKey creates a
+// tenant's: for the operator's monitoring, never for a tenant.
+func (s *Store) CreateAdminKey(name string, q Quota) (token string, k Key, err error) {
+	return s.createKey(name, q, true)
+}
+
+func (s *Store) createKey(name string, q Quota, admin bool) (token string, k Key, err error) {
 	if err := validKeyName(name); err != nil {
 		return "", Key{}, err
 	}
@@ -60,9 +70,10 @@ func (s *Store) CreateKey(name string, q Quota) (token string, k Key, err error)
 		Name:    name,
 		Created: time.Now().UTC(),
 		Quota:   q,
+		Admin:   admin,
 	}
-	_, err = s.w.Exec(`INSERT INTO keys (id, name, secret_sha256, created, max_sandboxes, cpu_seconds_per_day) VALUES (?, ?, ?, ?, ?, ?)`,
-		k.ID, k.Name, sum[:], nanos(k.Created), q.MaxSandboxes, q.CPUSecondsPerDay)
+	_, err = s.w.Exec(`INSERT INTO keys (id, name, secret_sha256, created, max_sandboxes, cpu_seconds_per_day, admin) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		k.ID, k.Name, sum[:], nanos(k.Created), q.MaxSandboxes, q.CPUSecondsPerDay, admin)
 	if err != nil {
 		if isPrimaryKeyViolation(err) {
 			// 48 random bits collide about once in 16 million keys; say so
@@ -118,13 +129,13 @@ func (q Quota) withDefaults() (Quota, error) {
 	return q, nil
 }
 
-const keyColumns = `id, name, created, revoked, max_sandboxes, cpu_seconds_per_day`
+const keyColumns = `id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, admin`
 
 func scanKey(sc interface{ Scan(...any) error }) (Key, error) {
 	var k Key
 	var created int64
 	var revoked sql.NullInt64
-	if err := sc.Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay); err != nil {
+	if err := sc.Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &k.Admin); err != nil {
 		return Key{}, err
 	}
 	k.Created = fromNanos(created)
@@ -200,8 +211,8 @@ func (s *Store) Authenticate(token string) (Key, error) {
 	var created int64
 	var revoked sql.NullInt64
 	var stored []byte
-	err := s.r.QueryRow(`SELECT id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, secret_sha256 FROM keys WHERE id = ?`, id).
-		Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &stored)
+	err := s.r.QueryRow(`SELECT id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, admin, secret_sha256 FROM keys WHERE id = ?`, id).
+		Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &k.Admin, &stored)
 	found := err == nil
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return Key{}, fmt.Errorf("authenticate: %w", err)

@@ -1,7 +1,9 @@
 package audit
 
 import (
+	"database/sql"
 	"errors"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -168,5 +170,72 @@ func TestCreateKeyValidation(t *testing.T) {
 				t.Errorf("a refused key returned a token")
 			}
 		})
+	}
+}
+
+// TestAdminKey: only keys created as admin keys say so, through every
+// way a key is read, and keys of a database from before admin keys are
+// tenants'.
+func TestAdminKey(t *testing.T) {
+	s := newStore(t)
+	tenantTok, tenant, err := s.CreateKey("tenant", Quota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminTok, admin, err := s.CreateAdminKey("monitoring", Quota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		token string
+		id    string
+		want  bool
+	}{
+		{"tenant", tenantTok, tenant.ID, false},
+		{"admin", adminTok, admin.ID, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := s.Authenticate(tc.token)
+			if err != nil || a.Admin != tc.want {
+				t.Errorf("Authenticate: admin %v, %v; want %v", a.Admin, err, tc.want)
+			}
+			k, err := s.Key(tc.id)
+			if err != nil || k.Admin != tc.want {
+				t.Errorf("Key: admin %v, %v; want %v", k.Admin, err, tc.want)
+			}
+		})
+	}
+	keys, err := s.Keys()
+	if err != nil || len(keys) != 2 || keys[0].Admin || !keys[1].Admin {
+		t.Errorf("Keys: %+v, %v", keys, err)
+	}
+}
+
+func TestAdminKeyUpgrade(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE schema_version (version INTEGER NOT NULL) STRICT`,
+		`INSERT INTO schema_version (version) VALUES (1)`,
+		migrations[0],
+		`INSERT INTO keys (id, name, secret_sha256, created, max_sandboxes, cpu_seconds_per_day) VALUES ('k000000000001', 'old', x'00', 0, 8, 36000)`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db.Close()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatalf("open a version-1 database: %v", err)
+	}
+	defer s.Close()
+	if k, err := s.Key("k000000000001"); err != nil || k.Admin {
+		t.Errorf("a key from before admin keys: %+v, %v; want a tenant's", k, err)
 	}
 }

@@ -205,18 +205,27 @@ func (s *Store) Finish(id string, res *result.Result, runErr error) error {
 // DefaultFailReason is what FailRunning records when given no reason.
 const DefaultFailReason = "moat stopped while this was running"
 
-// FailRunning marks every record still running as Failed (termination
-// infra-error) with reason as its error, and returns how many there were.
-// A server calls it at start-up: what was running when it died will never
-// finish.
+// FailRunning settles every record still running: a server calls it at
+// start-up, for what was running when the previous server died and will
+// never finish. Each becomes Failed (termination infra-error) with reason
+// as its error; it keeps the usage accrued while it ran (Accrue), and its
+// end is the last time that usage was recorded (started + wall time), not
+// the time of the restart. It returns how many there were.
+//
+// It takes the store's claim first (Claim): records of a server that is
+// still running on this database are never settled; with such a server
+// it changes nothing and returns an error wrapping ErrInUse.
 func (s *Store) FailRunning(reason string) (int, error) {
+	if err := s.Claim(); err != nil {
+		return 0, fmt.Errorf("fail running records: %w", err)
+	}
 	if reason == "" {
 		reason = DefaultFailReason
 	}
-	res, err := s.w.Exec(`UPDATE records SET status = ?, ended = ?, error = ?,
+	res, err := s.w.Exec(`UPDATE records SET status = ?, ended = started + CAST(wall_ms * 1000000 AS INTEGER), error = ?,
 		termination = CASE WHEN termination = '' THEN ? ELSE termination END
 		WHERE status = ?`,
-		string(Failed), nanos(time.Now()), clip(reason, maxErrorBytes), string(result.InfraError), string(Running))
+		string(Failed), clip(reason, maxErrorBytes), string(result.InfraError), string(Running))
 	if err != nil {
 		return 0, fmt.Errorf("fail running records: %w", err)
 	}
@@ -225,6 +234,44 @@ func (s *Store) FailRunning(reason string) (int, error) {
 		return 0, fmt.Errorf("fail running records: %w", err)
 	}
 	return int(n), nil
+}
+
+// Accrual is what a running record has used so far.
+type Accrual struct {
+	ID     string
+	WallMS float64 // since the record's start
+	CPUMS  float64
+}
+
+// Accrue records, in one transaction, the usage of records still running.
+// A server calls it every few seconds, so that a crash loses at most that
+// interval of a run's accounting (FailRunning keeps what was accrued) and
+// the daily CPU quota counts programs while they run. Recorded usage never
+// decreases; records no longer running, and unknown ids, are left alone:
+// Finish has the final numbers.
+func (s *Store) Accrue(as []Accrual) error {
+	if len(as) == 0 {
+		return nil
+	}
+	tx, err := s.w.Begin()
+	if err != nil {
+		return fmt.Errorf("accrue usage: %w", err)
+	}
+	defer tx.Rollback()
+	st, err := tx.Prepare(`UPDATE records SET wall_ms = MAX(wall_ms, ?), cpu_ms = MAX(cpu_ms, ?) WHERE id = ? AND status = ?`)
+	if err != nil {
+		return fmt.Errorf("accrue usage: %w", err)
+	}
+	defer st.Close()
+	for _, a := range as {
+		if _, err := st.Exec(nonNegative(a.WallMS), nonNegative(a.CPUMS), a.ID, string(Running)); err != nil {
+			return fmt.Errorf("accrue usage of %s: %w", a.ID, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("accrue usage: %w", err)
+	}
+	return nil
 }
 
 // Get returns the record with this id, or an error wrapping ErrNotFound.
@@ -421,7 +468,7 @@ func scanRecord(sc interface{ Scan(...any) error }) (Record, error) {
 
 // CPUSecondsToday is the CPU time of keyID's records started since 00:00
 // UTC today, for the per-key daily quota. Records still running count
-// with what Finish has not yet recorded: nothing.
+// with the usage accrued so far (Accrue).
 func (s *Store) CPUSecondsToday(keyID string) (float64, error) {
 	y, m, d := time.Now().UTC().Date()
 	midnight := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -25,7 +26,7 @@ var (
 
 // SchemaVersion is the version of the database layout this package writes.
 // Open upgrades an older database and refuses a newer one.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrations[i] takes a database from schema version i to i+1. Append only:
 // a released migration never changes.
@@ -100,6 +101,9 @@ CREATE TABLE violations (
 	PRIMARY KEY (record_id, seq)
 ) STRICT, WITHOUT ROWID;
 `,
+	// 1 -> 2: admin keys, the only ones that read server-wide state
+	// (GET /metrics). Every existing key is a tenant's.
+	`ALTER TABLE keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Store is an open audit database. It is safe for concurrent use.
@@ -114,6 +118,11 @@ type Store struct {
 	path string
 	w    *sql.DB // the writer: exactly one connection
 	r    *sql.DB // readers: query_only connections
+
+	// claim is the lock file Claim holds (a server's), nil when not
+	// claimed.
+	claimMu sync.Mutex
+	claim   *os.File
 }
 
 const (
@@ -223,6 +232,8 @@ func (s *Store) Close() error {
 	if s.w != nil {
 		errs = append(errs, s.w.Close())
 	}
+	// Last: the database is closed before another server may claim it.
+	errs = append(errs, s.releaseClaim())
 	return errors.Join(errs...)
 }
 

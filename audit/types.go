@@ -14,6 +14,9 @@ type Key struct {
 	Created time.Time  `json:"created"`
 	Revoked *time.Time `json:"revoked,omitempty"`
 	Quota   Quota      `json:"quota"`
+	// Admin keys may read what concerns the whole server and every key
+	// (GET /metrics); a tenant's key sees only its own sandboxes and runs.
+	Admin bool `json:"admin,omitempty"`
 }
 
 // Quota bounds what one key may use.

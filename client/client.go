@@ -278,8 +278,22 @@ func (c *Client) newRequest(ctx context.Context, r request) (*http.Request, erro
 	if c.userAgent != "" {
 		req.Header.Set("User-Agent", c.userAgent)
 	}
+	if r.body != nil && (req.ContentLength > expectContinueBytes || req.ContentLength <= 0 && req.Body != http.NoBody) {
+		// Ask before sending a large body: a request the server refuses
+		// (over --max-body, a bad key) is answered before the body is
+		// sent, instead of the server reading and discarding it or the
+		// connection being reset under a body it stopped reading.
+		// Go's default Transport waits up to its ExpectContinueTimeout
+		// (1s) for the server's "100 Continue".
+		req.Header.Set("Expect", "100-continue")
+	}
 	return req, nil
 }
+
+// expectContinueBytes is the body size above which a request asks
+// "Expect: 100-continue" (bodies of unknown size always do): below it,
+// the round trip costs more than sending the body for nothing would.
+const expectContinueBytes = 64 << 10
 
 // do sends r and returns the response when its status is 2xx. Any other
 // status is decoded into an *Error; a transport failure is wrapped with

@@ -38,6 +38,7 @@ const (
 	CodeBadRequest       = "bad_request"        // 400: malformed JSON, unknown field, wrong content type
 	CodeInvalidField     = "invalid_field"      // 400: a field's value is refused; Field names it
 	CodeUnauthenticated  = "unauthenticated"    // 401: missing, unknown or revoked key
+	CodeForbidden        = "forbidden"          // 403: the key may not read this (GET /metrics needs an admin key)
 	CodeNotFound         = "not_found"          // 404: no such run, sandbox, process or file for this key
 	CodeMethodNotAllowed = "method_not_allowed" // 405
 	CodeConflict         = "conflict"           // 409: the sandbox is being deleted, the process already ended

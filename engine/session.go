@@ -82,6 +82,11 @@ type FileInfo struct {
 // ErrSessionClosed is returned by a session's methods after Close.
 var ErrSessionClosed = errors.New("sandbox is closed")
 
+// ErrSandboxEnded is returned (wrapped) by a session's Start when its
+// sandbox can run nothing more: its init has exited, killed by one of its
+// own programs (a "kill 1" inside) or dead. The session only needs Close.
+var ErrSandboxEnded = errors.New("the sandbox has ended: its init process exited")
+
 // ErrNotFound is returned (wrapped) for a workspace path that does not exist.
 var ErrNotFound = fs.ErrNotExist
 
@@ -235,6 +240,9 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		s.wg.Done()
 		if pr.stdin != nil {
 			pr.stdin.Close()
+		}
+		if s.Ended() {
+			return nil, fmt.Errorf("start command: %w (%v)", ErrSandboxEnded, err)
 		}
 		return nil, fmt.Errorf("start command: %w", err)
 	}

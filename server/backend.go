@@ -58,6 +58,15 @@ type Session interface {
 	Close() error
 }
 
+// Ender is implemented by a Session that can tell whether its sandbox has
+// ended on its own (engine.Session: its init exited). The server destroys
+// such a sandbox rather than keep reporting it running while every
+// command fails. Start on it returns an error wrapping
+// engine.ErrSandboxEnded.
+type Ender interface {
+	Ended() bool
+}
+
 // Process is one command started in a Session.
 type Process interface {
 	ID() string

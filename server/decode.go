@@ -724,11 +724,24 @@ func envName(s string) bool {
 
 // readBody reads a request body of at most limit bytes.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *Error) {
+	if e := checkLength(r, limit); e != nil {
+		return nil, e
+	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		return nil, bodyError(err, limit)
 	}
 	return data, nil
+}
+
+// checkLength refuses a body whose Content-Length is over limit before a
+// byte of it is read: a client that sent "Expect: 100-continue" then gets
+// the 413 without sending the body at all.
+func checkLength(r *http.Request, limit int64) *Error {
+	if r.ContentLength > limit {
+		return tooLarge("", "the request body is %d bytes, over the %d-byte limit (--max-body)", r.ContentLength, limit)
+	}
+	return nil
 }
 
 func bodyError(err error, limit int64) *Error {
@@ -780,6 +793,9 @@ func readRun(w http.ResponseWriter, r *http.Request, limit int64, maxFiles int) 
 	}
 	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
 		return nil, badRequest("", "Content-Type %s: send application/json or multipart/form-data", quote(ct))
+	}
+	if e := checkLength(r, limit); e != nil {
+		return nil, e
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
 	return decodeMultipartRun(multipart.NewReader(body, params["boundary"]), limit, maxFiles)

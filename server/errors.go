@@ -20,6 +20,7 @@ const (
 	CodeBadRequest       = "bad_request"
 	CodeInvalidField     = "invalid_field"
 	CodeUnauthenticated  = "unauthenticated"
+	CodeForbidden        = "forbidden"
 	CodeNotFound         = "not_found"
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeConflict         = "conflict"
@@ -80,6 +81,10 @@ func invalid(field, format string, args ...any) *Error {
 
 func tooLarge(field, format string, args ...any) *Error {
 	return &Error{Status: http.StatusRequestEntityTooLarge, Code: CodeTooLarge, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+func forbidden(format string, args ...any) *Error {
+	return &Error{Status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf(format, args...)}
 }
 
 func notFound(what string) *Error {

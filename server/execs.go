@@ -31,7 +31,9 @@ type execution struct {
 	argv      []string
 	stdinOpen bool
 	started   time.Time
-	log       *eventLog
+	// untrack stops accruing the command's usage (before Finish).
+	untrack func()
+	log     *eventLog
 	// done is closed once the result is recorded and the exit event is in
 	// the log.
 	done chan struct{}
@@ -160,10 +162,24 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	defer context.AfterFunc(s.stopCtx, cancel)()
 	ex.started = time.Now().UTC()
+	usage, untrack := s.track(ex.auditID, rec.Started)
+	if cr, ok := sb.sess.(CPUReporter); ok {
+		// The sandbox's CPU since the command started: what commands
+		// running at once use is charged to each, as their results do.
+		if base, err := cr.CPU(); err == nil {
+			usage.setCPU(cr.CPU, base)
+		}
+	}
+	ex.untrack = untrack
 	proc, err := guard("session Start", "a process", func() (Process, error) { return sb.sess.Start(ctx, req) })
 	if err != nil {
+		untrack()
 		if ferr := s.cfg.Auditor.Finish(ex.auditID, nil, err); ferr != nil {
 			s.log.Error("audit: finish exec", "exec", ex.auditID, "err", ferr)
+		}
+		if s.checkEnded(sb, err) {
+			return &Error{Status: http.StatusConflict, Code: CodeConflict, Err: err,
+				Message: fmt.Sprintf("sandbox %s has ended: its init process exited (did a command kill PID 1?), so it can run nothing more; it was destroyed: create a new sandbox", sb.id)}
 		}
 		return requestError(err, "command", "")
 	}
@@ -247,6 +263,7 @@ func (s *Server) watch(ex *execution, slot func()) {
 	ex.mu.Lock()
 	ex.res, ex.ended, ex.failed = res, time.Now().UTC(), failed
 	ex.mu.Unlock()
+	ex.untrack()
 	finishRes := res
 	if runErr != nil {
 		finishRes = nil
@@ -255,6 +272,12 @@ func (s *Server) watch(ex *execution, slot func()) {
 		s.log.Error("audit: finish exec", "exec", ex.auditID, "err", err)
 	}
 	s.metrics.observe(res)
+	if failed {
+		// A command that took the sandbox's init with it (kill 1) ends
+		// the sandbox: destroy it rather than report it running while
+		// every later command fails.
+		s.goSafe("check an ended sandbox", func() { s.checkEnded(ex.sb, nil) })
+	}
 }
 
 // lookupExec finds {eid} in the caller's sandbox {id}.

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,7 @@ import (
 //	cpu:MS    report MS milliseconds of CPU
 //	deny:HOST record a refused network attempt
 //	violate:K record a violation of kind K
+//	kill-init end as infra-error and take the session's init with it
 //
 // Any other program echoes its argv, space-separated, to stdout. One-shot
 // programs named fail-usage, fail-field, fail-internal, fail-unavailable
@@ -49,6 +51,8 @@ var (
 	_ Session      = (*fakeSession)(nil)
 	_ Process      = (*fakeProcess)(nil)
 	_ Auditor      = (*fakeAuditor)(nil)
+	_ CPUReporter  = (*fakeSession)(nil)
+	_ Ender        = (*fakeSession)(nil)
 )
 
 type fakeBackend struct {
@@ -120,6 +124,10 @@ func (b *fakeBackend) Run(ctx context.Context, req *engine.Request) (*result.Res
 	b.runs++
 	b.lastRun, b.lastMode, b.lastReq = files, modes, req
 	b.mu.Unlock()
+	if req.OnStart != nil {
+		// The fake's "sandbox" is the test process itself.
+		req.OnStart(req.ID, func() ([]int, error) { return []int{os.Getpid()}, nil })
+	}
 	p := &program{argv: req.Argv, stdin: req.Stdin, sig: make(chan unix.Signal), kill: ctx.Done(), manifest: req.Manifest}
 	return p.run(), nil
 }
@@ -171,6 +179,7 @@ type fakeSession struct {
 
 	mu     sync.Mutex
 	closed bool
+	dead   bool // a command killed its init
 	procs  []*fakeProcess
 	nproc  int
 }
@@ -179,6 +188,21 @@ func (s *fakeSession) ID() string { return s.id }
 
 func (s *fakeSession) Info() engine.SessionInfo {
 	return engine.SessionInfo{ID: s.id, Tier: "fake", Image: result.Image{Name: "python", Digest: "sha256:fake"}, ManifestDigest: s.manifest.Digest(), Created: s.created}
+}
+
+// Ended reports whether a command killed the fake's init (Ender).
+func (s *fakeSession) Ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dead || s.closed
+}
+
+// CPU pretends the sandbox keeps one CPU busy (CPUReporter).
+func (s *fakeSession) CPU() (time.Duration, error) {
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	return time.Since(s.created), nil
 }
 
 func (s *fakeSession) check() error {
@@ -198,6 +222,12 @@ func (s *fakeSession) Start(ctx context.Context, req *engine.ExecRequest) (Proce
 	}
 	if req.Argv[0] == "fail-start" {
 		return nil, fmt.Errorf("%w: no such program", engine.ErrUsage)
+	}
+	if s.dead {
+		return nil, fmt.Errorf("start command: %w (send command to init: broken pipe)", engine.ErrSandboxEnded)
+	}
+	if slices.Contains(req.Argv, "kill-init") {
+		s.dead = true // as "kill 1" inside a real sandbox
 	}
 	s.nproc++
 	p := &fakeProcess{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
@@ -472,6 +502,10 @@ func (p *program) run() *result.Result {
 			}
 		case "exit":
 			res.ExitCode, _ = strconv.Atoi(arg)
+		case "kill-init":
+			// The engine's view when init dies under a command.
+			res.Termination, res.ExitCode, res.Error = result.InfraError, 125, "the sandbox's init exited"
+			return finish()
 		case "cpu":
 			res.CPUMS, _ = strconv.ParseFloat(arg, 64)
 		case "deny":

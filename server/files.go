@@ -51,6 +51,8 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		return e
 	}
 	if r.ContentLength > s.cfg.MaxBodyBytes {
+		// Refused before reading: with "Expect: 100-continue" the client
+		// never sends the body.
 		return tooLarge("", "the upload is %d bytes, over the %d-byte limit (--max-body)", r.ContentLength, s.cfg.MaxBodyBytes)
 	}
 	// Streamed, not buffered: the body goes to the workspace as it comes.

@@ -19,6 +19,8 @@ import (
 const (
 	tokenA = "moat_ka_secret-a"
 	tokenB = "moat_kb_secret-b"
+	// tokenAdmin is the operator's key: it may read /metrics.
+	tokenAdmin = "moat_kadmin_secret"
 )
 
 // env is a server over the fakes, listening on loopback.
@@ -39,6 +41,7 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 	au := newFakeAuditor()
 	au.addKey(tokenA, audit.Key{ID: "ka", Name: "a", Quota: audit.DefaultQuota})
 	au.addKey(tokenB, audit.Key{ID: "kb", Name: "b", Quota: audit.DefaultQuota})
+	au.addKey(tokenAdmin, audit.Key{ID: "kadmin", Name: "monitoring", Quota: audit.DefaultQuota, Admin: true})
 	level := slog.LevelError + 100 // silent
 	if testing.Verbose() && os.Getenv("MOAT_TEST_LOG") != "" {
 		level = slog.LevelDebug

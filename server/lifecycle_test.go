@@ -292,7 +292,7 @@ func TestMetrics(t *testing.T) {
 	sb := e.createSandbox(tokenA, nil)
 	e.exec(tokenA, sb.ID, `{"argv":["echo"]}`, 200)
 	e.do(req{method: "GET", path: "/v1/nope"})
-	body := string(e.must(200, req{method: "GET", path: "/metrics", token: tokenA}).body)
+	body := string(e.must(200, req{method: "GET", path: "/metrics", token: tokenAdmin}).body)
 	for _, want := range []string{
 		`moat_runs_total{termination="exited",tier="fake"} 2`,
 		`moat_run_duration_seconds_count 2`,

@@ -72,7 +72,13 @@ func (m *metrics) observe(res *result.Result) {
 	}
 }
 
+// serveMetrics answers admin keys only: the series are the whole
+// server's (every tenant's runs, denials, limits and requests), and a
+// tenant's key must not learn what other tenants do.
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) error {
+	if k := keyOf(r); !k.Admin {
+		return forbidden("GET /metrics shows the whole server's activity and needs an admin key; key %s is a tenant's (create one for monitoring with moat keys create --admin)", k.ID)
+	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	bw := bufio.NewWriter(w)
 	s.metrics.write(bw)

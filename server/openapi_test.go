@@ -204,7 +204,7 @@ func TestOpenAPISchemas(t *testing.T) {
 	}
 	// The error codes are the package's.
 	codes := doc.Components.Schemas["ErrorDetail"].Properties["code"].Enum
-	want := []string{CodeBadRequest, CodeInvalidField, CodeUnauthenticated, CodeNotFound, CodeMethodNotAllowed, CodeConflict, CodeTooLarge, CodeQuotaExceeded, CodeInternal, CodeUnavailable}
+	want := []string{CodeBadRequest, CodeInvalidField, CodeUnauthenticated, CodeForbidden, CodeNotFound, CodeMethodNotAllowed, CodeConflict, CodeTooLarge, CodeQuotaExceeded, CodeInternal, CodeUnavailable}
 	if !slices.Equal(codes, want) {
 		t.Errorf("error codes %v, want %v", codes, want)
 	}

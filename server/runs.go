@@ -49,15 +49,21 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) error {
 
 	m := spec.manifest
 	id := newID(8)
-	if err := s.cfg.Auditor.Begin(auditRecord(id, audit.KindRun, key.ID, "", m, spec.argv)); err != nil {
+	rec := auditRecord(id, audit.KindRun, key.ID, "", m, spec.argv)
+	if err := s.cfg.Auditor.Begin(rec); err != nil {
 		// Fail closed: nothing runs unaudited.
 		return internal(fmt.Errorf("audit: begin run %s: %w", id, err))
 	}
-	req := &engine.Request{ID: id, Manifest: m, Argv: spec.argv, Files: engineFiles(spec.files)}
+	usage, untrack := s.track(id, rec.Started)
+	req := &engine.Request{ID: id, Manifest: m, Argv: spec.argv, Files: engineFiles(spec.files),
+		OnRuntime: usage.setProcs,
+		OnStart:   func(_ string, procs func() ([]int, error)) { usage.setProcs(procs) },
+	}
 	if len(spec.stdin) > 0 {
 		req.Stdin = bytes.NewReader(spec.stdin)
 	}
 	res, err := guard("backend", "a result", func() (*result.Result, error) { return s.cfg.Backend.Run(ctx, req) })
+	untrack()
 	if ferr := s.cfg.Auditor.Finish(id, res, err); ferr != nil {
 		s.log.Error("audit: finish run", "run", id, "err", ferr)
 	}

@@ -33,7 +33,8 @@ func TestAuth(t *testing.T) {
 		{name: "bearer lower case", method: "GET", path: "/v1/sandboxes", header: map[string]string{"Authorization": "bearer " + tokenA}, want: 200},
 		{name: "x-api-key", method: "GET", path: "/v1/sandboxes", header: map[string]string{"X-API-Key": tokenA}, want: 200},
 		{name: "metrics needs a key", method: "GET", path: "/metrics", want: 401},
-		{name: "metrics with key", method: "GET", path: "/metrics", header: map[string]string{"X-API-Key": tokenA}, want: 200},
+		{name: "metrics with a tenant's key", method: "GET", path: "/metrics", header: map[string]string{"X-API-Key": tokenA}, want: 403},
+		{name: "metrics with an admin key", method: "GET", path: "/metrics", header: map[string]string{"X-API-Key": tokenAdmin}, want: 200},
 		{name: "run needs a key", method: "POST", path: "/v1/runs", want: 401},
 		{name: "unknown path", method: "GET", path: "/v1/nope", want: 404},
 		{name: "wrong method", method: "PATCH", path: "/v1/sandboxes", header: map[string]string{"X-API-Key": tokenA}, want: 405},
@@ -49,7 +50,7 @@ func TestAuth(t *testing.T) {
 			}
 			if tc.want >= 400 {
 				d := r.errBody(t)
-				want := map[int]string{401: CodeUnauthenticated, 404: CodeNotFound, 405: CodeMethodNotAllowed}[tc.want]
+				want := map[int]string{401: CodeUnauthenticated, 403: CodeForbidden, 404: CodeNotFound, 405: CodeMethodNotAllowed}[tc.want]
 				if d.Code != want || d.RequestID != r.Header.Get("X-Request-Id") {
 					t.Errorf("error %+v, want code %s and the request id", d, want)
 				}

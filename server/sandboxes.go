@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
 )
 
 // sandbox is one live session in the registry.
@@ -24,12 +26,14 @@ type sandbox struct {
 	metadata map[string]string
 	created  time.Time
 	release  func() // the key's sandbox slot
+	untrack  func() // stops accruing the sandbox record's usage
 
 	// state and expires are guarded by Server.mu.
 	state   string
 	expires time.Time
 
 	mu    sync.Mutex
+	dead  bool         // its init exited: destroyed as failed
 	execs []*execution // in start order; ended ones beyond KeepExecs are dropped
 	seq   int          // the last command number given out
 	count int          // commands started, for the Sandbox view
@@ -109,6 +113,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.sandboxes[sb.id] = sb
 	registered = true
+	// A sandbox's record accrues its lifetime; its CPU is its commands'.
+	_, sb.untrack = s.track(sb.id, rec.Started)
 	view := s.viewLocked(sb)
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "sandbox", sb.id, "key", key.ID, "tier", info.Tier, "ttl", spec.ttl.String())
@@ -242,13 +248,78 @@ func (s *Server) finishDestroy(sb *sandbox, reason string) (Sandbox, *Error) {
 	view := s.viewLocked(sb)
 	s.mu.Unlock()
 	sb.release()
-	if ferr := s.cfg.Auditor.Finish(sb.id, nil, err); ferr != nil {
+	sb.untrack()
+	// A sandbox that was deleted, expired or shut down normally is done;
+	// one that could not be destroyed, or whose init had died, failed.
+	var res *result.Result
+	auditErr := err
+	if auditErr == nil {
+		auditErr = sb.endedErr()
+	}
+	if auditErr == nil {
+		res = sandboxResult(sb, view.CreatedAt)
+	}
+	if ferr := s.cfg.Auditor.Finish(sb.id, res, auditErr); ferr != nil {
 		s.log.Error("audit: finish sandbox", "sandbox", sb.id, "err", ferr)
 	}
 	if err != nil {
 		return view, internal(fmt.Errorf("destroy sandbox %s: %w", sb.id, err))
 	}
 	return view, nil
+}
+
+// sandboxResult is what the audit log records of a sandbox that ended
+// normally: its lifetime, and no program outcome (its commands have their
+// own records, with their terminations and CPU time).
+func sandboxResult(sb *sandbox, created time.Time) *result.Result {
+	now := time.Now().UTC()
+	return &result.Result{
+		Schema:     result.SchemaVersion,
+		ID:         sb.id,
+		Tier:       sb.info.Tier,
+		Image:      sb.info.Image,
+		Manifest:   sb.info.ManifestDigest,
+		Pooled:     sb.info.Pooled,
+		StartedAt:  created,
+		DurationMS: float64(now.Sub(created).Microseconds()) / 1000,
+		Files:      []result.FileChange{},
+		Network:    []result.NetworkAttempt{},
+		Violations: []result.Violation{},
+	}
+}
+
+// errSandboxEnded is the audit log's reason for a sandbox destroyed
+// because its init had exited.
+var errSandboxEnded = errors.New("the sandbox's init process exited (killed by a program inside it, e.g. kill 1?): the sandbox could run nothing more and was destroyed")
+
+// ended records that sb's init has exited; endedErr reports it.
+func (sb *sandbox) markEnded() {
+	sb.mu.Lock()
+	sb.dead = true
+	sb.mu.Unlock()
+}
+
+func (sb *sandbox) endedErr() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.dead {
+		return errSandboxEnded
+	}
+	return nil
+}
+
+// checkEnded destroys sb if its sandbox has ended on its own (Ender):
+// after a command failed as infra-error, or Start failed. It reports
+// whether it had.
+func (s *Server) checkEnded(sb *sandbox, startErr error) bool {
+	e, ok := sb.sess.(Ender)
+	if !errors.Is(startErr, engine.ErrSandboxEnded) && (!ok || !e.Ended()) {
+		return false
+	}
+	sb.markEnded()
+	s.log.Warn("sandbox ended on its own: its init exited", "sandbox", sb.id)
+	s.destroy(sb, "its init exited")
+	return true
 }
 
 // closeSession destroys the sandbox; a panicking Close is an error.
@@ -353,6 +424,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	wg.Wait()
 	s.tasks.Wait()
 	s.stop()
+	<-s.accrued // no accrual is written after Shutdown returns
 	s.log.Info("shut down", "sandboxes_destroyed", len(all))
 	s.shutdownErr = err
 	return err

@@ -71,6 +71,16 @@ type Config struct {
 	// ReapInterval is how often expired sandboxes are looked for.
 	// Default 1s.
 	ReapInterval time.Duration
+	// DrainBytes bounds how much of a request body the server reads and
+	// discards before an error answer (a body over MaxBodyBytes, a bad
+	// key), so that a client that sends its whole body before reading
+	// the answer (Python's http.client) gets the answer, not a reset
+	// connection. Default 256 MiB; negative: none.
+	DrainBytes int64
+	// AccrueInterval is how often the usage of running records is written
+	// to the audit log (when the Auditor is an Accruer): what a crash of
+	// the server can lose of a run's accounting. Default 2s.
+	AccrueInterval time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -113,6 +123,12 @@ func (c *Config) setDefaults() error {
 	if c.ReapInterval <= 0 {
 		c.ReapInterval = time.Second
 	}
+	if c.DrainBytes == 0 {
+		c.DrainBytes = 256 << 20
+	}
+	if c.AccrueInterval <= 0 {
+		c.AccrueInterval = 2 * time.Second
+	}
 	return nil
 }
 
@@ -136,6 +152,7 @@ type Server struct {
 	stop     context.CancelFunc
 	stopping chan struct{}
 	reaped   chan struct{}
+	accrued  chan struct{} // closed when accrueLoop has returned
 
 	mu        sync.Mutex
 	closing   bool
@@ -145,6 +162,8 @@ type Server struct {
 	// active counts sandboxes and in-flight runs, server-wide.
 	active int
 	runs   runStore
+	// meters accrue the usage of running records (accrue.go).
+	meters meters
 
 	// inflight counts requests starting work (see enter); tasks counts
 	// what outlives them: command watchers and sandbox destruction.
@@ -171,6 +190,7 @@ func New(cfg Config) (*Server, error) {
 		slots:        make(chan struct{}, cfg.MaxConcurrent),
 		stopping:     make(chan struct{}),
 		reaped:       make(chan struct{}),
+		accrued:      make(chan struct{}),
 		sandboxes:    map[string]*sandbox{},
 		held:         map[string]int{},
 		runs:         runStore{max: cfg.KeepRuns, byID: map[string]*storedRun{}},
@@ -181,6 +201,7 @@ func New(cfg Config) (*Server, error) {
 	s.routesInit()
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	go s.reap()
+	go s.accrueLoop()
 	return s, nil
 }
 
@@ -253,6 +274,9 @@ func requestID(r *http.Request) string {
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	id := "r-" + newID(8)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDCtx, id))
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &trackedBody{ReadCloser: r.Body}
+	}
 	rw := &responseWriter{ResponseWriter: w}
 	rw.Header().Set("X-Request-Id", id)
 	defer func() {
@@ -405,6 +429,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if rw, ok := w.(*responseWriter); ok && rw.wrote {
 		return
 	}
+	s.discardBody(w, r)
 	msg := e.Message
 	if e.Status == http.StatusInternalServerError {
 		msg += " (request id " + id + "; the server log has the detail)"

@@ -39,6 +39,26 @@ func (f *Files) Close() error { return f.root.Close() }
 // ErrBadPath marks a path the caller may not use (wrapped with the reason).
 var ErrBadPath = errors.New("invalid workspace path")
 
+// rootErr marks os.Root's refusals of a path as the caller's mistake
+// (ErrBadPath), not the host failing: a path that leads out of the
+// workspace through a symbolic link the sandbox made, and one through too
+// many links (ELOOP). os.Root does not export its "path escapes from
+// parent" error, so it is recognised by its text; TestFilesSymlinkEscape
+// pins it.
+func rootErr(p string, err error) error {
+	if err == nil || errors.Is(err, ErrBadPath) {
+		return err
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
+		return fmt.Errorf("%w: %s leads out of the workspace through a symbolic link; links are resolved inside /workspace only", ErrBadPath, p)
+	}
+	if errors.Is(err, unix.ELOOP) {
+		return fmt.Errorf("%w: %s goes through a symbolic link that is not followed here (%v)", ErrBadPath, p, err)
+	}
+	return err
+}
+
 // CleanPath validates a caller's path below /workspace: relative (a leading
 // "/workspace/" is accepted and removed), no NUL, no "..", not empty. "."
 // names the workspace itself only when allowRoot is set.
@@ -85,6 +105,11 @@ func info(p string, fi fs.FileInfo, target string) Info {
 
 // Stat describes p without following a final symlink.
 func (f *Files) Stat(p string) (Info, error) {
+	in, err := f.stat(p)
+	return in, rootErr(p, err)
+}
+
+func (f *Files) stat(p string) (Info, error) {
 	p, err := CleanPath(p, true)
 	if err != nil {
 		return Info{}, err
@@ -105,6 +130,11 @@ const MaxListEntries = 10000
 
 // ReadDir lists directory p (at most MaxListEntries entries), sorted.
 func (f *Files) ReadDir(p string) ([]Info, error) {
+	ins, err := f.readDir(p)
+	return ins, rootErr(p, err)
+}
+
+func (f *Files) readDir(p string) ([]Info, error) {
 	p, err := CleanPath(p, true)
 	if err != nil {
 		return nil, err
@@ -134,6 +164,11 @@ func (f *Files) ReadDir(p string) ([]Info, error) {
 
 // Open opens regular file p for reading.
 func (f *Files) Open(p string) (*os.File, Info, error) {
+	fh, in, err := f.open(p)
+	return fh, in, rootErr(p, err)
+}
+
+func (f *Files) open(p string) (*os.File, Info, error) {
 	p, err := CleanPath(p, false)
 	if err != nil {
 		return nil, Info{}, err
@@ -158,6 +193,11 @@ func (f *Files) Open(p string) (*os.File, Info, error) {
 // parents, all owned by the sandbox's user. At most lim.FileBytes are
 // accepted: a larger upload is an error and leaves no partial file.
 func (f *Files) WriteFile(p string, r io.Reader, mode fs.FileMode) (int64, error) {
+	n, err := f.writeFile(p, r, mode)
+	return n, rootErr(p, err)
+}
+
+func (f *Files) writeFile(p string, r io.Reader, mode fs.FileMode) (int64, error) {
 	p, err := CleanPath(p, false)
 	if err != nil {
 		return 0, err
@@ -208,6 +248,10 @@ func (f *Files) WriteFile(p string, r io.Reader, mode fs.FileMode) (int64, error
 // MakeDir creates directory p and its missing parents, owned by the
 // sandbox's user.
 func (f *Files) MakeDir(p string) error {
+	return rootErr(p, f.makeDir(p))
+}
+
+func (f *Files) makeDir(p string) error {
 	p, err := CleanPath(p, true)
 	if err != nil || p == "." {
 		return err
@@ -235,6 +279,10 @@ func (f *Files) MakeDir(p string) error {
 
 // Rename moves from to to (both inside the workspace).
 func (f *Files) Rename(from, to string) error {
+	return rootErr(from+" or "+to, f.rename(from, to))
+}
+
+func (f *Files) rename(from, to string) error {
 	from, err := CleanPath(from, false)
 	if err != nil {
 		return err
@@ -251,6 +299,10 @@ func (f *Files) Rename(from, to string) error {
 
 // Remove removes p, a directory with everything below it.
 func (f *Files) Remove(p string) error {
+	return rootErr(p, f.remove(p))
+}
+
+func (f *Files) remove(p string) error {
 	p, err := CleanPath(p, false)
 	if err != nil {
 		return err

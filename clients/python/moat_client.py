@@ -17,6 +17,7 @@ documents as dicts.
 
 import base64
 import json
+import select
 import time
 import urllib.error
 import urllib.parse
@@ -41,6 +42,11 @@ __version__ = "0.1.0"
 
 # Bounds what is read of an error answer: Moat's are a few hundred bytes.
 _MAX_ERROR_BODY = 64 << 10
+# Bodies larger than this ask "Expect: 100-continue" first (_open_expecting)
+# and wait this long for the server's go-ahead.
+_EXPECT_CONTINUE_BYTES = 64 << 10
+_EXPECT_CONTINUE_WAIT = 1.0
+_MAX_LINE = 64 << 10
 # Bounds one event, so a broken server cannot grow the client's memory
 # without end.
 _MAX_EVENT_BYTES = 32 << 20
@@ -52,7 +58,7 @@ class MoatError(Exception):
     ``{"error": {"code", "message", "field", "request_id"}}``.
 
     ``code`` is one of the API's codes (``bad_request``, ``invalid_field``,
-    ``unauthenticated``, ``not_found``, ``conflict``, ``too_large``,
+    ``unauthenticated``, ``forbidden``, ``not_found``, ``conflict``, ``too_large``,
     ``quota_exceeded``, ``internal``, ``unavailable``...), or ``""`` when the
     answer was not Moat's error JSON (a proxy's error page)."""
 
@@ -296,8 +302,11 @@ class Client:
             req.add_header("User-Agent", self.user_agent)
         for k, v in (headers or {}).items():
             req.add_header(k, v)
+        timeout = timeout if timeout is not None else self.timeout
+        if isinstance(body, (bytes, bytearray)) and len(body) > _EXPECT_CONTINUE_BYTES:
+            return self._open_expecting(method, path, url, bytes(body), dict(req.header_items()), timeout)
         try:
-            return self._opener.open(req, timeout=timeout if timeout is not None else self.timeout)
+            return self._opener.open(req, timeout=timeout)
         except urllib.error.HTTPError as e:
             try:
                 raise _decode_error(method, path, e.code, e.headers, e.read(_MAX_ERROR_BODY)) from None
@@ -306,6 +315,59 @@ class Client:
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             raise MoatConnectionError("%s %s: %s" % (method, path, reason)) from e
+
+    def _open_expecting(self, method: str, path: str, url: str, body: bytes, headers: Mapping[str, str],
+                        timeout: Optional[float]):
+        """Sends a request with a large body as _open does, but asks
+        first (Expect: 100-continue): a request the server refuses before
+        reading the body (over --max-body, a bad key) is answered without
+        the body being sent. http.client alone sends the whole body before
+        it reads the answer, and a server that stopped reading resets the
+        connection under it: the caller saw "Connection reset by peer"
+        instead of the 413. A server that says nothing within a second
+        gets the body anyway, and an answer that arrives while the body is
+        being refused is still read."""
+        u = urllib.parse.urlsplit(url)
+        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = cls(u.netloc, timeout=timeout) if timeout is not None else cls(u.netloc)
+        selector = (u.path or "/") + ("?" + u.query if u.query else "")
+        try:
+            conn.putrequest(method, selector, skip_accept_encoding=True)
+            for k, v in headers.items():
+                conn.putheader(k, v)
+            conn.putheader("Content-Length", str(len(body)))
+            conn.putheader("Expect", "100-continue")
+            conn.endheaders()
+            sock = conn.sock
+            fp = sock.makefile("rb")
+            send = True
+            r, _, _ = select.select([sock], [], [], _EXPECT_CONTINUE_WAIT)
+            if r or getattr(sock, "pending", lambda: 0)():
+                first = fp.peek(12)[:12]
+                if first[:9] in (b"HTTP/1.1 ", b"HTTP/1.0 ") and first[9:12] == b"100":
+                    # The interim answer: read it; the final one follows
+                    # the body.
+                    while fp.readline(_MAX_LINE) not in (b"\r\n", b"\n", b""):
+                        pass
+                else:
+                    send = False  # the final answer, before the body
+            if send:
+                try:
+                    sock.sendall(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the server stopped reading; its answer may be there
+            resp = http.client.HTTPResponse(_Buffered(fp), method=method, url=url)
+            resp.begin()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise MoatConnectionError("%s %s: %s" % (method, path, e)) from e
+        conn.close()  # the response keeps the socket until it is closed
+        if not 200 <= resp.status <= 299:
+            try:
+                raise _decode_error(method, path, resp.status, resp.headers, resp.read(_MAX_ERROR_BODY)) from None
+            finally:
+                resp.close()
+        return resp
 
     def _json(self, method: str, path: str, body: Any = None, *, query=None) -> Any:
         data = None
@@ -427,6 +489,17 @@ def _decode_error(method, path, status, headers, data: bytes) -> MoatError:
     if text:
         msg += ": %r" % (text[:200] + ("..." if len(text) > 200 else ""))
     return MoatError(status, "", msg, "", rid, method, path)
+
+
+class _Buffered:
+    """A socket's stand-in for http.client.HTTPResponse that hands it the
+    buffered reader already used to look at the interim answer."""
+
+    def __init__(self, fp):
+        self._fp = fp
+
+    def makefile(self, mode, *args, **kwargs):
+        return self._fp
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -26,7 +26,7 @@ import (
 )
 
 const keysUsage = `Usage:
-  moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S]
+  moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin]
   moat keys list [--json]
   moat keys revoke ID
 
@@ -135,11 +135,12 @@ func cmdKeys(args []string) int {
 }
 
 func keysCreate(args []string) int {
-	fs := newFlags("keys create", "Usage: moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S]\n\n"+
+	fs := newFlags("keys create", "Usage: moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin]\n\n"+
 		"Creates an API key for moat serve and prints its token on stdout. The token is\n"+
 		"shown once: Moat keeps only a hash of it.\n\nFlags:\n")
 	db := dbFlag(fs)
 	name := fs.String("name", "", "the key's `NAME`, 1 to 64 printable characters, e.g. agent-1 (required)")
+	admin := fs.Bool("admin", false, "an admin key: it may also read what concerns the whole server (GET /metrics); give it to monitoring, never to a tenant")
 	q := audit.DefaultQuota
 	fs.Func("max-sandboxes", fmt.Sprintf("`N` sandboxes and runs the key may hold at once, 1 to %d (default %d)", audit.MaxQuotaSandboxes, audit.DefaultQuota.MaxSandboxes), func(s string) error {
 		n, err := strconv.Atoi(s)
@@ -178,14 +179,18 @@ func keysCreate(args []string) int {
 		return fail(err)
 	}
 	defer st.Close()
-	token, k, err := st.CreateKey(*name, q)
+	create, kind := st.CreateKey, "key"
+	if *admin {
+		create, kind = st.CreateAdminKey, "admin key"
+	}
+	token, k, err := create(*name, q)
 	if err != nil {
 		return fail(err)
 	}
 	fmt.Println(token)
-	fmt.Fprintf(os.Stderr, "Created key %s (%s): at most %d sandboxes at once, %g CPU-seconds per day.\n"+
+	fmt.Fprintf(os.Stderr, "Created %s %s (%s): at most %d sandboxes at once, %g CPU-seconds per day.\n"+
 		"The token above is shown only this once and cannot be shown again: store it now.\n"+
-		"Use it as: Authorization: Bearer <token>\n", k.ID, audit.Display(k.Name), k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
+		"Use it as: Authorization: Bearer <token>\n", kind, k.ID, audit.Display(k.Name), k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
 	return 0
 }
 
@@ -227,6 +232,9 @@ func keysList(args []string) int {
 		state := "active"
 		if k.Revoked != nil {
 			state = "revoked " + k.Revoked.Format("2006-01-02 15:04")
+		}
+		if k.Admin {
+			state += " (admin)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%g\n", k.ID, audit.Display(k.Name), k.Created.Format("2006-01-02 15:04"), state, k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
 	}

@@ -41,7 +41,10 @@ E2B SDK".
 On SIGTERM or SIGINT the server stops taking requests, lets running
 one-shot runs finish (--drain), destroys every sandbox and exits. After a
 crash, the next start destroys what the dead server left and marks its
-unfinished runs failed in the audit log.
+unfinished runs failed in the audit log, keeping the time and CPU they had
+used (recorded every few seconds while they ran). One server serves one
+audit database (and $MOAT_HOME): a second one started on it exits with an
+error naming the first.
 
 Flags:
 `
@@ -101,13 +104,6 @@ func cmdServe(args []string) int {
 		return fail(err)
 	}
 	defer e.Close()
-	// Destroy what a killed server (or moat run) left behind: its
-	// sandboxes' cgroups and run directories. Their processes died with it.
-	if rep, err := e.GC(); err != nil {
-		log.Warn("collecting what killed runs left behind", "err", err)
-	} else if len(rep.Runs)+len(rep.Cgroups) > 0 {
-		log.Warn("destroyed the leftovers of sandboxes of a previous server", "runs", len(rep.Runs), "cgroups", len(rep.Cgroups))
-	}
 	if *dbPath == "" {
 		*dbPath = filepath.Join(e.Home(), "audit.db")
 	}
@@ -116,6 +112,20 @@ func cmdServe(args []string) int {
 		return fail(err)
 	}
 	defer store.Close()
+	// One server per audit database, before anything else: a second one
+	// must not settle the first one's live runs as dead, nor start pools
+	// beside it. The claim lasts until the process exits.
+	if err := store.Claim(); err != nil {
+		return fail(err)
+	}
+	// Destroy what a killed server (or moat run) left behind: its
+	// sandboxes' cgroups and run directories. Their processes died with it.
+	if rep, err := e.GC(); err != nil {
+		log.Warn("collecting what killed runs left behind", "err", err)
+	} else if len(rep.Runs)+len(rep.Cgroups) > 0 {
+		log.Warn("destroyed the leftovers of sandboxes of a previous server", "runs", len(rep.Runs), "cgroups", len(rep.Cgroups))
+	}
+	// What the dead server was running keeps the usage it accrued.
 	if n, err := store.FailRunning("the server stopped while this ran"); err != nil {
 		return fail(err)
 	} else if n > 0 {

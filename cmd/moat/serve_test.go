@@ -366,6 +366,18 @@ func TestServe(t *testing.T) {
 			t.Errorf("upload %q: %v, want 400", p, err)
 		}
 	}
+	// A link the sandbox made out of the workspace is refused (400), not
+	// followed and not a server failure.
+	if ex, err := sb.Exec(ctx, &client.ExecRequest{Argv: []string{"ln", "-s", "/etc", "esc"}}); err != nil || ex.Result.ExitCode != 0 {
+		t.Fatalf("ln: %v %+v", err, ex)
+	}
+	for _, p := range []string{"esc/passwd", "esc/"} {
+		_, err := sb.Download(ctx, p)
+		var ce *client.Error
+		if !errors.As(err, &ce) || ce.Status != http.StatusBadRequest {
+			t.Errorf("download %q through a link out: %v, want 400", p, err)
+		}
+	}
 	// Another key cannot see the sandbox.
 	other, _ := client.New(s.url, createKey(t, home))
 	if _, err := other.GetSandbox(ctx, sb.ID); err == nil {
@@ -375,9 +387,16 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Metrics.
+	// Metrics: the whole server's, for an admin key only.
 	req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
 	req.Header.Set("Authorization", "Bearer "+key)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("/metrics with a tenant's key: %v %v, want 403", err, resp.Status)
+	} else {
+		resp.Body.Close()
+	}
+	req, _ = http.NewRequest("GET", s.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+createKey(t, home, "--admin"))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -439,10 +458,16 @@ func TestServe(t *testing.T) {
 			t.Errorf("record %s still running after shutdown", r.ID)
 		}
 	}
-	// A run and a sandbox with three execs through the Go client, the
+	// A run and a sandbox with four execs through the Go client, the
 	// CLI's run, and the README example's run, sandbox and two execs.
-	if kinds[audit.KindRun] != 3 || kinds[audit.KindSandbox] != 2 || kinds[audit.KindExec] != 5 {
-		t.Errorf("audit kinds %v, want 3 runs, 2 sandboxes, 5 execs", kinds)
+	if kinds[audit.KindRun] != 3 || kinds[audit.KindSandbox] != 2 || kinds[audit.KindExec] != 6 {
+		t.Errorf("audit kinds %v, want 3 runs, 2 sandboxes, 6 execs", kinds)
+	}
+	for _, r := range recs {
+		// A sandbox that was deleted or shut down ended normally.
+		if r.Kind == audit.KindSandbox && (r.Status != audit.Done || r.Error != "") {
+			t.Errorf("sandbox record %s: %s %q, want done", r.ID, r.Status, r.Error)
+		}
 	}
 }
 
@@ -683,6 +708,102 @@ func TestServeKilled(t *testing.T) {
 	if left := s2.residue(); len(left) > 0 {
 		t.Errorf("after SIGTERM: %v", left)
 	}
+}
+
+// TestServeSecondServer: a second server on the same $MOAT_HOME is refused
+// with a message naming the first, and the first server's run in flight
+// is untouched: finished by its own server, recorded done with its CPU.
+// (The second server used to mark every running record failed.)
+func TestServeSecondServer(t *testing.T) {
+	needRoot(t)
+	home := serverHome(t)
+	key := createKey(t, home)
+	s := startServer(t, home, key, "--pool", "0", "--session-pool", "0")
+	c := s.client(t)
+	type answer struct {
+		r   *client.RunResponse
+		err error
+	}
+	ran := make(chan answer, 1)
+	go func() {
+		r, err := c.Run(context.Background(), &client.RunRequest{Argv: []string{"python3", "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass\nprint('done')"}})
+		ran <- answer{r, err}
+	}()
+	waitFor(t, "the run to start", func() bool {
+		ents, _ := os.ReadDir(filepath.Join(home, "runs"))
+		return len(ents) == 1
+	})
+
+	second := exec.Command(moatBin, "serve", "--listen", "127.0.0.1:0", "--pool", "0", "--session-pool", "0")
+	second.Env = append(os.Environ(), "MOAT_HOME="+home)
+	second.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	done := make(chan []byte, 1)
+	go func() {
+		out, _ := second.CombinedOutput()
+		done <- out
+	}()
+	select {
+	case out := <-done:
+		if second.ProcessState.ExitCode() == 0 || !strings.Contains(string(out), "in use by another moat serve") || !strings.Contains(string(out), "pid ") {
+			t.Errorf("second server: exit %d, output %s; want a refusal naming the first", second.ProcessState.ExitCode(), out)
+		}
+	case <-time.After(30 * time.Second):
+		second.Process.Kill()
+		t.Fatalf("a second moat serve on the same home kept running:\n%s", <-done)
+	}
+
+	a := <-ran
+	if a.err != nil || a.r.Result.Stdout.Data != "done\n" {
+		t.Fatalf("the first server's run: %v %+v", a.err, a.r)
+	}
+	s.terminate(t, 20*time.Second)
+	recs := s.auditRecords(t, "--kind", "run")
+	if len(recs) != 1 || recs[0].Status != audit.Done || recs[0].CPUMS < 1000 || recs[0].Error != "" {
+		t.Errorf("the run's record: %+v; want done with its CPU time", recs)
+	}
+}
+
+// TestServeKilledAccounting: a server killed while a program burns CPU
+// loses no more than a few seconds of its accounting: the restart settles
+// the record as failed but keeps the wall and CPU time it accrued, ends it
+// when that was last recorded (not at the restart), and counts it in the
+// key's daily CPU use.
+func TestServeKilledAccounting(t *testing.T) {
+	needRoot(t)
+	home := serverHome(t)
+	key := createKey(t, home)
+	s := startServer(t, home, key, "--pool", "0", "--session-pool", "0")
+	c := s.client(t)
+	go c.Run(context.Background(), &client.RunRequest{Argv: []string{"python3", "-c", "while True: pass"}})
+	waitFor(t, "the run to start", func() bool {
+		ents, _ := os.ReadDir(filepath.Join(home, "runs"))
+		return len(ents) == 1
+	})
+	time.Sleep(5 * time.Second) // two accruals at least
+	killed := time.Now()
+	s.kill()
+	waitFor(t, "the dead server's sandbox processes to exit", func() bool {
+		for _, l := range s.residue() {
+			if strings.HasPrefix(l, "process ") {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(time.Second)
+	s2 := startServer(t, home, key, "--pool", "0", "--session-pool", "0")
+	recs := s2.auditRecords(t, "--kind", "run")
+	if len(recs) != 1 {
+		t.Fatalf("run records: %+v", recs)
+	}
+	r := recs[0]
+	if r.Status != audit.Failed || r.WallMS < 2000 || r.CPUMS < 1000 {
+		t.Errorf("the killed run's record: status %s wall %.0fms cpu %.0fms; want failed with the time and CPU it had used", r.Status, r.WallMS, r.CPUMS)
+	}
+	if r.Ended.After(killed) {
+		t.Errorf("the killed run ended at %v, after the server was killed (%v): the restart's time, not the run's", r.Ended, killed)
+	}
+	s2.terminate(t, 20*time.Second)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
