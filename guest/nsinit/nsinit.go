@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -43,6 +44,7 @@ func Main() {
 		fmt.Fprintln(os.Stderr, "moat: "+Arg+" is Moat's internal sandbox init; use 'moat run'")
 		os.Exit(2)
 	}
+	absorbSignals()
 	status := os.NewFile(StatusFD, "status")
 	st := &reporter{w: status}
 	code, err := run(st)
@@ -51,6 +53,25 @@ func Main() {
 		os.Exit(1)
 	}
 	os.Exit(code)
+}
+
+// absorbSignals keeps init alive when the program signals it. The program
+// runs as init's own user, so `kill 1` reaches init; the kernel passes to a
+// namespace's PID 1 only the signals it handles, and the Go runtime handles
+// every one and exits (or dumps its stacks and exits) on these by default:
+// a session command's `kill 1` ended the whole sandbox, which went on
+// reporting itself running. Caught and dropped instead. Not ignored: an
+// ignored disposition would outlive the program's execve, and it must
+// start with every signal at its default. The host's own signals arrive
+// as frames (Signal), or as SIGKILL from outside the namespace.
+func absorbSignals() {
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGABRT,
+		unix.SIGTRAP, unix.SIGSYS, unix.SIGSTKFLT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM)
+	go func() {
+		for range ch {
+		}
+	}()
 }
 
 type reporter struct {

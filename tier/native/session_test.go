@@ -239,3 +239,27 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// TestSessionInitSurvivesKill: a command that signals PID 1 (Moat's init,
+// which runs as the same user) must not end the sandbox: later commands
+// still run. Their signal dispositions are the defaults, not init's.
+func TestSessionInitSurvivesKill(t *testing.T) {
+	needRoot(t)
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSession(t, e, nil)
+	for _, sig := range []string{"TERM", "HUP", "INT", "QUIT", "ABRT", "USR1", "ALRM"} {
+		res := execWait(t, s, &engine.ExecRequest{Argv: []string{"sh", "-c", "kill -" + sig + " 1; sleep 0.2; echo sent"}})
+		wantResult(t, res, result.Exited, 0)
+		res = execWait(t, s, &engine.ExecRequest{Argv: []string{"echo", "alive"}})
+		if res.Termination != result.Exited || res.Stdout.Data != "alive\n" {
+			t.Fatalf("after kill -%s 1: %s exit %d stdout %q stderr %q; want the sandbox alive", sig, res.Termination, res.ExitCode, res.Stdout.Data, res.Stderr.Data)
+		}
+	}
+	res := execWait(t, s, &engine.ExecRequest{Argv: []string{"grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"}})
+	if want := "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"; res.Stdout.Data != want {
+		t.Errorf("a command's signal state:\n%s\nwant nothing blocked or ignored:\n%s", res.Stdout.Data, want)
+	}
+}
