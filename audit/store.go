@@ -25,7 +25,7 @@ var (
 
 // SchemaVersion is the version of the database layout this package writes.
 // Open upgrades an older database and refuses a newer one.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrations[i] takes a database from schema version i to i+1. Append only:
 // a released migration never changes.
@@ -99,6 +99,13 @@ CREATE TABLE violations (
 	limit_value TEXT NOT NULL,
 	PRIMARY KEY (record_id, seq)
 ) STRICT, WITHOUT ROWID;
+`,
+	// 1 -> 2: the run's network summary (result.NetworkSummary as JSON):
+	// totals over every attempt and the denied attempts not stored one by
+	// one, by reason and destination. Reports aggregate it with json_each
+	// in SQL; '' for records without one.
+	`
+ALTER TABLE records ADD COLUMN network_summary TEXT NOT NULL DEFAULT '';
 `,
 }
 
