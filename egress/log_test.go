@@ -282,3 +282,19 @@ func TestWildcardNamesCharged(t *testing.T) {
 		}
 	})
 }
+
+// TestRefusedHostBounded: a refused request's host is the client's text;
+// the log keeps at most maxLoggedHost bytes of it, so 10000 refusals with
+// 60 KiB hosts cannot hold 600 MiB.
+func TestRefusedHostBounded(t *testing.T) {
+	h := newHarness(t, testPolicy(), Options{})
+	c := h.raw()
+	host := strings.Repeat("a", 60<<10)
+	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: x\r\n\r\n", host)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	io.Copy(io.Discard, c)
+	a := h.last()
+	if a.Allowed || len(a.Host) > maxLoggedHost+len("...") {
+		t.Fatalf("logged host of %d bytes (%+v)", len(a.Host), a.Reason)
+	}
+}

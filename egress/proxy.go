@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -310,6 +311,12 @@ func (p *Proxy) DroppedAttempts() int {
 // logRefused appends a refused attempt and returns its index, or counts it
 // in the summary and returns -1 once MaxLogEntries refused ones are stored.
 func (p *Proxy) logRefused(a Attempt) int {
+	// A refused request's host is whatever the client sent (up to the
+	// 64 KiB header bound when it is not a valid name): 10000 of those
+	// would hold 640 MiB. No valid name is longer than maxLoggedHost.
+	if len(a.Host) > maxLoggedHost {
+		a.Host = strings.ToValidUTF8(a.Host[:maxLoggedHost], "\uFFFD") + "..."
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.refused >= p.pol.limits.MaxLogEntries {
@@ -320,6 +327,10 @@ func (p *Proxy) logRefused(a Attempt) int {
 	p.log = append(p.log, a)
 	return len(p.log) - 1
 }
+
+// maxLoggedHost bounds the host of a logged attempt: normaliseHost refuses
+// anything longer, so only refused garbage is cut.
+const maxLoggedHost = 1024
 
 // reserveAdmitted takes one of the MaxAdmitted log entries for an attempt
 // about to be let through, before anything is dialed: an attempt that
