@@ -18,9 +18,11 @@ import (
 // connections it attempts and, through its command line and errors, some
 // of the text; the audit log must not grow without bound because of it.
 const (
-	// MaxNetworkAttempts is the number of network attempts kept per
-	// record, as many as the egress proxy logs by default; the rest are
-	// counted in Record.NetworkOmitted.
+	// MaxNetworkAttempts is the number of denied network attempts kept
+	// one by one per record, as many as the egress proxy logs by default;
+	// the rest are counted in Record.NetworkOmitted and, by reason and
+	// destination, in Record.NetworkSummary. Allowed attempts are all
+	// kept (MaxAllowedAttempts).
 	MaxNetworkAttempts = 10000
 	// MaxViolations is the number of violations kept per record.
 	MaxViolations = 1000
@@ -131,11 +133,17 @@ func (s *Store) Finish(id string, res *result.Result, runErr error) error {
 		return fmt.Errorf("finish: record %q is %s: %w", id, cur, ErrFinished)
 	}
 
-	network, violations := res.Network, res.Violations
+	network, summary := splitNetwork(res.Network, res.NetworkSummary)
+	violations := res.Violations
 	netOmitted, violOmitted := 0, 0
-	if len(network) > MaxNetworkAttempts {
-		netOmitted = len(network) - MaxNetworkAttempts
-		network = network[:MaxNetworkAttempts]
+	summaryJSON := ""
+	if summary != nil {
+		netOmitted = summary.Omitted
+		b, err := json.Marshal(summary)
+		if err != nil {
+			return fmt.Errorf("finish %s: network summary: %w", id, err)
+		}
+		summaryJSON = string(b)
 	}
 	if len(violations) > MaxViolations {
 		violOmitted = len(violations) - MaxViolations
@@ -150,7 +158,7 @@ func (s *Store) Finish(id string, res *result.Result, runErr error) error {
 	// is kept.
 	_, err = tx.Exec(`UPDATE records SET ended = ?, status = ?, termination = ?, exit_code = ?,
 		wall_ms = ?, cpu_ms = ?, peak_memory_bytes = ?, files_changed = ?,
-		network_omitted = ?, violations_omitted = ?, error = ?,
+		network_omitted = ?, network_summary = ?, violations_omitted = ?, error = ?,
 		tier = CASE WHEN tier = '' THEN ? ELSE tier END,
 		image = CASE WHEN image = '' THEN ? ELSE image END,
 		image_digest = CASE WHEN image_digest = '' THEN ? ELSE image_digest END,
@@ -160,7 +168,7 @@ func (s *Store) Finish(id string, res *result.Result, runErr error) error {
 		WHERE id = ?`,
 		nanos(time.Now()), string(status), string(term), res.ExitCode,
 		nonNegative(res.DurationMS), nonNegative(res.CPUMS), max(res.PeakMemoryBytes, 0), len(res.Files),
-		netOmitted, violOmitted, clip(strings.Join(errText, "; "), maxErrorBytes),
+		netOmitted, summaryJSON, violOmitted, clip(strings.Join(errText, "; "), maxErrorBytes),
 		clip(res.Tier, maxFieldBytes), clip(res.Image.Name, maxFieldBytes), clip(res.Image.Digest, maxFieldBytes),
 		clip(res.Manifest, maxFieldBytes), cmd, res.Pooled, id)
 	if err != nil {
@@ -352,7 +360,7 @@ func (f Filter) where() (string, []any) {
 
 const recordColumns = `id, kind, key_id, sandbox_id, started, ended, status, tier, image, image_digest,
 	manifest_digest, manifest, command, pooled, termination, exit_code, wall_ms, cpu_ms,
-	peak_memory_bytes, memory_limit_bytes, files_changed, network_omitted, violations_omitted, error`
+	peak_memory_bytes, memory_limit_bytes, files_changed, network_omitted, network_summary, violations_omitted, error`
 
 // query loads the records whose rowids sel (a SELECT of rowids) returns,
 // newest first, with their network attempts and violations, in one read
@@ -442,12 +450,12 @@ func (s *Store) query(sel string, args []any) ([]Record, error) {
 
 func scanRecord(sc interface{ Scan(...any) error }) (Record, error) {
 	var r Record
-	var kind, status, term, cmd string
+	var kind, status, term, cmd, summary string
 	var started int64
 	var ended sql.NullInt64
 	err := sc.Scan(&r.ID, &kind, &r.KeyID, &r.SandboxID, &started, &ended, &status, &r.Tier, &r.Image, &r.ImageDigest,
 		&r.ManifestDigest, &r.Manifest, &cmd, &r.Pooled, &term, &r.ExitCode, &r.WallMS, &r.CPUMS,
-		&r.PeakMemoryBytes, &r.MemoryLimit, &r.Files, &r.NetworkOmitted, &r.ViolationsOmitted, &r.Error)
+		&r.PeakMemoryBytes, &r.MemoryLimit, &r.Files, &r.NetworkOmitted, &summary, &r.ViolationsOmitted, &r.Error)
 	if err != nil {
 		return Record{}, err
 	}
@@ -459,6 +467,12 @@ func scanRecord(sc interface{ Scan(...any) error }) (Record, error) {
 	r.Command = []string{}
 	if err := json.Unmarshal([]byte(cmd), &r.Command); err != nil {
 		return Record{}, fmt.Errorf("record %s: stored command is not a JSON list: %w", r.ID, err)
+	}
+	if summary != "" {
+		r.NetworkSummary = &result.NetworkSummary{}
+		if err := json.Unmarshal([]byte(summary), r.NetworkSummary); err != nil {
+			return Record{}, fmt.Errorf("record %s: stored network summary is not valid: %w", r.ID, err)
+		}
 	}
 	// Lists are never null in JSON.
 	r.Network = []result.NetworkAttempt{}

@@ -85,13 +85,25 @@ type Report struct {
 	Statuses     []Count `json:"statuses"`
 	Terminations []Count `json:"terminations"` // of records that ended
 
-	// NetworkAttempts counts the stored attempts, NetworkDenied those
-	// refused; NetworkOmitted the attempts not stored (Record.NetworkOmitted).
-	NetworkAttempts int `json:"network_attempts"`
-	NetworkDenied   int `json:"network_denied"`
-	NetworkOmitted  int `json:"network_omitted"`
-	// Denied are the most-denied destinations, most first; DeniedElsewhere
-	// counts the denied attempts to the destinations not listed.
+	// NetworkAttempts counts every attempt, stored one by one or not;
+	// NetworkDenied those refused; NetworkOmitted those not stored one by
+	// one (Record.NetworkOmitted), and NetworkOmittedReasons why they were
+	// refused (from the records' network summaries; the omitted attempts
+	// of records written before summaries existed have no reason).
+	NetworkAttempts       int     `json:"network_attempts"`
+	NetworkDenied         int     `json:"network_denied"`
+	NetworkOmitted        int     `json:"network_omitted"`
+	NetworkOmittedReasons []Count `json:"network_omitted_reasons"`
+	// NetworkBytesOut and NetworkBytesIn are the bytes the proxy forwarded
+	// each way, NetworkLookupBytes the bytes of host names it resolved for
+	// wildcard rules (charged to max_bytes_out).
+	NetworkBytesOut    int64 `json:"network_bytes_out"`
+	NetworkBytesIn     int64 `json:"network_bytes_in"`
+	NetworkLookupBytes int64 `json:"network_lookup_bytes"`
+	// Denied are the most-denied destinations, most first, counting the
+	// attempts stored one by one and those only counted in a network
+	// summary; DeniedElsewhere counts the denied attempts to the
+	// destinations not listed.
 	Denied          []Destination `json:"denied"`
 	DeniedElsewhere int           `json:"denied_elsewhere"`
 
@@ -207,7 +219,7 @@ func (s *Store) Report(f Filter, p Prices) (*Report, error) {
 	}
 	defer tx.Rollback()
 	rep := &Report{Generated: time.Now().UTC(), Prices: p,
-		Kinds: []Count{}, Statuses: []Count{}, Terminations: []Count{}, Denied: []Destination{},
+		Kinds: []Count{}, Statuses: []Count{}, Terminations: []Count{}, Denied: []Destination{}, NetworkOmittedReasons: []Count{},
 		Limits: []Limit{}, TimedOut: []CommandCount{}, Costliest: []RecordCost{}, PerKey: []KeyCost{}}
 
 	var first, last sql.NullInt64
@@ -242,13 +254,28 @@ func (s *Store) Report(f Filter, p Prices) (*Report, error) {
 	}
 
 	const inRecs = ` record_id IN (SELECT id FROM recs)`
-	var denied sql.NullInt64
-	err = tx.QueryRowContext(ctx, cte+`SELECT COUNT(*), SUM(allowed = 0) FROM network_attempts WHERE`+inRecs, args()...).
-		Scan(&rep.NetworkAttempts, &denied)
+	var denied, bytesOut, bytesIn sql.NullInt64
+	err = tx.QueryRowContext(ctx, cte+`SELECT COUNT(*), SUM(allowed = 0), SUM(bytes_out), SUM(bytes_in) FROM network_attempts WHERE`+inRecs, args()...).
+		Scan(&rep.NetworkAttempts, &denied, &bytesOut, &bytesIn)
 	if err != nil {
 		return nil, fmt.Errorf("report: network: %w", err)
 	}
-	rep.NetworkDenied = int(denied.Int64)
+	// Attempts not stored one by one are denied ones, counted in the
+	// summary; before summaries existed, they could be anything.
+	var omittedDenied, lookupBytes sql.NullInt64
+	err = tx.QueryRowContext(ctx, cte+`SELECT SUM(network_omitted), SUM(json_extract(network_summary, '$.lookup_bytes'))
+		FROM recs WHERE network_summary <> ''`, args()...).Scan(&omittedDenied, &lookupBytes)
+	if err != nil {
+		return nil, fmt.Errorf("report: network summaries: %w", err)
+	}
+	rep.NetworkAttempts += rep.NetworkOmitted
+	rep.NetworkDenied = int(denied.Int64 + omittedDenied.Int64)
+	rep.NetworkBytesOut, rep.NetworkBytesIn, rep.NetworkLookupBytes = bytesOut.Int64, bytesIn.Int64, lookupBytes.Int64
+	rep.NetworkOmittedReasons, err = counts(ctx, tx, cte+`SELECT CAST(j.key AS TEXT), SUM(j.value) FROM recs, json_each(recs.network_summary, '$.omitted_reasons') j
+		WHERE recs.network_summary <> '' GROUP BY 1 ORDER BY 2 DESC, 1`, args())
+	if err != nil {
+		return nil, fmt.Errorf("report: omitted network attempts: %w", err)
+	}
 	if err := rep.loadDenied(ctx, tx, cte, args); err != nil {
 		return nil, fmt.Errorf("report: denied destinations: %w", err)
 	}
@@ -333,10 +360,14 @@ func (s *Store) Report(f Filter, p Prices) (*Report, error) {
 
 // loadDenied fills the top denied destinations and, for each, the counts
 // of its reasons. Two steps, so the rows read are bounded by ReportTop
-// however many distinct destinations a hostile run tried.
+// however many distinct destinations a hostile run tried. The denied
+// attempts are those stored one by one and those a network summary counts
+// by destination (a summary holds at most 256 destinations).
 func (rep *Report) loadDenied(ctx context.Context, tx *sql.Tx, cte string, args func(...any) []any) error {
-	const denied = ` FROM network_attempts WHERE allowed = 0 AND record_id IN (SELECT id FROM recs)`
-	rows, err := tx.QueryContext(ctx, cte+`SELECT host, port, COUNT(*)`+denied+` GROUP BY host, port ORDER BY 3 DESC, 1, 2 LIMIT ?`, args(ReportTop)...)
+	const denied = ` FROM (SELECT host, port, reason, 1 AS n FROM network_attempts WHERE allowed = 0 AND record_id IN (SELECT id FROM recs)
+		UNION ALL SELECT json_extract(j.value, '$.host'), json_extract(j.value, '$.port'), json_extract(j.value, '$.reason'), json_extract(j.value, '$.count')
+		FROM recs, json_each(recs.network_summary, '$.omitted_destinations') j WHERE recs.network_summary <> '')`
+	rows, err := tx.QueryContext(ctx, cte+`SELECT host, port, SUM(n)`+denied+` GROUP BY host, port ORDER BY 3 DESC, 1, 2 LIMIT ?`, args(ReportTop)...)
 	if err != nil {
 		return err
 	}
@@ -356,7 +387,7 @@ func (rep *Report) loadDenied(ctx context.Context, tx *sql.Tx, cte string, args 
 	rep.DeniedElsewhere = rep.NetworkDenied - listed
 	for i := range rep.Denied {
 		d := &rep.Denied[i]
-		d.Reasons, err = counts(ctx, tx, cte+`SELECT reason, COUNT(*)`+denied+` AND host = ? AND port = ? GROUP BY 1 ORDER BY 2 DESC, 1`, args(d.Host, d.Port))
+		d.Reasons, err = counts(ctx, tx, cte+`SELECT reason, SUM(n)`+denied+` WHERE host = ? AND port = ? GROUP BY 1 ORDER BY 2 DESC, 1`, args(d.Host, d.Port))
 		if err != nil {
 			return err
 		}
@@ -414,7 +445,15 @@ func (rep *Report) WriteText(w io.Writer) error {
 
 	fmt.Fprintf(ew, "\nNetwork: %d attempts, %d denied", rep.NetworkAttempts, rep.NetworkDenied)
 	if rep.NetworkOmitted > 0 {
-		fmt.Fprintf(ew, " (and %d attempts not stored)", rep.NetworkOmitted)
+		fmt.Fprintf(ew, " (%d not stored one by one", rep.NetworkOmitted)
+		if len(rep.NetworkOmittedReasons) > 0 {
+			fmt.Fprintf(ew, ": %s", joinCounts(rep.NetworkOmittedReasons))
+		}
+		fmt.Fprint(ew, ")")
+	}
+	fmt.Fprintf(ew, "; %s out, %s in", humanBytes(rep.NetworkBytesOut), humanBytes(rep.NetworkBytesIn))
+	if rep.NetworkLookupBytes > 0 {
+		fmt.Fprintf(ew, ", %s of host names looked up for wildcard rules", humanBytes(rep.NetworkLookupBytes))
 	}
 	fmt.Fprintln(ew)
 	if len(rep.Denied) > 0 {

@@ -88,7 +88,7 @@ func TestReport(t *testing.T) {
 		Kinds:           []Count{{"run", 5}, {"sandbox", 1}},
 		Statuses:        []Count{{"done", 5}, {"running", 1}},
 		Terminations:    []Count{{"timeout", 3}, {"exited", 1}, {"pids", 1}},
-		NetworkAttempts: 5, NetworkDenied: 4,
+		NetworkAttempts: 5, NetworkDenied: 4, NetworkOmittedReasons: []Count{},
 		Denied: []Destination{
 			{Host: "evil.example", Port: 443, Count: 3, Reasons: []Count{{"not-allowlisted", 2}, {"limit-rate", 1}}},
 			{Host: "169.254.169.254", Port: 80, Count: 1, Reasons: []Count{{"private-address", 1}}},

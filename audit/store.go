@@ -26,7 +26,7 @@ var (
 
 // SchemaVersion is the version of the database layout this package writes.
 // Open upgrades an older database and refuses a newer one.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // migrations[i] takes a database from schema version i to i+1. Append only:
 // a released migration never changes.
@@ -104,6 +104,13 @@ CREATE TABLE violations (
 	// 1 -> 2: admin keys, the only ones that read server-wide state
 	// (GET /metrics). Every existing key is a tenant's.
 	`ALTER TABLE keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;`,
+	// 2 -> 3: the run's network summary (result.NetworkSummary as JSON):
+	// totals over every attempt and the denied attempts not stored one by
+	// one, by reason and destination. Reports aggregate it with json_each
+	// in SQL; '' for records without one.
+	`
+ALTER TABLE records ADD COLUMN network_summary TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // Store is an open audit database. It is safe for concurrent use.

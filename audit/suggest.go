@@ -185,7 +185,15 @@ func (s *Suggestion) suggestNetwork(legit []Record, runs string) {
 	literalPorts := map[int][]string{} // IP-literal port not 80/443 -> addresses
 	var dropped []string
 	total, usedBy := 0, 0
+	// unknown: records whose attempts were not all stored and that do not
+	// say the missing ones were denied. Records carry every allowed
+	// attempt since network summaries exist; older ones may have lost
+	// some behind a flood of refusals (issue 17).
+	var unknown []string
 	for _, r := range legit {
+		if r.NetworkOmitted > 0 && r.NetworkSummary == nil {
+			unknown = append(unknown, fmt.Sprintf("%d of record %s", r.NetworkOmitted, Display(r.ID)))
+		}
 		used := false
 		for _, a := range r.Network {
 			if !a.Allowed {
@@ -224,17 +232,21 @@ func (s *Suggestion) suggestNetwork(legit []Record, runs string) {
 			usedBy++
 		}
 	}
+	warn := ""
+	if len(unknown) > 0 {
+		warn = fmt.Sprintf("; WARNING: attempts not stored (%s) were recorded before moat kept every allowed attempt, and may have been allowed: review them", strings.Join(unknown, ", "))
+	}
 	if len(allow) == 0 && len(addresses) == 0 {
 		m.Network.Mode = "none"
 		why := fmt.Sprintf("no legitimate run (of %d) was let through the egress proxy", len(legit))
 		if len(dropped) > 0 {
 			why += fmt.Sprintf("; left out %s, which the allowlist cannot express", strings.Join(dropped, ", "))
 		}
-		s.reason("network.mode", why)
+		s.reason("network.mode", why+warn)
 		return
 	}
 	m.Network.Mode = "allowlist"
-	s.reason("network.mode", fmt.Sprintf("%s through the egress proxy by %d of %s", plural(total, "allowed attempt"), usedBy, runs))
+	s.reason("network.mode", fmt.Sprintf("%s through the egress proxy by %d of %s", plural(total, "allowed attempt"), usedBy, runs)+warn)
 	if len(allow) > 0 {
 		m.Network.Allow = sortedKeys(allow)
 		why := "exactly the destinations the runs reached: " + describeUses(allow)

@@ -85,11 +85,17 @@ type Record struct {
 	Files           int                     `json:"files_changed"`
 	Error           string                  `json:"error,omitempty"`
 
-	// NetworkOmitted and ViolationsOmitted count the entries Finish did
-	// not store because the record already held MaxNetworkAttempts or
-	// MaxViolations of them (a hostile program can make many).
-	NetworkOmitted    int `json:"network_omitted,omitempty"`
-	ViolationsOmitted int `json:"violations_omitted,omitempty"`
+	// NetworkOmitted and ViolationsOmitted count the entries not stored
+	// one by one: denied network attempts past the proxy's log or past
+	// MaxNetworkAttempts, violations past MaxViolations (a hostile
+	// program can make many). Records written before network summaries
+	// existed count every attempt not stored, allowed or not.
+	NetworkOmitted int `json:"network_omitted,omitempty"`
+	// NetworkSummary accounts for every network attempt of the run, the
+	// omitted ones by reason and destination (nil for a run without the
+	// egress proxy, and for records written before it existed).
+	NetworkSummary    *result.NetworkSummary `json:"network_summary,omitempty"`
+	ViolationsOmitted int                    `json:"violations_omitted,omitempty"`
 }
 
 // Filter selects records. Zero fields select everything.

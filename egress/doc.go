@@ -4,13 +4,20 @@
 // The proxy runs on the host inside moat's process and is reached from the
 // sandbox through a Unix socket. It forwards plain HTTP requests given in
 // absolute form (GET http://host/path) and CONNECT tunnels, and nothing else.
-// Every destination attempt is logged once (Attempts), with the bytes that
-// flowed each way.
+// Every destination attempt is accounted for once: every attempt let
+// through is logged (Attempts) with the bytes that flowed each way, as are
+// the first Limits.MaxLogEntries refused ones; refused attempts past that
+// are counted by reason and destination (Summary), so a flood of refusals
+// can neither exhaust memory nor push an allowed attempt out of the record.
 //
 // What it must never do:
 //   - decide on an address the client supplies: the decision is made on the
 //     host name the client asked for, matched against the allowlist (Rule);
 //     IP literals are refused unless explicitly granted (Policy.AllowAddresses);
+//   - resolve a name only a wildcard rule allows for free: each new such
+//     name is a DNS query carrying bytes the program chose off the host, so
+//     it costs its length of the out budget and is rate-limited
+//     (Limits.NamesPerSecond);
 //   - let the sandbox resolve names: the proxy resolves them itself, refuses the
 //     request if any answer is loopback, private, link-local (the cloud
 //     metadata service), CGNAT, multicast or otherwise reserved, and dials

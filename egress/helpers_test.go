@@ -210,7 +210,7 @@ func testPolicy() Policy {
 	return Policy{
 		Allow:          rules,
 		AllowAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		Limits:         Limits{HandshakeTimeout: 2 * time.Second, IdleTimeout: 5 * time.Second, ConnRate: 1000},
+		Limits:         Limits{HandshakeTimeout: 2 * time.Second, IdleTimeout: 5 * time.Second, ConnRate: 1000, NamesPerSecond: 1000},
 	}
 }
 

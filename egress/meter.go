@@ -36,6 +36,19 @@ func (b *budget) take(want int64) int64 {
 	}
 }
 
+// takeAll grants exactly n bytes, or nothing when fewer remain.
+func (b *budget) takeAll(n int64) bool {
+	for {
+		u := b.used.Load()
+		if n < 0 || b.limit-u < n {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
 func (b *budget) give(n int64) { b.used.Add(-n) }
 
 func (b *budget) spent() bool { return b.used.Load() >= b.limit }

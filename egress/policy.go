@@ -39,9 +39,26 @@ type Limits struct {
 	// header, resolving, dialing and reading the TLS ClientHello (default
 	// 10s), so a slow client cannot hold a connection slot.
 	IdleTimeout, HandshakeTimeout time.Duration
-	// MaxLogEntries bounds the attempt log (default 10000); attempts past it
-	// are counted (Proxy.DroppedAttempts) but not stored.
+	// MaxLogEntries bounds the refused attempts stored one by one in the
+	// log (default 10000). Refused attempts past it are not stored but
+	// counted in the Summary, by reason and by destination: a flood of
+	// refusals costs bounded memory and hides nothing.
 	MaxLogEntries int
+	// MaxAdmitted bounds the attempts let through to a destination
+	// (default 50000). Every one of them is stored in the log with its
+	// bytes; once this many were, the proxy lets nothing more through
+	// (limit-log) rather than let traffic go unrecorded. The connection
+	// rate limit makes it unreachable in practice (20 a second for 40
+	// minutes at the defaults).
+	MaxAdmitted int
+	// NamesPerSecond is the number of new host names the proxy may
+	// resolve per second for names that only a wildcard rule allows,
+	// with a burst of the same size (default 5); more are refused with
+	// limit-names. Each such name is information leaving the host as a
+	// DNS query, so its first lookup also costs len(name) bytes of
+	// MaxBytesOut. Names written out in a rule cost nothing: the manifest
+	// already says them.
+	NamesPerSecond int
 }
 
 // Defaults for Limits.
@@ -53,6 +70,8 @@ const (
 	DefaultIdleTimeout      = 60 * time.Second
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultMaxLogEntries    = 10000
+	DefaultMaxAdmitted      = 50000
+	DefaultNamesPerSecond   = 5
 )
 
 // withDefaults returns l with every unset field at its default.
@@ -77,6 +96,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxLogEntries <= 0 {
 		l.MaxLogEntries = DefaultMaxLogEntries
+	}
+	if l.MaxAdmitted <= 0 {
+		l.MaxAdmitted = DefaultMaxAdmitted
+	}
+	if l.NamesPerSecond <= 0 {
+		l.NamesPerSecond = DefaultNamesPerSecond
 	}
 	return l
 }
@@ -140,6 +165,18 @@ func compilePolicy(p Policy) policy {
 func (c *policy) allowsName(host string, port int) bool {
 	for _, r := range c.rules {
 		if r.matches(host, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesExactly reports whether a rule names host itself (not through a
+// wildcard): looking such a name up tells the resolver nothing the
+// manifest does not already say.
+func (c *policy) namesExactly(host string) bool {
+	for _, r := range c.rules {
+		if !r.Wildcard && r.Host == host {
 			return true
 		}
 	}

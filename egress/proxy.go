@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -44,6 +45,13 @@ const (
 	ReasonLimitRate      = "limit-rate"
 	ReasonBadRequest     = "bad-request"
 	ReasonUpstreamError  = "upstream-error"
+	// ReasonLimitNames: a new name only a wildcard rule allows, past
+	// Limits.NamesPerSecond.
+	ReasonLimitNames = "limit-names"
+	// ReasonLimitLog: Limits.MaxAdmitted attempts were let through
+	// already; the proxy lets nothing more through rather than leave
+	// traffic unrecorded.
+	ReasonLimitLog = "limit-log"
 )
 
 // Resolver resolves host names; net.DefaultResolver fits.
@@ -95,9 +103,22 @@ type Proxy struct {
 	closed    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
-	log       []Attempt
-	dropped   int
-	wg        sync.WaitGroup // Serve loops and connection handlers
+	// log holds every attempt let through (admitted of them, at most
+	// Limits.MaxAdmitted, reserved before dialing) and the first
+	// Limits.MaxLogEntries refused ones (refused of them); unlogged
+	// counts the refused attempts past that.
+	log      []Attempt
+	admitted int
+	refused  int
+	unlogged tally
+	// names are the wildcard-allowed names already charged (at most
+	// maxChargedNames; a name not kept is charged again), nameRate their
+	// rate limit, lookups and lookupBytes what was charged.
+	names       map[string]struct{}
+	nameRate    *rateLimiter
+	lookups     int
+	lookupBytes int64
+	wg          sync.WaitGroup // Serve loops and connection handlers
 }
 
 // New returns a proxy enforcing p. Rules that ParseRule would not produce
@@ -110,6 +131,8 @@ func New(p Policy, opts Options) *Proxy {
 		dialer:    opts.Dialer,
 		now:       opts.Now,
 		rate:      newRateLimiter(pol.limits.ConnRate),
+		nameRate:  newRateLimiter(pol.limits.NamesPerSecond),
+		names:     map[string]struct{}{},
 		slots:     make(chan struct{}, pol.limits.MaxConns),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
@@ -214,7 +237,7 @@ func (p *Proxy) admit(c net.Conn) {
 // refusal finds it in the log already (TestConnRate read the log a moment
 // too early in CI: the last stop's unexplained egress failure, likely).
 func (p *Proxy) refuseEarly(c net.Conn, start time.Time, reason string, status int) {
-	p.logAttempt(Attempt{Time: start, Reason: reason})
+	p.logRefused(Attempt{Time: start, Reason: reason})
 	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	msg := "too many connections at once; retry later"
 	if reason == ReasonLimitRate {
@@ -277,22 +300,62 @@ func (p *Proxy) Attempts() []Attempt {
 	return append([]Attempt(nil), p.log...)
 }
 
-// DroppedAttempts is the number of attempts not stored because the log was
-// full (Limits.MaxLogEntries).
+// DroppedAttempts is the number of refused attempts not stored because
+// Limits.MaxLogEntries were (Summary says where they went and why).
 func (p *Proxy) DroppedAttempts() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dropped
+	return p.unlogged.n
 }
 
-// logAttempt appends a and returns its index, or -1 if the log is full.
-func (p *Proxy) logAttempt(a Attempt) int {
+// logRefused appends a refused attempt and returns its index, or counts it
+// in the summary and returns -1 once MaxLogEntries refused ones are stored.
+func (p *Proxy) logRefused(a Attempt) int {
+	// A refused request's host is whatever the client sent (up to the
+	// 64 KiB header bound when it is not a valid name): 10000 of those
+	// would hold 640 MiB. No valid name is longer than maxLoggedHost.
+	if len(a.Host) > maxLoggedHost {
+		a.Host = strings.ToValidUTF8(a.Host[:maxLoggedHost], "\uFFFD") + "..."
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.log) >= p.pol.limits.MaxLogEntries {
-		p.dropped++
+	if p.refused >= p.pol.limits.MaxLogEntries {
+		p.unlogged.add(a)
 		return -1
 	}
+	p.refused++
+	p.log = append(p.log, a)
+	return len(p.log) - 1
+}
+
+// maxLoggedHost bounds the host of a logged attempt: normaliseHost refuses
+// anything longer, so only refused garbage is cut.
+const maxLoggedHost = 1024
+
+// reserveAdmitted takes one of the MaxAdmitted log entries for an attempt
+// about to be let through, before anything is dialed: an attempt that
+// reaches its destination always has its place in the log.
+func (p *Proxy) reserveAdmitted() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.admitted >= p.pol.limits.MaxAdmitted {
+		return false
+	}
+	p.admitted++
+	return true
+}
+
+// releaseAdmitted gives back a reservation whose dial failed.
+func (p *Proxy) releaseAdmitted() {
+	p.mu.Lock()
+	p.admitted--
+	p.mu.Unlock()
+}
+
+// logAdmitted appends an attempt let through, on its reservation.
+func (p *Proxy) logAdmitted(a Attempt) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.log = append(p.log, a)
 	return len(p.log) - 1
 }
@@ -368,7 +431,9 @@ func (s *session) finish() {
 	if s.idx >= 0 {
 		s.p.updateAttempt(s.idx, s.att)
 	} else {
-		s.p.logAttempt(s.att)
+		// Never let through (admitDestination logs those): refused.
+		s.att.Allowed = false
+		s.p.logRefused(s.att)
 	}
 }
 
@@ -442,6 +507,17 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel boo
 	if !p.pol.allowsName(host, port) {
 		return refuse(ReasonNotAllowlisted, http.StatusForbidden, fmt.Sprintf("%s port %d is not in network.allow; add it to the manifest to grant it", host, port))
 	}
+	if !p.pol.namesExactly(host) {
+		// Only a wildcard allows this name: the program chose it, and
+		// the lookup carries it off the host (DNS exfiltration through
+		// the host's resolver).
+		switch p.chargeName(host) {
+		case ReasonLimitNames:
+			return refuse(ReasonLimitNames, http.StatusTooManyRequests, fmt.Sprintf("too many new host names per second for wildcard rules (network.names_per_second %d); retry later", p.pol.limits.NamesPerSecond))
+		case ReasonLimitBytes:
+			return refuse(ReasonLimitBytes, http.StatusServiceUnavailable, "the run's network byte budget is spent (each new name a wildcard rule allows costs its length)")
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, p.pol.limits.HandshakeTimeout)
 	defer cancel()
 	addrs, err := p.resolver.LookupNetIP(rctx, "ip", host)
@@ -511,14 +587,19 @@ func (s *session) admitDestination(rawHost string, port int, tunnel bool) bool {
 		s.refuse(v.status, v.reason, v.msg)
 		return false
 	}
+	if !s.p.reserveAdmitted() {
+		s.refuse(http.StatusServiceUnavailable, ReasonLimitLog, fmt.Sprintf("this run let %d connections through, as many as its log holds; the run's egress is over", s.p.pol.limits.MaxAdmitted))
+		return false
+	}
 	if err := s.dial(v); err != nil {
+		s.p.releaseAdmitted()
 		s.refuse(http.StatusBadGateway, ReasonUpstreamError, fmt.Sprintf("could not connect to %s port %d", v.host, v.port))
 		return false
 	}
 	s.att.Allowed, s.att.Reason = true, ReasonAllowed
 	// Logged now so that a long tunnel shows in Attempts while it runs;
 	// finish fills in the bytes.
-	s.idx = s.p.logAttempt(s.att)
+	s.idx = s.p.logAdmitted(s.att)
 	return true
 }
 

@@ -775,10 +775,13 @@ func TestLogBounded(t *testing.T) {
 	p := New(Policy{Limits: Limits{MaxLogEntries: 3}}, Options{})
 	defer p.Close()
 	for range 5 {
-		p.logAttempt(Attempt{Reason: ReasonBadRequest})
+		p.logRefused(Attempt{Reason: ReasonBadRequest})
 	}
 	if len(p.Attempts()) != 3 || p.DroppedAttempts() != 2 {
 		t.Fatalf("log %d, dropped %d", len(p.Attempts()), p.DroppedAttempts())
+	}
+	if s := p.Summary(); s.Attempts != 5 || s.Unlogged != 2 || s.UnloggedReasons[ReasonBadRequest] != 2 {
+		t.Fatalf("summary %+v", s)
 	}
 }
 

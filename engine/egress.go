@@ -24,8 +24,9 @@ type egressRun struct {
 
 // startEgress serves the manifest's allowlist on a Unix socket in the run's
 // private directory. The sandbox reaches it only through the descriptor
-// the tier hands to its init.
-func (e *Engine) startEgress(runDir string, n manifest.Network) (*egressRun, error) {
+// the tier hands to its init. res resolves the names the proxy looks up
+// (nil: the host's resolver).
+func (e *Engine) startEgress(runDir string, n manifest.Network, res egress.Resolver) (*egressRun, error) {
 	pol, err := egressPolicy(n)
 	if err != nil {
 		return nil, err
@@ -41,17 +42,35 @@ func (e *Engine) startEgress(runDir string, n manifest.Network) (*egressRun, err
 		l.Close()
 		return nil, fmt.Errorf("egress: %w", err)
 	}
-	r := &egressRun{proxy: egress.New(pol, egress.Options{}), socket: sock, done: make(chan error, 1)}
+	r := &egressRun{proxy: egress.New(pol, egress.Options{Resolver: res}), socket: sock, done: make(chan error, 1)}
 	go func() { r.done <- r.proxy.Serve(l) }()
 	return r, nil
 }
 
-// stop closes the proxy and returns what it logged.
-func (r *egressRun) stop() []result.NetworkAttempt {
+// stop closes the proxy and returns what it logged and its account of
+// every attempt.
+func (r *egressRun) stop() ([]result.NetworkAttempt, *result.NetworkSummary) {
 	r.proxy.Close()
 	<-r.done
 	os.Remove(r.socket)
-	return r.attempts(0)
+	return r.attempts(0), networkSummary(r.proxy.Summary())
+}
+
+// networkSummary is the result's form of the proxy's Summary.
+func networkSummary(s egress.Summary) *result.NetworkSummary {
+	out := &result.NetworkSummary{
+		Attempts: s.Attempts, Allowed: s.Allowed, Denied: s.Attempts - s.Allowed,
+		BytesOut: s.BytesOut, BytesIn: s.BytesIn, Lookups: s.Lookups, LookupBytes: s.LookupBytes,
+		Omitted: s.Unlogged, OmittedReasons: map[string]int{}, OmittedElsewhere: s.UnloggedElsewhere,
+		OmittedDestinations: []result.NetworkDestination{},
+	}
+	for r, n := range s.UnloggedReasons {
+		out.OmittedReasons[r] = n
+	}
+	for _, d := range s.UnloggedDestinations {
+		out.OmittedDestinations = append(out.OmittedDestinations, result.NetworkDestination{Host: d.Host, Port: d.Port, Reason: d.Reason, Count: d.Count})
+	}
+	return out
 }
 
 // attempts returns the proxy's log from entry n on.
@@ -72,10 +91,11 @@ func (r *egressRun) attempts(n int) []result.NetworkAttempt {
 
 func egressPolicy(n manifest.Network) (egress.Policy, error) {
 	pol := egress.Policy{Limits: egress.Limits{
-		MaxConns:    n.MaxConnections,
-		ConnRate:    n.ConnectionsPerSecond,
-		MaxBytesOut: int64(n.MaxBytesOut),
-		MaxBytesIn:  int64(n.MaxBytesIn),
+		MaxConns:       n.MaxConnections,
+		ConnRate:       n.ConnectionsPerSecond,
+		MaxBytesOut:    int64(n.MaxBytesOut),
+		MaxBytesIn:     int64(n.MaxBytesIn),
+		NamesPerSecond: n.NamesPerSecond,
 	}}
 	for i, s := range n.Allow {
 		r, err := egress.ParseRule(s)

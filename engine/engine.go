@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
@@ -215,6 +216,11 @@ type Request struct {
 	// way to list the host pids of that kernel's processes. It must not
 	// block.
 	OnRuntime func(procs func() ([]int, error))
+	// Resolver, when set, resolves the host names this run's egress proxy
+	// looks up, instead of the host's resolver (the red-team suite counts
+	// with one of its own what would have left the host as DNS queries,
+	// without sending any).
+	Resolver egress.Resolver
 }
 
 // ErrUsage marks errors in what the caller asked for (bad manifest, bad
@@ -245,7 +251,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := e.take(ctx, t, img, m, req.Session)
+	p, err := e.take(ctx, t, img, m, req.Session, req.Resolver)
 	if err != nil {
 		return nil, err
 	}
@@ -308,7 +314,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 
 	// The program is gone: close the proxy (and every connection through
 	// it) and take its log.
-	res.Network = p.stopEgress()
+	res.Network, res.NetworkSummary = p.stopEgress()
 	fillOutcome(res, out, stdout, stderr, m)
 
 	files, err := workspace.Diff(ws.Dir, snap, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})

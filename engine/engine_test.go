@@ -380,7 +380,7 @@ func TestPrepareLeftovers(t *testing.T) {
 		}
 		return names
 	}
-	if _, err := e.prepare(context.Background(), leftoverTier{}, img, manifest.Default(), false); !errors.Is(err, tier.ErrLeftovers) {
+	if _, err := e.prepare(context.Background(), leftoverTier{}, img, manifest.Default(), false, nil); !errors.Is(err, tier.ErrLeftovers) {
 		t.Fatalf("prepare = %v, want ErrLeftovers", err)
 	}
 	left := runs()

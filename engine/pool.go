@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/tier"
@@ -102,7 +103,7 @@ func (e *Engine) fill(p *pool) {
 			}
 			for len(p.ready) < cap(p.ready) && ctx.Err() == nil {
 				var s *prepared
-				s, err = e.prepare(ctx, t, img, p.cfg.Manifest, p.cfg.Session)
+				s, err = e.prepare(ctx, t, img, p.cfg.Manifest, p.cfg.Session, nil)
 				if err != nil {
 					break
 				}
@@ -153,8 +154,9 @@ func (p *pool) drain() {
 }
 
 // take returns a sandbox for m: a ready one from a matching pool, or a new
-// one.
-func (e *Engine) take(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool) (*prepared, error) {
+// one whose egress proxy (if any) resolves names with res (nil: the host's
+// resolver).
+func (e *Engine) take(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool, res egress.Resolver) (*prepared, error) {
 	if m.Network.Mode == "none" && len(e.pools) > 0 {
 		key := poolKey(t, img, m, session)
 		for _, p := range e.pools {
@@ -177,7 +179,7 @@ func (e *Engine) take(ctx context.Context, t tier.Tier, img *image.Image, m *man
 			}
 		}
 	}
-	return e.prepare(ctx, t, img, m, session)
+	return e.prepare(ctx, t, img, m, session, res)
 }
 
 // PoolStats reports every pool's state.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -29,9 +30,10 @@ type prepared struct {
 	leftovers bool
 	pooled    bool
 
-	closeOnce sync.Once
-	closeErr  error
-	network   []result.NetworkAttempt
+	closeOnce  sync.Once
+	closeErr   error
+	network    []result.NetworkAttempt
+	netSummary *result.NetworkSummary
 }
 
 // resolve picks the tier and the image of a manifest, refusing what the
@@ -58,10 +60,11 @@ func (e *Engine) resolve(ctx context.Context, m *manifest.Manifest, session bool
 	return t, img, nil
 }
 
-// prepare builds a new sandbox for m: claim, egress, tier Prepare. On error
-// nothing is left, or, when the tier could not undo its failed Prepare
-// (tier.ErrLeftovers), the run's directory stays for GC.
-func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool) (_ *prepared, err error) {
+// prepare builds a new sandbox for m: claim, egress (resolving with res,
+// nil for the host's resolver), tier Prepare. On error nothing is left, or,
+// when the tier could not undo its failed Prepare (tier.ErrLeftovers), the
+// run's directory stays for GC.
+func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool, res egress.Resolver) (_ *prepared, err error) {
 	id := newID()
 	release, err := e.claim(id)
 	if err != nil {
@@ -84,7 +87,7 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 		StateDir:     filepath.Join(e.opts.Home, "runs", id),
 	}
 	if m.Network.Mode == "allowlist" {
-		if p.egress, err = e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network); err != nil {
+		if p.egress, err = e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network, res); err != nil {
 			return nil, err
 		}
 		p.spec.EgressSocket = p.egress.socket
@@ -107,16 +110,16 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 }
 
 // stopEgress closes the proxy (and every connection through it) and keeps
-// its log.
-func (p *prepared) stopEgress() []result.NetworkAttempt {
+// its log and summary (nil without a proxy).
+func (p *prepared) stopEgress() ([]result.NetworkAttempt, *result.NetworkSummary) {
 	if p.egress != nil {
-		p.network = p.egress.stop()
+		p.network, p.netSummary = p.egress.stop()
 		p.egress = nil
 	}
 	if p.network == nil {
-		return []result.NetworkAttempt{}
+		return []result.NetworkAttempt{}, p.netSummary
 	}
-	return p.network
+	return p.network, p.netSummary
 }
 
 // close destroys the sandbox and releases everything around it.

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
@@ -118,7 +119,7 @@ func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Sessio
 	if err != nil {
 		return nil, err
 	}
-	p, err := e.take(ctx, t, img, m, true)
+	p, err := e.take(ctx, t, img, m, true, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -206,8 +207,14 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		return nil, fmt.Errorf("scan workspace: %w", err)
 	}
 	netFrom := 0
+	var netBefore egress.Summary
 	if s.p.egress != nil {
-		netFrom = len(s.p.egress.proxy.Attempts())
+		// The sandbox's proxy serves every command: this command's share
+		// is what was added after this point.
+		// (Attempts less Unlogged is the length of the log at the same
+		// instant.)
+		netBefore = s.p.egress.proxy.Summary()
+		netFrom = netBefore.Attempts - netBefore.Unlogged
 	}
 	pr := &Process{id: fmt.Sprintf("e%d", n), argv: slices.Clone(req.Argv), done: make(chan struct{})}
 	stdin := req.Stdin
@@ -261,6 +268,7 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		res.Network = []result.NetworkAttempt{}
 		if eg := s.p.egress; eg != nil {
 			res.Network = eg.attempts(netFrom)
+			res.NetworkSummary = networkSummary(eg.proxy.Summary().Since(netBefore))
 		}
 		res.Files = []result.FileChange{}
 		if s.open() == nil {

@@ -85,6 +85,12 @@ type Network struct {
 	ConnectionsPerSecond int  `json:"connections_per_second" yaml:"connections_per_second"`
 	MaxBytesOut          Size `json:"max_bytes_out" yaml:"max_bytes_out"`
 	MaxBytesIn           Size `json:"max_bytes_in" yaml:"max_bytes_in"`
+	// NamesPerSecond bounds the new host names per second the proxy
+	// resolves for names only a wildcard rule ("*.example.com") allows:
+	// the program chooses them, and each leaves the host as a DNS query
+	// (which is why each also costs its length of MaxBytesOut). More are
+	// refused with limit-names.
+	NamesPerSecond int `json:"names_per_second" yaml:"names_per_second"`
 }
 
 // Security holds explicit, audited acceptances of a weaker sandbox. The

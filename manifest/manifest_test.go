@@ -186,7 +186,7 @@ func TestParseErrors(t *testing.T) {
 		// Unknown keys.
 		{"unknown top-level key", "m.yaml", "imagee: python", "imagee", "", `did you mean "image"?`},
 		{"unknown nested key", "m.yaml", "resources: {memroy: 1GiB}", "resources.memroy", "", `did you mean "memory"?`},
-		{"unknown key lists accepted", "m.yaml", "network: {proxy: x}", "network.proxy", "", "accepted under network: allow, allow_addresses, connections_per_second, max_bytes_in, max_bytes_out, max_connections, mode"},
+		{"unknown key lists accepted", "m.yaml", "network: {proxy: x}", "network.proxy", "", "accepted under network: allow, allow_addresses, connections_per_second, max_bytes_in, max_bytes_out, max_connections, mode, names_per_second"},
 		{"unknown key in an input", "m.yaml", "inputs: [{src: a}, {sorc: b}]", "inputs[1].sorc", "", `did you mean "src"?`},
 		{"unknown key in workspace", "m.yaml", "workspace: {inodes: 5}", "workspace.inodes", "", "accepted under workspace: files, size"},
 		{"unknown key in security", "m.yaml", "security: {allow: [landlock]}", "security.allow", "", "allow_missing"},
@@ -442,6 +442,7 @@ func TestFieldErrorText(t *testing.T) {
 		{"timeout out of range", "resources: {timeout: 48h, cpu_time: 1s}", `m.yaml: resources.timeout: "48h" is out of range; accepted 10ms..24h`},
 		{"cpus out of range", "resources: {cpus: 300}", `m.yaml: resources.cpus: "300" is out of range; accepted 0.01..256`},
 		{"stdout out of range", "resources: {stdout_bytes: 2GiB}", `m.yaml: resources.stdout_bytes: "2GiB" is out of range; accepted 0..1GiB`},
+		{"names_per_second out of range", "network: {names_per_second: 0}", `m.yaml: network.names_per_second: "0" is out of range; accepted 1..1000`},
 		{"unknown key", "resources: {memroy: 1GiB}", `m.yaml: resources.memroy: is not a known key (did you mean "memory"?); accepted under resources: cpu_time, cpus, file_size, memory, open_files, pids, stderr_bytes, stdout_bytes, timeout`},
 		{"bare duration", "resources: {timeout: 30}", `m.yaml: resources.timeout: "30" is a bare number; durations need a unit: write 30s for seconds`},
 	}
@@ -680,6 +681,7 @@ network:
     connections_per_second: 20
     max_bytes_out: 64MiB
     max_bytes_in: 512MiB
+    names_per_second: 5
 env:
     A: "1"
     LANG: C.UTF-8

@@ -43,7 +43,7 @@ func Default() *Manifest {
 			StdoutBytes: 1 * MiB,
 			StderrBytes: 1 * MiB,
 		},
-		Network: Network{Mode: "none", MaxConnections: 16, ConnectionsPerSecond: 20, MaxBytesOut: 64 * MiB, MaxBytesIn: 512 * MiB},
+		Network: Network{Mode: "none", MaxConnections: 16, ConnectionsPerSecond: 20, MaxBytesOut: 64 * MiB, MaxBytesIn: 512 * MiB, NamesPerSecond: 5},
 		Env:     map[string]string{},
 	}
 }

@@ -33,6 +33,7 @@ var rules = []rule{
 	intRule("network.connections_per_second", 1, 1000, func(m *Manifest) int { return m.Network.ConnectionsPerSecond }),
 	sizeRule("network.max_bytes_out", 0, 64*GiB, func(m *Manifest) Size { return m.Network.MaxBytesOut }),
 	sizeRule("network.max_bytes_in", 0, 64*GiB, func(m *Manifest) Size { return m.Network.MaxBytesIn }),
+	intRule("network.names_per_second", 1, 1000, func(m *Manifest) int { return m.Network.NamesPerSecond }),
 }
 
 // Limits on the non-numeric parts of a manifest.
@@ -79,6 +80,7 @@ type Range struct {
 //	network.connections_per_second  1  1000   20
 //	network.max_bytes_out           0  64GiB  64MiB
 //	network.max_bytes_in            0  64GiB  512MiB
+//	network.names_per_second        1  1000   5
 //
 // The bounds are about what a sandbox can sensibly be asked for, not about
 // this host: a manifest asking for more CPUs or memory than the host has is

@@ -31,6 +31,7 @@ func goCases() []Case {
 	registerOnce.Do(func() {
 		registerConcurrencyCases()
 		registerEgressCases()
+		registerEgressLogCases()
 		registerFSCases()
 		registerHostWideCases()
 		registerHostIdentityCase()

@@ -65,6 +65,8 @@ var wasmTable = map[string]TierExpect{
 	"net-egress-bypass-proxy":        {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-conn-flood":          {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-exfil-budget":        {Reason: wasmAllow, NotApplicable: true},
+	"net-egress-log-flood":           {Reason: wasmAllow, NotApplicable: true},
+	"net-egress-dns-names":           {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-dns":                 {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-ip-literal":          {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-fronting":            {Reason: wasmAllow, NotApplicable: true},

@@ -67,11 +67,15 @@ type Result struct {
 	Stderr Stream `json:"stderr"`
 
 	Files []FileChange `json:"files"`
-	// Network lists every destination the run tried through the egress
-	// proxy, allowed or not (empty with network mode none: there is no
-	// path out to try).
-	Network    []NetworkAttempt `json:"network"`
-	Violations []Violation      `json:"violations"`
+	// Network lists the destinations the run tried through the egress
+	// proxy (empty with network mode none: there is no path out to try):
+	// every attempt let through, with its bytes, and the first refused
+	// ones; NetworkSummary counts the refused attempts it does not list.
+	Network []NetworkAttempt `json:"network"`
+	// NetworkSummary accounts for every attempt through the egress proxy,
+	// listed in Network or not; nil with network mode none.
+	NetworkSummary *NetworkSummary `json:"network_summary,omitempty"`
+	Violations     []Violation     `json:"violations"`
 	// Degradations lists protections that were asked for but could not be
 	// applied on this host, and were accepted by the manifest. Empty means
 	// the full protection of the tier applied.
@@ -262,8 +266,50 @@ type NetworkAttempt struct {
 	Allowed bool   `json:"allowed"`
 	// Reason is one of: allowed, not-allowlisted, private-address,
 	// ip-literal, dns-failure, sni-mismatch, limit-conns, limit-bytes,
-	// limit-rate, bad-request, upstream-error.
+	// limit-rate, limit-names, limit-log, bad-request, upstream-error.
 	Reason   string `json:"reason"`
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
+}
+
+// NetworkSummary accounts for every attempt a run made through the egress
+// proxy. Network lists every attempt let through and the first refused
+// ones (10000 by default); the refused attempts past those are counted
+// here, by reason and by destination, so a flood of refusals can neither
+// hide an allowed attempt nor go unreported.
+type NetworkSummary struct {
+	// Attempts is every attempt, listed in Network or not; Allowed those
+	// let through to their destination (all of them are listed), Denied
+	// the rest.
+	Attempts int `json:"attempts"`
+	Allowed  int `json:"allowed"`
+	Denied   int `json:"denied"`
+	// BytesOut and BytesIn are the bytes forwarded each way over every
+	// attempt.
+	BytesOut int64 `json:"bytes_out"`
+	BytesIn  int64 `json:"bytes_in"`
+	// Lookups is the host names the proxy resolved that only a wildcard
+	// rule allows, each counted once, and LookupBytes their length: they
+	// left the host as DNS queries and were charged to
+	// network.max_bytes_out.
+	Lookups     int   `json:"lookups"`
+	LookupBytes int64 `json:"lookup_bytes"`
+	// Omitted is the denied attempts Network does not list.
+	// OmittedReasons counts them by reason; OmittedDestinations by host,
+	// port and reason (host "" for attempts refused before they named
+	// one, e.g. limit-rate), most first, at most 256 of them;
+	// OmittedElsewhere counts those to destinations not itemised.
+	Omitted             int                  `json:"omitted"`
+	OmittedReasons      map[string]int       `json:"omitted_reasons"`
+	OmittedDestinations []NetworkDestination `json:"omitted_destinations"`
+	OmittedElsewhere    int                  `json:"omitted_elsewhere"`
+}
+
+// NetworkDestination is where denied attempts went, why they were denied,
+// and how many there were.
+type NetworkDestination struct {
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Reason string `json:"reason"`
+	Count  int    `json:"count"`
 }

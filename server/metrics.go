@@ -67,6 +67,13 @@ func (m *metrics) observe(res *result.Result) {
 			m.denials.inc(n.Reason)
 		}
 	}
+	// Denied attempts the result does not list one by one (a flood past
+	// the proxy's log) count too.
+	if ns := res.NetworkSummary; ns != nil {
+		for reason, n := range ns.OmittedReasons {
+			m.denials.add(float64(n), reason)
+		}
+	}
 	for _, v := range res.Violations {
 		m.limits.inc(v.Kind)
 	}
@@ -173,7 +180,10 @@ type counterVec struct {
 	values map[string]float64 // by the rendered label set
 }
 
-func (c *counterVec) inc(values ...string) {
+func (c *counterVec) inc(values ...string) { c.add(1, values...) }
+
+// add adds n to the series of values.
+func (c *counterVec) add(n float64, values ...string) {
 	if len(values) != len(c.labels) {
 		panic(fmt.Sprintf("metric %s: %d label values for %d labels", c.name, len(values), len(c.labels)))
 	}
@@ -189,7 +199,7 @@ func (c *counterVec) inc(values ...string) {
 	if c.values == nil {
 		c.values = map[string]float64{}
 	}
-	c.values[key]++
+	c.values[key] += n
 }
 
 func (c *counterVec) write(w *bufio.Writer) {

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/moat-sandbox/moat/result"
 )
 
 func TestLabelValue(t *testing.T) {
@@ -65,6 +67,24 @@ func TestExposition(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("scrape lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestDenialsCountOmitted: denied attempts a result only counts in its
+// network summary (a flood past the proxy's log) are denials too.
+func TestDenialsCountOmitted(t *testing.T) {
+	m := newMetrics(&Server{cfg: Config{Backend: &fakeBackend{}}})
+	m.observe(&result.Result{Tier: "native", Termination: result.Exited,
+		Network:        []result.NetworkAttempt{{Reason: "limit-rate"}, {Allowed: true, Reason: "allowed"}},
+		NetworkSummary: &result.NetworkSummary{Omitted: 10050, OmittedReasons: map[string]int{"limit-rate": 10000, "not-allowlisted": 50}}})
+	var b strings.Builder
+	w := bufio.NewWriter(&b)
+	m.write(w)
+	w.Flush()
+	for _, want := range []string{`moat_denials_total{reason="limit-rate"} 10001`, `moat_denials_total{reason="not-allowlisted"} 50`} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("scrape lacks %q:\n%s", want, b.String())
 		}
 	}
 }
