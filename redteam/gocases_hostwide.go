@@ -25,34 +25,33 @@ import (
 // program holds the resource: the host's own attempt to use it must work.
 
 func registerHostWideCases() {
-	tiers := []string{"native", "gvisor", "microvm"} // the attacks need CPython's ctypes, signals and pipes
 	for _, c := range []Case{
 		{
-			ID: "hostwide-inotify-budget", Category: "resources", Severity: "medium", Tiers: tiers, Unsandboxed: true,
+			ID: "hostwide-inotify-budget", Category: "resources", Severity: "medium", Unsandboxed: true,
 			Threat: "create inotify instances until the kernel refuses, then hold them: when the sandbox's user namespace belongs to host root, they count against root's 128, and every root process on the host gets EMFILE from inotify_init1",
 			Why:    "each native run's user namespace is owned by the run's own host id (a range per live run), so its instances count against that id's budget; gVisor and the microVM keep their own",
 			custom: hostInotifyBudget, alone: true,
 		},
 		{
-			ID: "hostwide-sigpending-budget", Category: "resources", Severity: "medium", Tiers: tiers, Unsandboxed: true,
+			ID: "hostwide-sigpending-budget", Category: "resources", Severity: "medium", Unsandboxed: true,
 			Threat: "queue as many real-time signals to itself as host root may have pending (RLIMIT_SIGPENDING), with the signal blocked: charged to the user namespace's owner, host root's rt_sigqueueinfo fails with EAGAIN, and new sandboxes' init spins in its all-threads setuid",
 			Why:    "the signals count against the run's own host id, the owner of its user namespace, never root's",
 			custom: hostSigpendingBudget, alone: true,
 		},
 		{
-			ID: "hostwide-aio-pool", Category: "resources", Severity: "medium", Tiers: tiers,
+			ID: "hostwide-aio-pool", Category: "resources", Severity: "medium",
 			Threat: "take the host's whole kernel AIO pool (fs.aio-max-nr) with eight io_setup calls and hold it: every host process gets EAGAIN from io_setup",
 			Why:    "the native tier's seccomp policy answers the io_* calls with ENOSYS (libaio users fall back to threads); gVisor's Sentry and the microVM's kernel have their own AIO",
 			custom: hostAIOPool, alone: true,
 		},
 		{
-			ID: "covert-pipe-buffers", Category: "exfiltration", Severity: "medium", Tiers: tiers,
+			ID: "covert-pipe-buffers", Category: "exfiltration", Severity: "medium",
 			Threat: "a run pushes its user over the per-user pipe-buffer budget (fs.pipe-user-pages-soft) with 1 MiB pipes; a concurrent run sees its own new pipes shrink to 8 KiB: a bit per interval between runs, and other tenants' pipes throttled",
 			Why:    "each native run has a host id range of its own, so the kernel keeps its pipe pages on its own books",
 			custom: covertPipeBuffers,
 		},
 		{
-			ID: "covert-fds-in-flight", Category: "exfiltration", Severity: "medium", Tiers: tiers,
+			ID: "covert-fds-in-flight", Category: "exfiltration", Severity: "medium",
 			Threat: "a run puts descriptors in flight over a unix socket until ETOOMANYREFS; a concurrent run of the same host user then cannot pass even one descriptor (a covert bit, and Python multiprocessing breaks)",
 			Why:    "descriptors in flight are counted per host user, and each native run has a host id range of its own",
 			custom: covertFDsInFlight,
@@ -327,7 +326,7 @@ print("results", sorted(errs))
 
 func registerHostIdentityCase() {
 	register(Case{
-		ID: "det-host-identity", Category: "detection", Severity: "low", Tiers: []string{"native", "gvisor", "microvm"}, Unsandboxed: true,
+		ID: "det-host-identity", Category: "detection", Severity: "low", Unsandboxed: true,
 		Threat: "read what identifies the host and its other tenants' activity: the boot command line, the kernel build string, this boot's id (the same in every run on a host) and the host's disk activity",
 		Why:    "the native tier masks /proc/cmdline, /proc/version, /proc/diskstats and boot_id (empty files); gVisor and the microVM show their own kernel's",
 		custom: hostIdentity,

@@ -877,3 +877,73 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
+
+// TestServeAndCLIRunsTogether: a `moat serve` and `moat run` processes on
+// the same home at once (an operator's CLI beside the daemon, or agents
+// that use both). Every `moat run` starts with a GC of the home, which
+// must never take a live run of the server (or of another CLI) for dead;
+// every run, sandbox and command succeeds, and nothing is left.
+func TestServeAndCLIRunsTogether(t *testing.T) {
+	needRoot(t)
+	home := serverHome(t)
+	key := createKey(t, home, "--max-sandboxes", "32")
+	s := startServer(t, home, key, "--pool", "2", "--session-pool", "1")
+	c := s.client(t)
+	const workers, each = 6, 12
+	var mu sync.Mutex
+	var failures []string
+	fail := func(format string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		failures = append(failures, fmt.Sprintf(format, a...))
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(3)
+		go func() { // one-shot runs through the API
+			defer wg.Done()
+			for i := range each {
+				r, err := c.Run(context.Background(), &client.RunRequest{Argv: []string{"sh", "-c", fmt.Sprintf("echo %d-%d", w, i)}})
+				if err != nil {
+					fail("API run: %v", err)
+				} else if r.Result.ExitCode != 0 || r.Result.Stdout.Data != fmt.Sprintf("%d-%d\n", w, i) {
+					fail("API run %s: %s exit %d stdout %q", r.ID, r.Result.Termination, r.Result.ExitCode, r.Result.Stdout.Data)
+				}
+			}
+		}()
+		go func() { // a sandbox through the API, a command at a time
+			defer wg.Done()
+			sb, err := c.CreateSandbox(context.Background(), &client.SandboxRequest{TTL: time.Minute})
+			if err != nil {
+				fail("create sandbox: %v", err)
+				return
+			}
+			defer sb.Delete(context.Background())
+			for i := range each {
+				ex, err := sb.Exec(context.Background(), &client.ExecRequest{Argv: []string{"echo", fmt.Sprint(i)}})
+				if err != nil {
+					fail("exec in %s: %v", sb.ID, err)
+				} else if ex.Result.Stdout.Data != fmt.Sprintf("%d\n", i) {
+					fail("exec in %s: stdout %q", sb.ID, ex.Result.Stdout.Data)
+				}
+			}
+		}()
+		go func() { // moat run processes on the same home
+			defer wg.Done()
+			for range each {
+				out := moat(t, invocation{args: []string{"run", "--", "true"}, env: []string{"MOAT_HOME=" + home}})
+				if out.code != 0 || out.stderr != "" {
+					fail("moat run: exit %d, stderr %q", out.code, out.stderr)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Errorf("%d failures, e.g.:\n%s\nserver log:\n%s", len(failures), strings.Join(failures[:min(len(failures), 10)], "\n"), s.logs())
+	}
+	s.terminate(t, 30*time.Second)
+	if left := s.residue(); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}

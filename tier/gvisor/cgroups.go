@@ -124,23 +124,15 @@ func removeForeign(root string, v cgroup.Version, id string) error {
 // pruneForeign removes, in the hierarchies only runsc uses, the moat/<id>
 // directories whose run's own cgroup is gone (a runsc killed before it
 // deleted its container, then collected by the engine's GC or by Destroy),
-// and the moat/ parents once they are empty, so an idle host keeps no
-// trace of Moat there either. It runs only while no run on this host, of
-// any tier or moat process, holds its cgroup (cgroup.Host.IfIdle): a
-// runsc creating its moat/<id> runs inside such a run, and must not lose
-// its parent between its mkdirs.
-func (g *GVisor) pruneForeign() {
-	g.cg.IfIdle(func() { pruneForeignAt(cgroupRoot, g.cg.Version) })
-}
+// and the moat/ parents once no gVisor sandbox on the host needs them, so
+// an idle host keeps no trace of Moat there either.
+func (g *GVisor) pruneForeign() { pruneForeignAt(cgroupRoot, g.cg.Version) }
 
 func pruneForeignAt(root string, v cgroup.Version) {
 	if v != cgroup.V1 {
 		return
 	}
-	for _, ctl := range runscV1Controllers {
-		if slices.Contains(moatV1Controllers, ctl) {
-			continue
-		}
+	for _, ctl := range foreignControllers() {
 		parent := filepath.Join(root, ctl, "moat")
 		ents, err := os.ReadDir(parent)
 		if err != nil {
@@ -148,13 +140,80 @@ func pruneForeignAt(root string, v cgroup.Version) {
 		}
 		for _, e := range ents {
 			// The run's own cgroup is created before runsc runs and
-			// removed after it ended: without it, this one is an orphan.
+			// removed after it ended: without it, this one is an orphan
+			// (or one its Destroy is about to remove: rmdir never
+			// removes a cgroup that holds a task).
 			if e.IsDir() && validID(e.Name()) && !exists(filepath.Join(root, "freezer", "moat", e.Name())) {
 				unix.Rmdir(filepath.Join(parent, e.Name()))
 			}
 		}
-		unix.Rmdir(parent) // EBUSY while another run (another moat) uses it
 	}
+	// The parents go only while no sandbox holds the lock: a runsc
+	// making its moat/<id> must not lose the parent between its mkdirs.
+	fd, err := openForeignLock(root)
+	if err != nil || fd < 0 {
+		return
+	}
+	defer unix.Close(fd)
+	if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return
+	}
+	for _, ctl := range foreignControllers() {
+		unix.Rmdir(filepath.Join(root, ctl, "moat")) // ENOTEMPTY while a killed run's directory is still busy
+	}
+}
+
+// foreignControllers are the v1 hierarchies only runsc makes moat/<id> in.
+func foreignControllers() []string {
+	var ctls []string
+	for _, ctl := range runscV1Controllers {
+		if !slices.Contains(moatV1Controllers, ctl) {
+			ctls = append(ctls, ctl)
+		}
+	}
+	return ctls
+}
+
+// openForeignLock opens the lock of the moat/ parents in the hierarchies
+// only runsc uses: the root of the first of them this host has, the same
+// for every moat process. A gVisor sandbox holds it shared (holdForeign)
+// from before runsc runs until its Destroy has removed its directories
+// there; pruning the parents takes it exclusively, without waiting. It is
+// -1 where the host has none of those hierarchies.
+func openForeignLock(root string) (int, error) {
+	for _, ctl := range foreignControllers() {
+		fd, err := unix.Open(filepath.Join(root, ctl), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			return fd, nil
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return -1, fmt.Errorf("lock the cgroup parents runsc uses: %w", err)
+		}
+	}
+	return -1, nil
+}
+
+// holdForeign takes the lock of openForeignLock shared, on v1; it returns
+// -1 where there is nothing to hold.
+func holdForeign(root string, v cgroup.Version) (int, error) {
+	if v != cgroup.V1 {
+		return -1, nil
+	}
+	fd, err := openForeignLock(root)
+	if err != nil || fd < 0 {
+		return -1, err
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_SH)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("lock the cgroup parents runsc uses: %w", err)
+	}
+	return fd, nil
 }
 
 func exists(p string) bool {

@@ -67,6 +67,9 @@ type sandbox struct {
 	spec *tier.Spec
 	oci  *ociSpec
 	cg   *cgroup.Cgroup
+	// foreignFD holds the parents lock of the hierarchies only runsc
+	// uses (holdForeign), or is -1.
+	foreignFD int
 
 	bundle, state, logs, ws, tmp string
 	hostPids                     int
@@ -124,14 +127,15 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		return nil, err
 	}
 	s := &sandbox{
-		g:      g,
-		spec:   spec,
-		bundle: filepath.Join(spec.StateDir, bundleDir),
-		state:  filepath.Join(spec.StateDir, stateDir),
-		logs:   filepath.Join(spec.StateDir, logsDir),
-		ws:     filepath.Join(spec.StateDir, workspaceDir),
-		tmp:    filepath.Join(spec.StateDir, tmpDir),
-		procs:  map[int]*process{},
+		foreignFD: -1,
+		g:         g,
+		spec:      spec,
+		bundle:    filepath.Join(spec.StateDir, bundleDir),
+		state:     filepath.Join(spec.StateDir, stateDir),
+		logs:      filepath.Join(spec.StateDir, logsDir),
+		ws:        filepath.Join(spec.StateDir, workspaceDir),
+		tmp:       filepath.Join(spec.StateDir, tmpDir),
+		procs:     map[int]*process{},
 	}
 	defer func() {
 		if err != nil {
@@ -151,6 +155,9 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	s.cg, err = g.cg.Create(spec.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: s.hostPids, CPUs: lim.CPUs})
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	if s.foreignFD, err = holdForeign(cgroupRoot, g.cg.Version); err != nil {
+		return nil, err
 	}
 	cgPath, err := cgroupsPath(g.cg, s.cg)
 	if err != nil {
@@ -547,6 +554,10 @@ func (s *sandbox) Destroy() error {
 			if err := removeForeign(cgroupRoot, s.g.cg.Version, s.spec.ID); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		if s.foreignFD >= 0 {
+			unix.Close(s.foreignFD)
+			s.foreignFD = -1
 		}
 		for _, m := range []struct {
 			dir     string

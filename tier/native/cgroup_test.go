@@ -10,6 +10,7 @@ import (
 
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -44,12 +45,7 @@ func TestInitJoinsCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := fmt.Sprintf("cgjoin-%x", time.Now().UnixNano())
-	state := t.TempDir()
-	sb, err := n.Prepare(context.Background(), &tier.Spec{
-		ID: id, ImageRoot: img.Root, ImageEnv: img.Env, StateDir: state,
-		Limits: tier.Limits{CPUs: 1, MemoryBytes: 128 << 20, Pids: 32, Timeout: 10 * time.Second, CPUTime: 10 * time.Second,
-			OpenFiles: 64, FileSizeBytes: 1 << 20, WorkspaceBytes: 1 << 20, WorkspaceFiles: 100, TmpBytes: 1 << 20},
-	})
+	sb, err := prepareSmall(t, n, img, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,4 +174,14 @@ func TestMoatGuest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// prepareSmall prepares a one-shot sandbox of img with small limits.
+func prepareSmall(t *testing.T, n *native.Native, img *image.Image, id string) (tier.Sandbox, error) {
+	t.Helper()
+	return n.Prepare(context.Background(), &tier.Spec{
+		ID: id, ImageRoot: img.Root, ImageEnv: img.Env, StateDir: t.TempDir(),
+		Limits: tier.Limits{CPUs: 1, MemoryBytes: 128 << 20, Pids: 32, Timeout: 10 * time.Second, CPUTime: 10 * time.Second,
+			OpenFiles: 64, FileSizeBytes: 1 << 20, WorkspaceBytes: 1 << 20, WorkspaceFiles: 100, TmpBytes: 1 << 20},
+	})
 }

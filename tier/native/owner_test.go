@@ -37,11 +37,7 @@ func TestSandboxesOwnTheirIDs(t *testing.T) {
 	}
 	owners := map[int]bool{}
 	for i := range 3 {
-		sb, err := n.Prepare(context.Background(), &tier.Spec{
-			ID: fmt.Sprintf("owner-%d-%x", i, time.Now().UnixNano()), ImageRoot: img.Root, ImageEnv: img.Env, StateDir: t.TempDir(),
-			Limits: tier.Limits{CPUs: 1, MemoryBytes: 128 << 20, Pids: 32, Timeout: 10 * time.Second, CPUTime: 10 * time.Second,
-				OpenFiles: 64, FileSizeBytes: 1 << 20, WorkspaceBytes: 1 << 20, WorkspaceFiles: 100, TmpBytes: 1 << 20},
-		})
+		sb, err := prepareSmall(t, n, img, fmt.Sprintf("owner-%d-%x", i, time.Now().UnixNano()))
 		if err != nil {
 			t.Fatal(err)
 		}

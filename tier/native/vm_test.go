@@ -59,7 +59,12 @@ func TestCgroupV2InVM(t *testing.T) {
 	tests := []string{
 		"TestInitJoinsCgroup", "TestMoatGuest", "TestExitStatusConvention", "TestConformance",
 		"TestKilledMoatIsCleanedUp", "TestWarmPool", "TestSession", "TestSessionConcurrentAndSignals",
-		"TestCancelForwardsSIGTERM", "TestOutputFloodMemory",
+		"TestCancelForwardsSIGTERM", "TestOutputFloodMemory", "TestParallelMoatRuns",
+		"TestSandboxesOwnTheirIDs", "TestSessionInitSurvivesKill",
+	}
+	env := map[string]string{vmImageEnv: strings.TrimPrefix(img.Digest, "sha256:")}
+	if v := os.Getenv(parallelRunsEnv); v != "" {
+		env[parallelRunsEnv] = v // a longer soak, asked for on the host
 	}
 	testvm.RunTests(t, []string{"-test.run=^(" + strings.Join(tests, "|") + ")$"},
 		testvm.Options{
@@ -70,7 +75,7 @@ func TestCgroupV2InVM(t *testing.T) {
 				vmBin[1:] + "/moat-guest": guestBin,
 			},
 			Disks: []string{disk},
-			Env:   map[string]string{vmImageEnv: strings.TrimPrefix(img.Digest, "sha256:")},
+			Env:   env,
 		},
 		testvm.Expect{Ready: vmReady, Tests: tests, SkipReason: tiertest.NotApplicable})
 }
