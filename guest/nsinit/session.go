@@ -80,9 +80,14 @@ func (s *server) exec(req *Request, fds []int) {
 		s.st.send(Status{Proc: req.Proc, Exited: true, Exit: 125, Error: "malformed exec request"})
 		return
 	}
-	stderr := os.NewFile(uintptr(fds[2]), "stderr")
+	// The descriptors belong to serve, which closes them after this
+	// returns: write to stderr through the bare fd. An os.File around it
+	// would close the same number again from its GC cleanup, at any later
+	// moment, when the number belongs to something else: the relay's
+	// pooled splice pipe lost its read end that way, and every later
+	// egress connection was closed unread (the proxy logged bad-request).
 	fail := func(exit int, notFound bool, format string, a ...any) {
-		fmt.Fprintf(stderr, "moat: "+format+"\n", a...)
+		writeAll(fds[2], fmt.Sprintf("moat: "+format+"\n", a...))
 		s.st.send(Status{Proc: req.Proc, Started: true})
 		s.st.send(Status{Proc: req.Proc, Exited: true, Exit: exit, NotFound: notFound, NotExecutable: !notFound})
 	}
@@ -151,6 +156,42 @@ func (s *server) reap(sigchld <-chan os.Signal) {
 			}
 			s.st.send(st)
 		}
+	}
+}
+
+// writeAll writes msg to fd, a descriptor init does not own (a command's
+// stderr), retrying short writes and EINTR, and waiting up to a second for
+// room if the host's end is non-blocking; an error drops the rest, as
+// nobody is left to tell.
+func writeAll(fd int, msg string) {
+	b := []byte(msg)
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			if p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}; pollOnce(p, 1000) {
+				continue
+			}
+			return
+		}
+		if err != nil || n <= 0 {
+			return
+		}
+		b = b[n:]
+	}
+}
+
+// pollOnce waits up to ms milliseconds for p's events; false on timeout
+// or error.
+func pollOnce(p []unix.PollFd, ms int) bool {
+	for {
+		n, err := unix.Poll(p, ms)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n > 0 && p[0].Revents&unix.POLLOUT != 0
 	}
 }
 
