@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -91,12 +92,60 @@ func TestParallelMoatRuns(t *testing.T) {
 	if bad > 0 {
 		t.Errorf("%d of %d parallel runs failed:\n%s", bad, total, strings.Join(kinds, "\n"))
 	}
-	left := leftovers(home)
+	if len(ids) != total-bad {
+		t.Errorf("%d runs reported an id, want %d", len(ids), total-bad)
+	}
+	for _, l := range leftoversOf(home, ids) {
+		t.Errorf("left behind: %s", l)
+	}
+}
+
+// leftoversOf is leftovers for many runs at once: one look at the host's
+// cgroups, run directories, mounts and processes, whatever the number of
+// runs (a soak's tens of thousands).
+func leftoversOf(home string, ids []string) []string {
+	want := map[string]bool{}
 	for _, id := range ids {
-		if l := left(id); len(l) > 0 {
-			t.Errorf("run %s left: %v", id, l)
+		want[id] = true
+	}
+	var left []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/moat/*", "/sys/fs/cgroup/moat/*", "/sys/fs/cgroup/*/*/moat/*"} {
+		m, _ := filepath.Glob(pat)
+		for _, p := range m {
+			if want[filepath.Base(p)] {
+				left = append(left, "cgroup "+p)
+			}
 		}
 	}
+	runs, _ := os.ReadDir(filepath.Join(home, "runs"))
+	for _, r := range runs {
+		if want[r.Name()] {
+			left = append(left, "run directory "+r.Name())
+		}
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mi), "\n") {
+	fields:
+		for _, f := range strings.Fields(line) {
+			for _, part := range strings.Split(f, "/") {
+				if want[part] {
+					left = append(left, "mount "+line)
+					break fields
+				}
+			}
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		for _, line := range strings.Split(string(b), "\n") {
+			if i := strings.LastIndex(line, "/moat/"); i >= 0 && want[line[i+len("/moat/"):]] {
+				left = append(left, "process "+filepath.Base(filepath.Dir(p))+" of run "+line[i+len("/moat/"):])
+				break
+			}
+		}
+	}
+	return left
 }
 
 func firstLine(s string) string {
