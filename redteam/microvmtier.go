@@ -19,4 +19,6 @@ var microvmTable = map[string]TierExpect{
 		Expect: &Expect{Termination: []string{"disk-limit", "timeout", "cpu-time"}, MaxPeakMemory: "128MiB", DiffBounded: 5, MaxDurationMS: 4500}},
 	"res-tmpfs-bomb": {Reason: tcgSlow + "; /tmp is a tmpfs in the guest's RAM, bounded by its size and charged to the guest cgroup's memory limit (tier/microvm TestLimits)",
 		Expect: &Expect{Termination: []string{"exited", "oom", "timeout", "cpu-time"}, MaxPeakMemory: "64MiB", MaxDurationMS: 4500}},
+	"sc-int80-thread": {Reason: "the same kill, by the guest's kernel under the native tier's filter; under TCG software emulation (KVM does not work on this host) the guest's Python starts and the agent reports more slowly, and a loaded host measured 1508 ms against native's 1500: the bound that proves the point is the main thread's 2 s sleep, which the whole process must not outlive",
+		Expect: &Expect{Termination: []string{"policy"}, Violations: []string{"syscall"}, MaxDurationMS: 1950}},
 }

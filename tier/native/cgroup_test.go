@@ -27,19 +27,7 @@ import (
 // Either outside would let the program's memory or processes go uncounted.
 func TestInitJoinsCgroup(t *testing.T) {
 	needRoot(t)
-	e, err := newEngine()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	img, err := e.Images().Lookup("python")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := native.New(native.Options{Exe: moatBin})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, img, home := nativeTier(t)
 	host, err := cgroup.Detect()
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +110,7 @@ func TestInitJoinsCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	destroyed = true
-	if left := leftovers(e.Home())(id); len(left) > 0 {
+	if left := leftovers(home)(id); len(left) > 0 {
 		t.Errorf("residue after Destroy: %v", left)
 	}
 }
@@ -174,6 +162,26 @@ func TestMoatGuest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// nativeTier returns the tier, the python image and the engine's home,
+// for tests that prepare sandboxes themselves.
+func nativeTier(t *testing.T) (*native.Native, *image.Image, string) {
+	t.Helper()
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	img, err := e.Images().Lookup("python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := native.New(native.Options{Exe: moatBin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, img, e.Home()
 }
 
 // prepareSmall prepares a one-shot sandbox of img with small limits.

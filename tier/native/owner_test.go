@@ -22,19 +22,7 @@ import (
 // could spend root's budget or signal to another run (issue 17).
 func TestSandboxesOwnTheirIDs(t *testing.T) {
 	needRoot(t)
-	e, err := newEngine()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	img, err := e.Images().Lookup("python")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := native.New(native.Options{Exe: moatBin})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, img, _ := nativeTier(t)
 	owners := map[int]bool{}
 	for i := range 3 {
 		sb, err := prepareSmall(t, n, img, fmt.Sprintf("owner-%d-%x", i, time.Now().UnixNano()))
