@@ -109,6 +109,23 @@ func termVerdict(out []byte) (string, string) {
 	return "", ""
 }
 
+// termJudged is how every terminal case starts judging a CLI run: an
+// error running it, then a raw control on the terminal whatever moat's
+// exit (termVerdict), then moat failing. "" means the case judges the
+// rest.
+func termJudged(what string, out []byte, runErr, err error) (string, string) {
+	if err != nil {
+		return Error, err.Error()
+	}
+	if v, ev := termVerdict(out); v != "" {
+		return v, what + ": " + ev
+	}
+	if runErr != nil {
+		return Error, fmt.Sprintf("%s: %v: %q", what, runErr, clip(string(out), 300))
+	}
+	return "", ""
+}
+
 // onTerminal runs the moat CLI with args, its stdout and stderr a new
 // pseudo-terminal in raw output mode (no CR added before each newline, so
 // the bytes judged are moat's own), and returns what the terminal
@@ -206,14 +223,8 @@ func termCopyOutNames(ctx context.Context, r *runner) (string, string, int) {
 	defer os.RemoveAll(dir)
 	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--no-build", "--output", filepath.Join(dir, "out"),
 		"--", "python3", "-c", termNamesProgram)
-	if err != nil {
-		return Error, err.Error(), 1
-	}
-	if v, ev := termVerdict(out); v != "" {
+	if v, ev := termJudged("moat run", out, runErr, err); v != "" {
 		return v, ev, 1
-	}
-	if runErr != nil {
-		return Error, fmt.Sprintf("moat run: %v: %q", runErr, clip(string(out), 300)), 1
 	}
 	if bytes.Contains(out, []byte("\nmoat: copied 99")) {
 		return Escaped, "a file name forged a line of moat's own: \"moat: copied 99 file(s)...\"", 1
@@ -285,14 +296,8 @@ func termJSONControls(ctx context.Context, r *runner) (string, string, int) {
 	}
 	args = append(args, "--", "python3", "-c", termJSONProgram, termData)
 	out, runErr, err := r.onTerminal(ctx, exe, append(args, termHostileHosts...)...)
-	if err != nil {
-		return Error, err.Error(), 1
-	}
-	if v, ev := termVerdict(out); v != "" {
+	if v, ev := termJudged("moat run --json", out, runErr, err); v != "" {
 		return v, ev, 1
-	}
-	if runErr != nil {
-		return Error, fmt.Sprintf("moat run --json: %v: %q", runErr, clip(string(out), 300)), 1
 	}
 	start := bytes.IndexByte(out, '{')
 	if start < 0 {
@@ -389,14 +394,8 @@ func termBareCR(ctx context.Context, r *runner) (string, string, int) {
 		return NotApplicable, why, 0
 	}
 	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--no-build", "--", "python3", "-c", termCRProgram)
-	if err != nil {
-		return Error, err.Error(), 1
-	}
-	if v, ev := termVerdict(out); v != "" {
+	if v, ev := termJudged("moat run", out, runErr, err); v != "" {
 		return v, ev, 1
-	}
-	if runErr != nil {
-		return Error, fmt.Sprintf("moat run: %v: %q", runErr, clip(string(out), 300)), 1
 	}
 	if !bytes.Contains(out, []byte("moat-cr-marker")) || !bytes.Contains(out, []byte("echo harmless")) {
 		return Error, fmt.Sprintf("the program's output never reached the terminal: %q", clip(string(out), 300)), 1
@@ -469,14 +468,8 @@ func termAuditHosts(ctx context.Context, r *runner) (string, string, int) {
 	var shown []string
 	for _, args := range [][]string{{"audit", "--db", db, "--json"}, {"audit", "report", "--db", db}, {"audit", "report", "--db", db, "--json"}} {
 		out, runErr, err := r.onTerminal(ctx, exe, args...)
-		if err != nil {
-			return Error, err.Error(), 1
-		}
-		if v, ev := termVerdict(out); v != "" {
-			return v, "moat " + strings.Join(args, " ") + ": " + ev, 1
-		}
-		if runErr != nil {
-			return Error, fmt.Sprintf("moat %s: %v: %q", strings.Join(args, " "), runErr, clip(string(out), 300)), 1
+		if v, ev := termJudged("moat "+strings.Join(args, " "), out, runErr, err); v != "" {
+			return v, ev, 1
 		}
 		if !bytes.Contains(out, []byte(`\u202e`)) {
 			return Error, fmt.Sprintf("moat %s does not show the hostile host (escaped): %q", strings.Join(args, " "), clip(string(out), 400)), 1
