@@ -259,7 +259,7 @@ func (r *SandboxRequest) wire() ([]byte, error) {
 		return nil, err
 	}
 	if r.TTL < 0 {
-		return nil, fmt.Errorf("TTL %v is negative", r.TTL)
+		return nil, fmt.Errorf("SandboxRequest.TTL %v is negative; give 0 for the server's default or a positive duration", r.TTL)
 	}
 	w := struct {
 		Manifest json.RawMessage   `json:"manifest,omitempty"`
@@ -275,7 +275,7 @@ func (r *SandboxRequest) wire() ([]byte, error) {
 
 func (r *ExecRequest) wire(wait bool) ([]byte, error) {
 	if r.Timeout < 0 {
-		return nil, fmt.Errorf("Timeout %v is negative", r.Timeout)
+		return nil, fmt.Errorf("ExecRequest.Timeout %v is negative; give 0 for the manifest's timeout or a positive duration", r.Timeout)
 	}
 	w := struct {
 		Argv          []string          `json:"argv,omitempty"`

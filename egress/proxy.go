@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -628,9 +627,3 @@ func targetPort(hostport string, def int) (string, int, error) {
 	return h, def, nil
 }
 
-func portSuffix(port, def int) string {
-	if port == def {
-		return ""
-	}
-	return ":" + strconv.Itoa(port)
-}

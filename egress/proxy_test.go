@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -732,8 +733,8 @@ func TestUnixSocket(t *testing.T) {
 	go func() { done <- p.Serve(l) }()
 	tr := &http.Transport{
 		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy"}),
-		Dial: func(_, _ string) (net.Conn, error) {
-			return net.Dial("unix", sock)
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},

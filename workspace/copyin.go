@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -130,7 +129,6 @@ type copier struct {
 	bytes int64
 	files int
 	buf   []byte
-	h     hash.Hash
 }
 
 // cleanDst validates an input's Dst: relative, beneath the workspace.
