@@ -19,9 +19,6 @@ import (
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = ""
-
 // Exit statuses of moat itself, beside the program's own.
 const (
 	exitUsage = 2   // bad flags, invalid manifest
@@ -115,20 +112,6 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nRun 'moat COMMAND --help' for a command's flags.")
 }
 
-// helpOutput sends usage text to stdout when the user asked for help (so
-// it pages), and to stderr when it accompanies an error.
-func helpOutput(args []string) io.Writer {
-	for _, a := range args {
-		if a == "--" {
-			break
-		}
-		if a == "-h" || a == "-help" || a == "--help" {
-			return os.Stdout
-		}
-	}
-	return os.Stderr
-}
-
 // suggestCommand returns the command closest to s (a prefix, or at most two
 // edits away), or "".
 func suggestCommand(s string) string {
@@ -141,33 +124,6 @@ func suggestCommand(s string) string {
 	}
 	best, _ := suggest.Closest(s, names)
 	return best
-}
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		rev, dirty := "", false
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				rev = s.Value
-			case "vcs.modified":
-				dirty = s.Value == "true"
-			}
-		}
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
-		if rev != "" {
-			if dirty {
-				rev += "-dirty"
-			}
-			return "dev-" + rev
-		}
-	}
-	return "dev"
 }
 
 // fail prints err for a user and returns the exit status for it.
