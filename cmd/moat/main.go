@@ -1,7 +1,9 @@
 // Command moat runs AI-generated code inside a sandbox it controls.
 //
 // This package only wires flags to the packages that do the work; no
-// sandbox mechanism lives here.
+// sandbox mechanism lives here. Each command has the file of its name
+// (run.go, serve.go, keys.go, ...); what several share is in flags.go,
+// print.go and auditdb.go.
 package main
 
 import (
