@@ -3,7 +3,7 @@
 // denied.
 //
 // The package turns untrusted bytes (a YAML or JSON file, command-line flags,
-// later API bodies) into one validated Manifest with a digest. It must never
+// an HTTP API body) into one validated Manifest with a digest. It must never
 // touch the host beyond stat-ing input paths, and never return a value that
 // failed validation.
 //

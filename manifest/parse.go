@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/moat-sandbox/moat/internal/suggest"
 )
 
 // MaxBytes bounds a manifest document. A real manifest is a few hundred
@@ -582,33 +584,7 @@ func closest(key string, names []string) (string, bool) {
 	if len(key) > 64 {
 		return "", false
 	}
-	best, bestDist := "", 3
-	for _, n := range names {
-		if d := editDistance(strings.ToLower(key), n); d < bestDist {
-			best, bestDist = n, d
-		}
-	}
-	return best, best != ""
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return suggest.Closest(strings.ToLower(key), names)
 }
 
 // parseDecimalFloat accepts plain decimal notation only (no .inf, .nan,

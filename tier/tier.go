@@ -3,7 +3,7 @@
 // hold; they check Capabilities before starting and read one Outcome after.
 //
 // This package holds no mechanism: each tier lives in its own sub-package
-// (native, later gvisor, microvm, wasm).
+// (native, gvisor, microvm, wasm).
 package tier
 
 import (

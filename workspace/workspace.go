@@ -1,6 +1,8 @@
 // Package workspace copies inputs into a run's /workspace, diffs it against
 // the state right after copy-in, and copies changed files back out to the
-// host.
+// host. It also gives the API's file calls safe access to a live sandbox's
+// workspace (Files), and reads a manifest's inputs as files for a run on a
+// server (InputFiles), under the rules of copy-in.
 //
 // After the program has run, everything in the workspace is hostile: file
 // names, types, sizes and symlinks were chosen by the sandboxed code, and a

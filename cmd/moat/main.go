@@ -1,7 +1,9 @@
 // Command moat runs AI-generated code inside a sandbox it controls.
 //
 // This package only wires flags to the packages that do the work; no
-// sandbox mechanism lives here.
+// sandbox mechanism lives here. Each command has the file of its name
+// (run.go, serve.go, keys.go, ...); what several share is in flags.go,
+// print.go and auditdb.go.
 package main
 
 import (
@@ -15,11 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/guest"
+	"github.com/moat-sandbox/moat/internal/suggest"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = ""
 
 // Exit statuses of moat itself, beside the program's own.
 const (
@@ -99,7 +99,7 @@ func dispatch(args []string) (code int) {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "moat: unknown command %q\n", args[0])
-	if s := suggest(args[0]); s != "" {
+	if s := suggestCommand(args[0]); s != "" {
 		fmt.Fprintf(os.Stderr, "Did you mean %q?\n", s)
 	}
 	fmt.Fprintln(os.Stderr, "Run 'moat help' for the list of commands.")
@@ -114,86 +114,18 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nRun 'moat COMMAND --help' for a command's flags.")
 }
 
-// helpOutput sends usage text to stdout when the user asked for help (so
-// it pages), and to stderr when it accompanies an error.
-func helpOutput(args []string) io.Writer {
-	for _, a := range args {
-		if a == "--" {
-			break
-		}
-		if a == "-h" || a == "-help" || a == "--help" {
-			return os.Stdout
-		}
-	}
-	return os.Stderr
-}
-
-// suggest returns the command closest to s (a prefix, or at most two
+// suggestCommand returns the command closest to s (a prefix, or at most two
 // edits away), or "".
-func suggest(s string) string {
-	best, bestD := "", 3
-	for _, c := range commands {
+func suggestCommand(s string) string {
+	names := make([]string, len(commands))
+	for i, c := range commands {
 		if strings.HasPrefix(c.name, s) || strings.HasPrefix(s, c.name) {
 			return c.name
 		}
-		if d := editDistance(s, c.name); d < bestD {
-			best, bestD = c.name, d
-		}
+		names[i] = c.name
 	}
+	best, _ := suggest.Closest(s, names)
 	return best
-}
-
-// editDistance is the Levenshtein distance, with a swap of two adjacent
-// letters counted as one edit ("rnu" -> "run").
-func editDistance(a, b string) int {
-	d := make([][]int, len(a)+1)
-	for i := range d {
-		d[i] = make([]int, len(b)+1)
-		d[i][0] = i
-	}
-	for j := range d[0] {
-		d[0][j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(a)][len(b)]
-}
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		rev, dirty := "", false
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				rev = s.Value
-			case "vcs.modified":
-				dirty = s.Value == "true"
-			}
-		}
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
-		if rev != "" {
-			if dirty {
-				rev += "-dirty"
-			}
-			return "dev-" + rev
-		}
-	}
-	return "dev"
 }
 
 // fail prints err for a user and returns the exit status for it.

@@ -6,11 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/signal"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -342,42 +340,6 @@ func report(res *result.Result) {
 	}
 }
 
-// say writes a message of moat's to stderr through output.Sanitize: the
-// parts of it that came from a sandbox or a server (a reason, an error,
-// a result from --server) reach the terminal inert; newlines stay.
-func say(format string, args ...any) {
-	os.Stderr.Write(output.Sanitize([]byte(fmt.Sprintf(format, args...))))
-}
-
-type flusher interface{ Flush() error }
-
-// liveWriter streams untrusted output to the user. On a terminal, control
-// sequences are neutralised (output.Sanitize: C0 controls but newline, tab
-// and CRLF, DEL, C1, bidi formatting characters, bytes that are not UTF-8)
-// so the program cannot rewrite the screen or a line (a bare CR), set the
-// clipboard (OSC 52) or retitle the window; pipes get the bytes as is.
-func liveWriter(f *os.File) interface {
-	io.Writer
-	flusher
-} {
-	if isTerminal(f) {
-		return output.NewSanitizingWriter(f)
-	}
-	return plain{f}
-}
-
-type plain struct{ io.Writer }
-
-func (plain) Flush() error { return nil }
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
-
-// progressWriter is where long operations (image builds) report progress.
-func progressWriter() io.Writer { return os.Stderr }
-
 // remoteRun is a `moat run --server`: the manifest built from the flags,
 // run by a Moat server through its HTTP API instead of on this host.
 type remoteRun struct {
@@ -498,170 +460,28 @@ func runRemote(r remoteRun) int {
 	return res.ExitCode
 }
 
-// inputFiles reads the manifest's inputs into files for the API. The
-// inputs are first copied into a private temporary directory by
-// workspace.CopyIn, the very code a local run uses, so the same rules hold
-// (no top-level symlink, symlinks only if they resolve inside their input,
-// regular files, directories and symlinks only, setuid bits stripped, the
-// workspace's size and file limits) and the files sent are the snapshot
-// that was checked, not a second read of a tree that may have changed.
-//
-// The API carries regular files only: a symlink is sent as a copy of the
-// regular file it resolves to within its input; one that leads to a
-// directory or to nothing is refused. Empty directories cannot be sent
-// and are reported.
+// inputFiles reads the manifest's inputs into files for the API
+// (workspace.InputFiles: the checks of a local run's copy-in, then
+// symlinks sent as the files they lead to) and tells the user, on
+// stderr, what the server will not receive as it is here.
 func inputFiles(m *manifest.Manifest) ([]client.File, error) {
-	if len(m.Inputs) == 0 {
-		return nil, nil
-	}
-	tmp, err := os.MkdirTemp("", "moat-inputs-")
-	if err != nil {
-		return nil, fmt.Errorf("copy inputs: %w", err)
-	}
-	defer removeTree(tmp)
-	owner := workspace.Owner{UID: os.Getuid(), GID: os.Getgid()}
-	lim := workspace.Limits{Bytes: int64(m.Workspace.Size), Files: m.Workspace.Files, FileBytes: int64(m.Resources.FileSize)}
-	snap, err := workspace.CopyIn(tmp, m.Inputs, owner, lim)
-	if err != nil {
-		return nil, fmt.Errorf("copy inputs: %w", err)
-	}
-	root, err := os.OpenRoot(tmp)
-	if err != nil {
-		return nil, fmt.Errorf("copy inputs: %w", err)
-	}
-	defer root.Close()
-	paths := snap.Paths()
-	// The copy keeps the inputs' modes (a 0000 file, a 0500 directory);
-	// it is ours, so open it up to read it. The modes sent come from the
-	// snapshot.
-	for _, p := range paths {
-		switch e, _ := snap.Lookup(p); e.Type {
-		case "dir":
-			err = root.Chmod(p, 0o700)
-		case "file":
-			err = root.Chmod(p, 0o600)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("copy inputs: %w", err)
+	in, warnings, err := workspace.InputFiles(m)
+	for _, w := range warnings {
+		switch w.Kind {
+		case workspace.EmptyDirNotSent:
+			say("moat: warning: empty directory %s is not sent: the HTTP API carries files only\n", output.Display(w.Path))
+		case workspace.ModeZeroSentAsDefault:
+			say("moat: warning: %s has mode 0000 here and is sent with the server's default mode 0644\n", output.Display(w.Path))
+		case workspace.CopyNotRemoved:
+			say("moat: warning: remove the temporary copy of the inputs: %v\n", w.Err)
 		}
 	}
-	hasChild := map[string]bool{}
-	for _, p := range paths {
-		hasChild[path.Dir(p)] = true
+	if err != nil || len(in) == 0 {
+		return nil, err
 	}
-	var files []client.File
-	for _, p := range paths {
-		e, _ := snap.Lookup(p)
-		src, entry := p, e
-		switch e.Type {
-		case "dir":
-			if !hasChild[p] {
-				say("moat: warning: empty directory %s is not sent: the HTTP API carries files only\n", output.Display(p))
-			}
-			continue
-		case "symlink":
-			if src, entry, err = resolveInputLink(snap, inputRoot(m.Inputs, p), p); err != nil {
-				return nil, fmt.Errorf("copy inputs: %w", err)
-			}
-		case "file":
-		default:
-			return nil, fmt.Errorf("copy inputs: %s is a %s: only regular files, directories and symlinks can be inputs", p, e.Type)
-		}
-		data, err := root.ReadFile(src)
-		if err != nil {
-			return nil, fmt.Errorf("copy inputs: %w", err)
-		}
-		mode := fs.FileMode(entry.Mode & 0o777)
-		if mode == 0 {
-			// The API's default for a file without a mode is 0644; it
-			// cannot say "no permissions".
-			say("moat: warning: %s has mode 0000 here and is sent with the server's default mode 0644\n", output.Display(p))
-		}
-		files = append(files, client.File{Path: p, Content: data, Mode: mode})
+	files := make([]client.File, len(in))
+	for i, f := range in {
+		files[i] = client.File{Path: f.Path, Content: f.Content, Mode: f.Mode}
 	}
 	return files, nil
-}
-
-// inputRoot returns the dst of the input p belongs to.
-func inputRoot(inputs []manifest.Input, p string) string {
-	for _, in := range inputs {
-		if p == in.Dst || strings.HasPrefix(p, in.Dst+"/") {
-			return in.Dst
-		}
-	}
-	return p
-}
-
-// resolveInputLink follows the symlink at p through the snapshot, as the
-// kernel would, without leaving the input rooted at root (CopyIn has
-// checked that already; this holds on its own all the same), and returns
-// the regular file it leads to.
-func resolveInputLink(snap *workspace.Snapshot, root, p string) (string, workspace.Entry, error) {
-	e, _ := snap.Lookup(p)
-	refuse := func(why string) (string, workspace.Entry, error) {
-		return "", workspace.Entry{}, fmt.Errorf("symlink %s -> %q %s: a run on a server receives regular files only; replace the link with the file", p, e.Target, why)
-	}
-	base := len(strings.Split(root, "/"))
-	stack := strings.Split(path.Dir(p), "/")
-	pending := strings.Split(e.Target, "/")
-	for hops := 1; len(pending) > 0; {
-		comp := pending[0]
-		pending = pending[1:]
-		switch comp {
-		case "", ".":
-			continue
-		case "..":
-			if len(stack) <= base {
-				return refuse("leads outside its input")
-			}
-			stack = stack[:len(stack)-1]
-			continue
-		}
-		stack = append(stack, comp)
-		cur, ok := snap.Lookup(strings.Join(stack, "/"))
-		switch {
-		case !ok:
-			return refuse("leads to nothing")
-		case cur.Type == "symlink":
-			if hops++; hops > 40 {
-				return refuse("has too many levels of symlinks")
-			}
-			if path.IsAbs(cur.Target) {
-				return refuse("leads outside its input")
-			}
-			stack = stack[:len(stack)-1]
-			pending = append(strings.Split(cur.Target, "/"), pending...)
-		case cur.Type != "dir" && len(pending) > 0:
-			return refuse("leads through a file")
-		}
-	}
-	if len(stack) < base {
-		return refuse("leads outside its input")
-	}
-	target := strings.Join(stack, "/")
-	te, ok := snap.Lookup(target)
-	switch {
-	case !ok:
-		return refuse("leads to nothing")
-	case te.Type == "dir":
-		return refuse("leads to a directory")
-	case te.Type != "file":
-		return refuse("does not lead to a regular file")
-	}
-	return target, te, nil
-}
-
-// removeTree removes the temporary copy of the inputs, opening up the
-// directories the inputs' modes closed (a 0500 directory cannot be
-// emptied).
-func removeTree(dir string) {
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			os.Chmod(p, 0o700)
-		}
-		return nil
-	})
-	if err := os.RemoveAll(dir); err != nil {
-		fmt.Fprintf(os.Stderr, "moat: warning: remove the temporary copy of the inputs: %v\n", err)
-	}
 }
