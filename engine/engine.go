@@ -378,15 +378,15 @@ func execInSession(ctx context.Context, sb tier.Sandbox, cmd *tier.Command) (*ti
 	select {
 	case w := <-done:
 		if w.out != nil {
-			w.out.Violations = append(w.out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program"})
+			w.out.Violations = append(w.out.Violations, tier.Cancelled("the caller cancelled the run; SIGTERM was sent to the program"))
 		}
 		return w.out, w.err
-	case <-time.After(native.CancelGrace):
+	case <-time.After(tier.CancelGrace):
 	}
 	sb.Destroy()
 	w := <-done
 	if w.err == nil && w.out != nil {
-		w.out.Violations = append(w.out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program, then the sandbox was destroyed after " + native.CancelGrace.String()})
+		w.out.Violations = append(w.out.Violations, tier.Cancelled("the caller cancelled the run; SIGTERM was sent to the program, then the sandbox was destroyed after "+tier.CancelGrace.String()))
 	}
 	return w.out, w.err
 }
