@@ -21,14 +21,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
-	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/gvisor"
@@ -257,20 +253,9 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	}
 	defer p.close()
 
-	res := &result.Result{
-		Schema:   result.SchemaVersion,
-		ID:       cmp.Or(req.ID, p.id),
-		Tier:     t.Name(),
-		Image:    result.Image{Name: img.Name, Digest: img.Digest},
-		Manifest: m.Digest(),
-		Command:  req.Argv,
-		Pooled:   p.pooled,
-	}
-	lim := p.lim
-	sb := p.sb
-	ws := sb.Workspace()
+	ws := p.sb.Workspace()
 	owner := workspace.Owner{UID: ws.UID, GID: ws.GID}
-	wsLim := workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles, FileBytes: lim.FileSizeBytes}
+	wsLim := workspace.Limits{Bytes: p.lim.WorkspaceBytes, Files: p.lim.WorkspaceFiles, FileBytes: p.lim.FileSizeBytes}
 	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, owner, wsLim)
 	if err != nil {
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
@@ -281,56 +266,39 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		}
 	}
 
-	if rl, ok := sb.(tier.RuntimeLister); ok && req.OnRuntime != nil {
+	if rl, ok := p.sb.(tier.RuntimeLister); ok && req.OnRuntime != nil {
 		req.OnRuntime(rl.RuntimeProcs)
 	}
 	if req.OnStart != nil {
 		procs := func() ([]int, error) { return nil, errors.New("this tier cannot list its processes") }
-		if pl, ok := sb.(tier.ProcessLister); ok {
+		if pl, ok := p.sb.(tier.ProcessLister); ok {
 			procs = pl.Procs
 		}
 		req.OnStart(p.id, procs)
 	}
-	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.LiveStdout)
-	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.LiveStderr)
-	res.StartedAt = time.Now().UTC()
-	cmd := &tier.Command{
-		Argv:   req.Argv,
-		Env:    p.env(m, nil),
-		Dir:    "/workspace",
-		Stdin:  req.Stdin,
-		Stdout: stdout,
-		Stderr: stderr,
-	}
-	var out *tier.Outcome
+	mode := execOnce
 	if req.Session {
-		out, err = execInSession(ctx, sb, cmd)
-	} else {
-		out, err = sb.Exec(ctx, cmd)
+		mode = execSessionOnce
 	}
+	x, err := p.start(ctx, m, &execSpec{
+		mode:     mode,
+		id:       cmp.Or(req.ID, p.id),
+		argv:     req.Argv,
+		dir:      "/workspace",
+		stdin:    req.Stdin,
+		stdout:   req.LiveStdout,
+		stderr:   req.LiveStderr,
+		baseline: snap,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
-
-	// The program is gone: close the proxy (and every connection through
-	// it) and take its log.
-	res.Network, res.NetworkSummary = p.stopEgress()
-	fillOutcome(res, out, stdout, stderr, m)
-
-	files, err := workspace.Diff(ws.Dir, snap, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
-	res.Files = files
-	if res.Files == nil {
-		res.Files = []result.FileChange{}
-	}
+	res, err := x.wait(ctx)
 	if err != nil {
-		v := workspace.Violations(err)
-		if len(v) == 0 {
-			return nil, fmt.Errorf("workspace diff: %w", err)
-		}
-		res.Violations = append(res.Violations, v...)
+		return nil, err
 	}
 	if req.OutputDir != "" {
-		rep, err := workspace.CopyOut(ws.Dir, files, req.OutputDir, workspace.Limits{Bytes: lim.WorkspaceBytes, Files: lim.WorkspaceFiles, FileBytes: lim.FileSizeBytes})
+		rep, err := workspace.CopyOut(ws.Dir, res.Files, req.OutputDir, wsLim)
 		if err != nil {
 			return nil, fmt.Errorf("copy results to %s: %w", req.OutputDir, err)
 		}
@@ -346,80 +314,6 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	}
 
 	return res, nil
-}
-
-// execInSession runs cmd as the only command of a session sandbox, with a
-// one-shot run's semantics: a cancelled ctx forwards SIGTERM, then after
-// the grace period the sandbox is destroyed (and the outcome says so).
-func execInSession(ctx context.Context, sb tier.Sandbox, cmd *tier.Command) (*tier.Outcome, error) {
-	sess, ok := sb.(tier.Sessioner)
-	if !ok {
-		return nil, errors.New("the tier prepared a sandbox without sessions")
-	}
-	proc, err := sess.Start(ctx, cmd)
-	if err != nil {
-		return nil, err
-	}
-	type waited struct {
-		out *tier.Outcome
-		err error
-	}
-	done := make(chan waited, 1)
-	go func() {
-		out, err := proc.Wait()
-		done <- waited{out, err}
-	}()
-	select {
-	case w := <-done:
-		return w.out, w.err
-	case <-ctx.Done():
-	}
-	proc.Signal(unix.SIGTERM)
-	select {
-	case w := <-done:
-		if w.out != nil {
-			w.out.Violations = append(w.out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program"})
-		}
-		return w.out, w.err
-	case <-time.After(native.CancelGrace):
-	}
-	sb.Destroy()
-	w := <-done
-	if w.err == nil && w.out != nil {
-		w.out.Violations = append(w.out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program, then the sandbox was destroyed after " + native.CancelGrace.String()})
-	}
-	return w.out, w.err
-}
-
-// fillOutcome copies what the tier observed, and the captured output, into
-// the result.
-func fillOutcome(res *result.Result, out *tier.Outcome, stdout, stderr *output.Capture, m *manifest.Manifest) {
-	res.Termination = out.Termination
-	res.Error = out.Error
-	res.ExitCode = out.ExitCode
-	res.Signal = out.Signal
-	if out.Signal != 0 {
-		res.SignalName = unix.SignalName(unix.Signal(out.Signal))
-	}
-	res.TimedOut = out.Termination == result.Timeout
-	res.OOMKilled = out.Termination == result.OOM
-	res.DurationMS = float64(out.Duration.Microseconds()) / 1000
-	res.CPUMS = float64(out.CPU.Microseconds()) / 1000
-	res.PeakMemoryBytes = out.PeakMemory
-	res.Stdout = stdout.Stream()
-	res.Stderr = stderr.Stream()
-	res.Violations = append([]result.Violation{}, out.Violations...)
-	res.Degradations = append([]string{}, out.Degradations...)
-	res.Runtime = out.Runtime
-	for _, s := range []struct {
-		name string
-		c    *output.Capture
-		lim  manifest.Size
-	}{{"stdout", stdout, m.Resources.StdoutBytes}, {"stderr", stderr, m.Resources.StderrBytes}} {
-		if s.c.Truncated() {
-			res.Violations = append(res.Violations, result.Violation{Kind: "output", Detail: fmt.Sprintf("%s truncated: %d bytes written, %d kept", s.name, s.c.Total(), len(s.c.Bytes())), Limit: fmt.Sprint(int64(s.lim))})
-		}
-	}
 }
 
 // writeFiles writes a caller's uploads into the workspace and returns the

@@ -15,9 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/manifest"
-	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/workspace"
@@ -97,7 +95,6 @@ type Session struct {
 	e     *Engine
 	p     *prepared
 	m     *manifest.Manifest
-	sess  tier.Sessioner
 	files *workspace.Files
 	info  SessionInfo
 
@@ -128,8 +125,7 @@ func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Sessio
 			p.close()
 		}
 	}()
-	sess, ok := p.sb.(tier.Sessioner)
-	if !ok {
+	if _, ok := p.sb.(tier.Sessioner); !ok {
 		return nil, fmt.Errorf("tier %s prepared a sandbox without sessions", t.Name())
 	}
 	ws := p.sb.Workspace()
@@ -147,7 +143,7 @@ func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Sessio
 	if err != nil {
 		return nil, err
 	}
-	return &Session{e: e, p: p, m: m, sess: sess, files: files, info: SessionInfo{
+	return &Session{e: e, p: p, m: m, files: files, info: SessionInfo{
 		ID: p.id, Tier: t.Name(), Image: result.Image{Name: img.Name, Digest: img.Digest},
 		ManifestDigest: m.Digest(), Created: time.Now().UTC(), Pooled: p.pooled,
 	}}, nil
@@ -198,7 +194,6 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 	s.wg.Add(1)
 	s.mu.Unlock()
 
-	m := s.m
 	lim := s.p.lim
 	ws := s.p.sb.Workspace()
 	before, err := workspace.Scan(ws.Dir, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
@@ -206,78 +201,35 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		s.wg.Done()
 		return nil, fmt.Errorf("scan workspace: %w", err)
 	}
-	netFrom := 0
-	var netBefore egress.Summary
-	if s.p.egress != nil {
-		// The sandbox's proxy serves every command: this command's share
-		// is what was added after this point.
-		// (Attempts less Unlogged is the length of the log at the same
-		// instant.)
-		netBefore = s.p.egress.proxy.Summary()
-		netFrom = netBefore.Attempts - netBefore.Unlogged
-	}
 	pr := &Process{id: fmt.Sprintf("e%d", n), argv: slices.Clone(req.Argv), done: make(chan struct{})}
-	stdin := req.Stdin
-	if req.StdinOpen {
-		r, w := io.Pipe()
-		stdin, pr.stdin = r, w
-	}
-	stdout := output.NewCapture(int64(m.Resources.StdoutBytes), req.Stdout)
-	stderr := output.NewCapture(int64(m.Resources.StderrBytes), req.Stderr)
-	res := &result.Result{
-		Schema:    result.SchemaVersion,
-		ID:        s.info.ID + "-" + pr.id,
-		Tier:      s.info.Tier,
-		Image:     s.info.Image,
-		Manifest:  s.info.ManifestDigest,
-		Command:   pr.argv,
-		Pooled:    s.info.Pooled,
-		StartedAt: time.Now().UTC(),
-	}
-	tp, err := s.sess.Start(ctx, &tier.Command{
-		Argv:    pr.argv,
-		Env:     s.p.env(m, req.Env),
-		Dir:     dir,
-		Stdin:   stdin,
-		Stdout:  stdout,
-		Stderr:  stderr,
-		Timeout: req.Timeout,
+	x, err := s.p.start(ctx, s.m, &execSpec{
+		mode:      execSession,
+		id:        s.info.ID + "-" + pr.id,
+		argv:      pr.argv,
+		env:       req.Env,
+		dir:       dir,
+		timeout:   req.Timeout,
+		stdin:     req.Stdin,
+		stdinOpen: req.StdinOpen,
+		stdout:    req.Stdout,
+		stderr:    req.Stderr,
+		baseline:  before,
+		gone:      func() bool { return s.open() != nil },
 	})
 	if err != nil {
 		s.wg.Done()
-		if pr.stdin != nil {
-			pr.stdin.Close()
-		}
 		if s.Ended() {
 			return nil, fmt.Errorf("start command: %w (%v)", ErrSandboxEnded, err)
 		}
 		return nil, fmt.Errorf("start command: %w", err)
 	}
-	pr.tp = tp
+	pr.tp, pr.stdin = x.proc, x.stdin
 	go func() {
 		defer s.wg.Done()
 		defer close(pr.done)
-		out, err := tp.Wait()
-		if pr.stdin != nil {
-			pr.stdin.CloseWithError(errors.New("the command has ended"))
-		}
-		if err != nil {
-			out = &tier.Outcome{Termination: result.InfraError, ExitCode: 125, Error: err.Error()}
-		}
-		fillOutcome(res, out, stdout, stderr, m)
-		res.Network = []result.NetworkAttempt{}
-		if eg := s.p.egress; eg != nil {
-			res.Network = eg.attempts(netFrom)
-			res.NetworkSummary = networkSummary(eg.proxy.Summary().Since(netBefore))
-		}
-		res.Files = []result.FileChange{}
-		if s.open() == nil {
-			files, err := workspace.Diff(ws.Dir, before, workspace.DiffLimits{MaxEntries: lim.WorkspaceFiles + 1, MaxHashBytes: lim.WorkspaceBytes})
-			if files != nil {
-				res.Files = files
-			}
-			res.Violations = append(res.Violations, workspace.Violations(err)...)
-		}
+		// A session's command never fails: Moat's own failures are in its
+		// result (execSession).
+		res, _ := x.wait(context.Background())
 		pr.res.Store(res)
 	}()
 	return pr, nil

@@ -19,7 +19,6 @@ import (
 	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
-	"github.com/moat-sandbox/moat/tier/native"
 )
 
 // A run's StateDir (mode 0700, root) holds, beside the engine's lock:
@@ -428,7 +427,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		p.Signal(unix.SIGTERM)
 		select {
 		case <-p.done:
-		case <-time.After(native.CancelGrace):
+		case <-time.After(tier.CancelGrace):
 			p.kill()
 		}
 	}
@@ -449,7 +448,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	}
 	s.classify(out, obs, lim)
 	if cancelled {
-		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: "the caller cancelled the run; SIGTERM was sent to the program, then everything was killed after " + native.CancelGrace.String()})
+		out.Violations = append(out.Violations, tier.Cancelled("the caller cancelled the run; SIGTERM was sent to the program, then everything was killed after "+tier.CancelGrace.String()))
 	}
 	return out, nil
 }

@@ -51,10 +51,6 @@ func ownStdio(ids *idSlot, files ...*os.File) error {
 // Name is the tier's manifest name.
 const Name = "native"
 
-// CancelGrace is how long a cancelled run's program has, after SIGTERM,
-// before the whole sandbox is killed.
-const CancelGrace = 2 * time.Second
-
 var _ tier.Tier = (*Native)(nil)
 
 // Native prepares native-tier sandboxes.
@@ -488,7 +484,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		ended     time.Time
 		timedOut  bool
 		cancelled bool
-		graceOver bool // a cancelled program outlived CancelGrace
+		graceOver bool // a cancelled program outlived tier.CancelGrace
 		grace     <-chan time.Time
 		startWait <-chan time.Time
 		setupErr  string
@@ -544,11 +540,11 @@ loop:
 				// can overtake it, and a loaded host can delay it): wait for
 				// it up to the grace period before treating the program as
 				// never started.
-				startWait = time.After(CancelGrace)
+				startWait = time.After(tier.CancelGrace)
 				break
 			}
 			s.forward(unix.SIGTERM)
-			grace = time.After(CancelGrace)
+			grace = time.After(tier.CancelGrace)
 		case <-startWait:
 			startWait = nil
 			if started.IsZero() {
@@ -556,7 +552,7 @@ loop:
 				break
 			}
 			s.forward(unix.SIGTERM)
-			grace = time.After(CancelGrace)
+			grace = time.After(tier.CancelGrace)
 		case <-grace:
 			grace = nil
 			graceOver = true
@@ -599,11 +595,11 @@ loop:
 	}
 	classify(out, final, timedOut, st, lim)
 	if cancelled {
-		detail := "the caller cancelled the run; SIGTERM was forwarded to the program, which ended within the " + CancelGrace.String() + " grace period"
+		detail := "the caller cancelled the run; SIGTERM was forwarded to the program, which ended within the " + tier.CancelGrace.String() + " grace period"
 		if graceOver {
-			detail = "the caller cancelled the run; SIGTERM was forwarded to the program, which still ran " + CancelGrace.String() + " later: everything was killed"
+			detail = "the caller cancelled the run; SIGTERM was forwarded to the program, which still ran " + tier.CancelGrace.String() + " later: everything was killed"
 		}
-		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: detail})
+		out.Violations = append(out.Violations, tier.Cancelled(detail))
 	}
 	if full := workspaceFull(s.ws); full != "" {
 		out.Violations = append(out.Violations, result.Violation{Kind: full, Detail: "the workspace is full", Limit: limitFor(full, lim)})

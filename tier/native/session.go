@@ -367,7 +367,7 @@ func (p *process) wait() (*tier.Outcome, error) {
 	ss.mu.Unlock()
 	if final == nil && destroyed {
 		out.Termination, out.ExitCode, out.Signal = result.Signaled, 128+9, 9
-		out.Violations = append(out.Violations, result.Violation{Kind: "cancelled", Detail: "the sandbox was destroyed while the command ran"})
+		out.Violations = append(out.Violations, tier.Cancelled("the sandbox was destroyed while the command ran"))
 		return out, nil
 	}
 	if final != nil && final.Error != "" {
