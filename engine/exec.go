@@ -91,6 +91,10 @@ type execution struct {
 	// proxy's log and summary begins.
 	netFrom   int
 	netBefore egress.Summary
+	// eg is the session's proxy as the command started: its log stays
+	// readable after a Close stops it, so a command ended by Close still
+	// reports what it attempted.
+	eg *egressRun
 	// proc is the command in a session sandbox; nil for execOnce, whose
 	// Exec runs the command to completion in wait.
 	proc tier.Process
@@ -104,12 +108,13 @@ type execution struct {
 // tier's, unwrapped: callers say what failed.
 func (p *prepared) start(ctx context.Context, m *manifest.Manifest, spec *execSpec) (*execution, error) {
 	x := &execution{p: p, m: m, mode: spec.mode, wsDir: p.sb.Workspace().Dir, baseline: spec.baseline, gone: spec.gone}
-	if spec.mode == execSession && p.egress != nil {
+	if eg := p.liveEgress(); spec.mode == execSession && eg != nil {
 		// The sandbox's proxy serves every command: this command's share
 		// is what was added after this point.
 		// (Attempts less Unlogged is the length of the log at the same
 		// instant.)
-		x.netBefore = p.egress.proxy.Summary()
+		x.eg = eg
+		x.netBefore = eg.proxy.Summary()
 		x.netFrom = x.netBefore.Attempts - x.netBefore.Unlogged
 	}
 	stdin := spec.stdin
@@ -238,7 +243,7 @@ func (x *execution) network() ([]result.NetworkAttempt, *result.NetworkSummary) 
 		// proxy (and every connection through it) and take its log.
 		return x.p.stopEgress()
 	}
-	eg := x.p.egress
+	eg := x.eg
 	if eg == nil {
 		return []result.NetworkAttempt{}, nil
 	}

@@ -416,3 +416,37 @@ func TestExecStartChecksSessions(t *testing.T) {
 
 // onlyExec hides a sandbox's Sessioner.
 type onlyExec struct{ tier.Sandbox }
+
+// TestSessionCommandAcrossClose: a session's Close stops its egress proxy
+// while a command is starting and finishing; neither may race with it
+// (go test -race checks), and the command ended by the Close still reports
+// the proxy's log rather than losing it.
+func TestSessionCommandAcrossClose(t *testing.T) {
+	m := manifest.Default()
+	m.Network.Mode = "allowlist"
+	m.Network.Allow = []string{"example.com"}
+	for i := range 20 {
+		p, snap := fakePrepared(t, m)
+		eg, err := (&Engine{}).startEgress(t.TempDir(), m.Network, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.egress = eg
+		x, err := p.start(context.Background(), m, &execSpec{mode: execSession, id: fmt.Sprint("c", i), argv: []string{"term"}, baseline: snap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- p.close() }()
+		res, err := x.wait(context.Background())
+		if err != nil {
+			t.Fatalf("wait: %v", err)
+		}
+		if err := <-closed; err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		if res.Network == nil || res.NetworkSummary == nil {
+			t.Fatalf("run %d: network log %v, summary %v: a command ended by Close lost its proxy's account", i, res.Network, res.NetworkSummary)
+		}
+	}
+}

@@ -30,10 +30,22 @@ type prepared struct {
 	leftovers bool
 	pooled    bool
 
-	closeOnce  sync.Once
-	closeErr   error
+	closeOnce sync.Once
+	closeErr  error
+
+	// egressMu guards egress, network and netSummary: a session's Close
+	// stops the proxy while its commands start and finish.
+	egressMu   sync.Mutex
 	network    []result.NetworkAttempt
 	netSummary *result.NetworkSummary
+}
+
+// liveEgress is the sandbox's proxy while it serves (nil without one, or
+// once stopped).
+func (p *prepared) liveEgress() *egressRun {
+	p.egressMu.Lock()
+	defer p.egressMu.Unlock()
+	return p.egress
 }
 
 // resolve picks the tier and the image of a manifest, refusing what the
@@ -112,6 +124,8 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 // stopEgress closes the proxy (and every connection through it) and keeps
 // its log and summary (nil without a proxy).
 func (p *prepared) stopEgress() ([]result.NetworkAttempt, *result.NetworkSummary) {
+	p.egressMu.Lock()
+	defer p.egressMu.Unlock()
 	if p.egress != nil {
 		p.network, p.netSummary = p.egress.stop()
 		p.egress = nil
