@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/http"
 	"os"
 	"os/signal"
 	"path"
@@ -23,6 +22,8 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/workspace"
@@ -266,8 +267,7 @@ func cmdRun(args []string) int {
 	}
 	res, err := e.Run(ctx, req)
 	if err != nil {
-		var fe *manifest.FieldError
-		if errors.Is(err, engine.ErrUsage) || errors.As(err, &fe) {
+		if refused(service.Classify(err, "run").Kind) {
 			say("moat: %v\n", err)
 			return exitUsage
 		}
@@ -454,10 +454,7 @@ func runRemote(r remoteRun) int {
 				msg += " (field: " + apiErr.Field + ")"
 			}
 			say("moat: %s\n", msg) // the server's words
-			switch apiErr.Status {
-			case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnauthorized, http.StatusForbidden:
-				// The request as given can never succeed: fix the flags,
-				// the manifest, the inputs or the key.
+			if refused(server.KindOfStatus(apiErr.Status)) {
 				return exitUsage
 			}
 			return exitMoat
@@ -664,4 +661,18 @@ func removeTree(dir string) {
 	if err := os.RemoveAll(dir); err != nil {
 		fmt.Fprintf(os.Stderr, "moat: warning: remove the temporary copy of the inputs: %v\n", err)
 	}
+}
+
+// refused reports whether an error of kind k (service.Classify's, locally;
+// the server's status, with --server) refuses the request as given: it can
+// never succeed until the flags, the manifest, the inputs or the key are
+// fixed, and moat run exits 2 (exitUsage) rather than 125. One rule for
+// both paths, so that a run refused here and one refused by a server exit
+// alike.
+func refused(k service.Kind) bool {
+	switch k {
+	case service.Invalid, service.BadRequest, service.TooLarge, service.Unauthenticated, service.Forbidden:
+		return true
+	}
+	return false
 }
