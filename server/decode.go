@@ -11,7 +11,6 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -27,16 +26,9 @@ import (
 // naming the field, and must have refused a request completely before any
 // sandbox is touched.
 
-const ()
-
-// checkJSON walks data against the shape of the Go type t
-// (strictjson.Check), refusing unknown keys, repeated keys and values of
-// the wrong type with the path of the field ("files[2].mode").
-func checkJSON(data []byte, t reflect.Type) *Error {
-	return jsonError(strictjson.Check(data, t))
-}
-
-// decodeStrict checks data against v's type with checkJSON, then decodes it.
+// decodeStrict checks data against v's type (strictjson.Decode: unknown or
+// repeated keys and values of the wrong type are refused with the path of
+// the field, such as "files[2].mode"), then decodes it.
 func decodeStrict(data []byte, v any) *Error {
 	return jsonError(strictjson.Decode(data, v))
 }
@@ -54,9 +46,6 @@ func jsonError(e *strictjson.Error) *Error {
 	}
 	return badRequest(e.Field, "%s", e.Message)
 }
-
-// joinField appends a key to a field path (strictjson.JoinField).
-func joinField(path, key string) string { return strictjson.JoinField(path, key) }
 
 // quote shows a client's value in a message: quoted, escaped, short.
 func quote(s string) string { return service.Quote(s) }

@@ -82,22 +82,6 @@ func forbidden(format string, args ...any) *Error {
 	return &Error{Status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf(format, args...)}
 }
 
-func notFound(what string) *Error {
-	return &Error{Status: http.StatusNotFound, Code: CodeNotFound, Message: what + " not found"}
-}
-
-func conflict(format string, args ...any) *Error {
-	return &Error{Status: http.StatusConflict, Code: CodeConflict, Message: fmt.Sprintf(format, args...)}
-}
-
-func quotaExceeded(retryAfter int, format string, args ...any) *Error {
-	return &Error{Status: http.StatusTooManyRequests, Code: CodeQuotaExceeded, Message: fmt.Sprintf(format, args...), RetryAfter: retryAfter}
-}
-
-func unavailable(format string, args ...any) *Error {
-	return &Error{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Message: fmt.Sprintf(format, args...), RetryAfter: 5}
-}
-
 // internal hides err from the client: the log has it, the client has the
 // request id to quote.
 func internal(err error) *Error {
@@ -155,6 +139,3 @@ func KindOfStatus(status int) service.Kind {
 	}
 	return service.Internal
 }
-
-// manifestField prefixes a manifest field path as the API names it.
-func manifestField(f string) string { return service.ManifestField(f) }
