@@ -45,16 +45,16 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 	if len(spec.stdin) > 0 {
 		args.Stdin = bytes.NewReader(spec.stdin)
 	}
-	ex, err := s.svc.StartExec(r.Context(), key, id, args)
-	if err != nil {
-		return err
-	}
 	if !spec.wait {
+		ex, err := s.svc.StartExec(r.Context(), key, id, args)
+		if err != nil {
+			return err
+		}
 		return writeJSON(w, http.StatusAccepted, ex)
 	}
-	ex, err = s.svc.WaitExec(r.Context(), key, id, ex.ID)
+	ex, err := s.svc.RunExec(r.Context(), key, id, args)
 	if err != nil {
-		if r.Context().Err() != nil {
+		if errors.Is(err, r.Context().Err()) {
 			// The client left; the command goes on (docs/API.md).
 			return nil
 		}

@@ -86,30 +86,53 @@ func (ex *execution) isDone() bool {
 // the start. The command holds one of the server-wide MaxConcurrent slots
 // until it ends.
 func (s *Service) StartExec(ctx context.Context, key audit.Key, id string, args ExecArgs) (Exec, error) {
+	ex, err := s.startExec(ctx, key, id, args)
+	if err != nil {
+		return Exec{}, err
+	}
+	return ex.view(), nil
+}
+
+// RunExec starts a command as StartExec does and waits for it to end. When
+// ctx ends first it returns ctx's error, and the command goes on.
+func (s *Service) RunExec(ctx context.Context, key audit.Key, id string, args ExecArgs) (Exec, error) {
+	ex, err := s.startExec(ctx, key, id, args)
+	if err != nil {
+		return Exec{}, err
+	}
+	select {
+	case <-ex.done:
+		return ex.view(), nil
+	case <-ctx.Done():
+		return Exec{}, ctx.Err()
+	}
+}
+
+func (s *Service) startExec(ctx context.Context, key audit.Key, id string, args ExecArgs) (*execution, error) {
 	sb, e := s.lookup(key, id)
 	if e != nil {
-		return Exec{}, e
+		return nil, e
 	}
 	if e := CheckExec(&args, sb.manifest); e != nil {
-		return Exec{}, e
+		return nil, e
 	}
 	leave, e := s.enter()
 	if e != nil {
-		return Exec{}, e
+		return nil, e
 	}
 	defer leave()
 	s.mu.Lock()
 	state := sb.state
 	s.mu.Unlock()
 	if state != StateRunning {
-		return Exec{}, conflict("sandbox %s is being deleted", sb.id)
+		return nil, conflict("sandbox %s is being deleted", sb.id)
 	}
 	if e := s.checkCPU(key); e != nil {
-		return Exec{}, e
+		return nil, e
 	}
 	slot, e := s.acquire(ctx)
 	if e != nil {
-		return Exec{}, e
+		return nil, e
 	}
 	started := false
 	defer func() {
@@ -136,7 +159,7 @@ func (s *Service) StartExec(ctx context.Context, key audit.Key, id string, args 
 	rec := auditRecord(ex.auditID, audit.KindExec, key.ID, sb.id, m, args.Argv)
 	rec.Tier, rec.Image, rec.ImageDigest, rec.Pooled = sb.info.Tier, sb.info.Image.Name, sb.info.Image.Digest, sb.info.Pooled
 	if err := s.cfg.Auditor.Begin(rec); err != nil {
-		return Exec{}, InternalError(fmt.Errorf("audit: begin exec %s: %w", ex.auditID, err))
+		return nil, InternalError(fmt.Errorf("audit: begin exec %s: %w", ex.auditID, err))
 	}
 	req := &engine.ExecRequest{
 		Argv:      args.Argv,
@@ -168,10 +191,10 @@ func (s *Service) StartExec(ctx context.Context, key audit.Key, id string, args 
 			s.log.Error("audit: finish exec", "exec", ex.auditID, "err", ferr)
 		}
 		if s.checkEnded(sb, err) {
-			return Exec{}, &Error{Kind: Conflict, Err: err,
+			return nil, &Error{Kind: Conflict, Err: err,
 				Message: fmt.Sprintf("sandbox %s has ended: its init process exited (did a command kill PID 1?), so it can run nothing more; it was destroyed: create a new sandbox", sb.id)}
 		}
-		return Exec{}, requestError(err, "command", "")
+		return nil, requestError(err, "command", "")
 	}
 	ex.proc = proc
 	started = true
@@ -181,7 +204,7 @@ func (s *Service) StartExec(ctx context.Context, key audit.Key, id string, args 
 	sb.trimLocked(s.cfg.KeepExecs)
 	sb.mu.Unlock()
 	s.goSafe("exec watcher", func() { s.watch(ex, slot) })
-	return ex.view(), nil
+	return ex, nil
 }
 
 // CheckExec refuses a command the sandbox's manifest m cannot run, naming
