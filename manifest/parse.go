@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/internal/suggest"
 )
 
@@ -467,7 +468,7 @@ func (d *decoder) structFields(n *yaml.Node, v reflect.Value, path string) {
 		if !ok {
 			continue
 		}
-		field := joinPath(path, key)
+		field := strictjson.JoinField(path, key)
 		if line, dup := first[key]; dup {
 			d.errs.add(field, "", fmt.Sprintf("is given twice (lines %d and %d); give each key once", line, k.Line))
 			continue
@@ -523,7 +524,7 @@ func (d *decoder) stringMap(n *yaml.Node, v reflect.Value, path string) {
 		if !ok {
 			continue
 		}
-		field := joinPath(path, key)
+		field := strictjson.JoinField(path, key)
 		if line, dup := first[key]; dup {
 			d.errs.add(field, "", fmt.Sprintf("is given twice (lines %d and %d); give each key once", line, k.Line))
 			continue
@@ -538,30 +539,6 @@ func (d *decoder) stringMap(n *yaml.Node, v reflect.Value, path string) {
 		m.SetMapIndex(reflect.ValueOf(key), elem)
 	}
 	v.Set(m)
-}
-
-// joinPath appends key to a dotted path. A key that is not a plain name is
-// quoted (and shortened), so a hostile key cannot forge an error line.
-func joinPath(path, key string) string {
-	if !isPlainKey(key) {
-		key = strconv.Quote(truncate(key, 40))
-	}
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
-func isPlainKey(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c == '_' || c == '-' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 func unknownKeyProblem(key, path string, names []string) string {

@@ -11,15 +11,14 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
-	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // Request decoding. Everything here reads untrusted bytes: it must never
@@ -27,315 +26,35 @@ import (
 // naming the field, and must have refused a request completely before any
 // sandbox is touched.
 
-const (
-	// maxPathLen and maxNameLen bound a workspace path and each of its
-	// components (NAME_MAX).
-	maxPathLen = 1024
-	maxNameLen = 255
-	// maxJSONDepth bounds nesting; the deepest legitimate value (a
-	// manifest's network.allow list) is four levels down.
-	maxJSONDepth = 32
-	// maxMetadata bounds a sandbox's metadata: it is labels, not storage.
-	maxMetadata         = 64
-	maxMetadataKeyLen   = 128
-	maxMetadataValueLen = 1024
-	maxEnv              = 1024
-)
-
-// checkJSON walks data against the shape of the Go type t, refusing unknown
-// keys, repeated keys and values of the wrong type with the path of the
-// field ("files[2].mode"). encoding/json alone matches keys
-// case-insensitively, lets a repeated key win silently and names neither
-// the index nor an unknown nested key. Values of types that decode
-// themselves (json.RawMessage: the manifest, which manifest.Parse checks)
-// are only checked to be well-formed.
-func checkJSON(data []byte, t reflect.Type) *Error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	w := walker{dec: dec}
-	tok, err := dec.Token()
-	if err != nil {
-		return syntaxError(err)
-	}
-	if e := w.value(tok, t, "", 0); e != nil {
-		return e
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return badRequest("", "malformed JSON: unexpected data after the top-level object")
-	}
-	return nil
-}
-
-func syntaxError(err error) *Error {
-	if errors.Is(err, io.EOF) {
-		err = io.ErrUnexpectedEOF
-	}
-	return badRequest("", "malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
-}
-
-type walker struct {
-	dec *json.Decoder
-}
-
-var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-
-func (w *walker) next() (json.Token, *Error) {
-	tok, err := w.dec.Token()
-	if err != nil {
-		return nil, syntaxError(err)
-	}
-	return tok, nil
-}
-
-func (w *walker) value(tok json.Token, t reflect.Type, path string, depth int) *Error {
-	if depth > maxJSONDepth {
-		return badRequest(path, "malformed JSON: nested more than %d levels deep", maxJSONDepth)
-	}
-	if tok == nil {
-		return nil // null leaves the zero value: "not given"
-	}
-	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		return w.skip(tok, path, depth)
-	}
-	switch t.Kind() {
-	case reflect.Pointer:
-		return w.value(tok, t.Elem(), path, depth)
-	case reflect.Struct:
-		if d, ok := tok.(json.Delim); !ok || d != '{' {
-			return typeError(tok, path, "an object")
-		}
-		fields, names := jsonFields(t)
-		seen := map[string]bool{}
-		for w.dec.More() {
-			k, e := w.next()
-			if e != nil {
-				return e
-			}
-			key := k.(string) // object keys are strings, or Token failed
-			field := joinField(path, key)
-			if seen[key] {
-				return badRequest(field, "%s is given twice; give each key once", field)
-			}
-			seen[key] = true
-			ft, ok := fields[key]
-			if !ok {
-				where := "at the top level"
-				if path != "" {
-					where = "in " + path
-				}
-				return badRequest(field, "unknown field %s; accepted %s: %s", field, where, strings.Join(names, ", "))
-			}
-			v, e := w.next()
-			if e != nil {
-				return e
-			}
-			if e := w.value(v, ft, field, depth+1); e != nil {
-				return e
-			}
-		}
-		_, e := w.next()
-		return e
-	case reflect.Map:
-		if d, ok := tok.(json.Delim); !ok || d != '{' {
-			return typeError(tok, path, "an object of names to strings")
-		}
-		seen := map[string]bool{}
-		for w.dec.More() {
-			k, e := w.next()
-			if e != nil {
-				return e
-			}
-			key := k.(string)
-			field := joinField(path, key)
-			if seen[key] {
-				return badRequest(field, "%s is given twice; give each key once", field)
-			}
-			seen[key] = true
-			v, e := w.next()
-			if e != nil {
-				return e
-			}
-			if e := w.value(v, t.Elem(), field, depth+1); e != nil {
-				return e
-			}
-		}
-		_, e := w.next()
-		return e
-	case reflect.Slice:
-		if d, ok := tok.(json.Delim); !ok || d != '[' {
-			return typeError(tok, path, "a list")
-		}
-		for i := 0; w.dec.More(); i++ {
-			v, e := w.next()
-			if e != nil {
-				return e
-			}
-			if e := w.value(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i), depth+1); e != nil {
-				return e
-			}
-		}
-		_, e := w.next()
-		return e
-	case reflect.String:
-		if _, ok := tok.(string); !ok {
-			return typeError(tok, path, "a string")
-		}
-	case reflect.Bool:
-		if _, ok := tok.(bool); !ok {
-			return typeError(tok, path, "true or false")
-		}
-	default:
-		// Only reachable when a wire type gains a field of a kind this
-		// walker does not know; the wire-type test catches that.
-		return internal(fmt.Errorf("checkJSON: no rule for %s at %s", t, path))
-	}
-	return nil
-}
-
-// skip consumes the rest of a value that decodes itself.
-func (w *walker) skip(tok json.Token, path string, depth int) *Error {
-	d, ok := tok.(json.Delim)
-	if !ok {
-		return nil
-	}
-	if d != '{' && d != '[' {
-		return badRequest(path, "malformed JSON: unexpected %q", rune(d))
-	}
-	for level := 1; level > 0; {
-		if depth+level > maxJSONDepth {
-			return badRequest(path, "malformed JSON: nested more than %d levels deep", maxJSONDepth)
-		}
-		t, e := w.next()
-		if e != nil {
-			return e
-		}
-		if d, ok := t.(json.Delim); ok {
-			if d == '{' || d == '[' {
-				level++
-			} else {
-				level--
-			}
-		}
-	}
-	return nil
-}
-
-func typeError(tok json.Token, path, want string) *Error {
-	var got string
-	switch t := tok.(type) {
-	case json.Delim:
-		got = map[json.Delim]string{'{': "an object", '[': "a list"}[t]
-	case string:
-		got = "a string"
-	case json.Number:
-		got = "a number"
-	case bool:
-		got = "a boolean"
-	}
-	return invalid(path, "is %s; expected %s", got, want)
-}
-
-// jsonFields maps the JSON names of t's fields to their types.
-func jsonFields(t reflect.Type) (map[string]reflect.Type, []string) {
-	fields := map[string]reflect.Type{}
-	var names []string
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if !f.IsExported() || name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		fields[name] = f.Type
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return fields, names
-}
-
-// joinField appends a key to a field path; a key that is not a plain name
-// is quoted and shortened, so a hostile key cannot forge an error message.
-func joinField(path, key string) string {
-	if !plainKey(key) {
-		if len(key) > 40 {
-			key = strings.ToValidUTF8(key[:40], "") + "..."
-		}
-		key = strconv.Quote(key)
-	}
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
-func plainKey(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c == '_' || c == '-' || c == '.' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
-
-// decodeStrict checks data against v's type with checkJSON, then decodes it.
+// decodeStrict checks data against v's type (strictjson.Decode: unknown or
+// repeated keys and values of the wrong type are refused with the path of
+// the field, such as "files[2].mode"), then decodes it.
 func decodeStrict(data []byte, v any) *Error {
-	if e := checkJSON(data, reflect.TypeOf(v).Elem()); e != nil {
-		return e
+	return jsonError(strictjson.Decode(data, v))
+}
+
+// jsonError is strictjson's refusal as the API answers it: a value of the
+// wrong type is an invalid field, the rest a bad request.
+func jsonError(e *strictjson.Error) *Error {
+	switch {
+	case e == nil:
+		return nil
+	case e.Kind == strictjson.WrongType:
+		return &Error{Status: http.StatusBadRequest, Code: CodeInvalidField, Field: e.Field, Message: e.Message}
+	case e.Kind == strictjson.Unsupported:
+		return internal(e)
 	}
-	if err := json.Unmarshal(data, v); err != nil {
-		// checkJSON accepted the shape; what is left is e.g. a number
-		// out of range.
-		return badRequest("", "malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	return nil
+	return badRequest(e.Field, "%s", e.Message)
 }
 
 // quote shows a client's value in a message: quoted, escaped, short.
-func quote(s string) string {
-	if len(s) > 80 {
-		s = strings.ToValidUTF8(s[:80], "") + "..."
-	}
-	return strconv.Quote(s)
-}
+func quote(s string) string { return service.Quote(s) }
 
 // checkPath refuses a workspace path that could name anything outside
-// /workspace or that different layers could read differently: it must be
-// relative, valid UTF-8 without NUL or control characters, without empty,
-// "." or ".." components, and of bounded length. The engine resolves it
-// again beneath the workspace without following links; this check is so
-// that a bad path is refused before anything is created.
+// /workspace (service.CheckPath).
 func checkPath(field, p string) *Error {
-	switch {
-	case p == "":
-		return invalid(field, "is empty; give a path relative to /workspace such as \"main.py\"")
-	case len(p) > maxPathLen:
-		return invalid(field, "is %d bytes long; at most %d are accepted", len(p), maxPathLen)
-	case !utf8.ValidString(p):
-		return invalid(field, "%s is not valid UTF-8", quote(p))
-	case strings.IndexByte(p, 0) >= 0:
-		return invalid(field, "%s contains a NUL byte", quote(p))
-	case strings.HasPrefix(p, "/"):
-		return invalid(field, "%s is absolute; give a path relative to /workspace such as \"main.py\"", quote(p))
-	}
-	for _, r := range p {
-		if r < 0x20 || r == 0x7f {
-			return invalid(field, "%s contains a control character", quote(p))
-		}
-	}
-	for c := range strings.SplitSeq(p, "/") {
-		switch {
-		case c == "":
-			return invalid(field, "%s has an empty component (a doubled or trailing /)", quote(p))
-		case c == "." || c == "..":
-			return invalid(field, "%s contains %q; paths stay inside /workspace and are written without . or ..", quote(p), c)
-		case len(c) > maxNameLen:
-			return invalid(field, "%s has a component of %d bytes; at most %d are accepted", quote(p), len(c), maxNameLen)
-		}
+	if e := service.CheckPath(field, p); e != nil {
+		return httpError(e)
 	}
 	return nil
 }
@@ -438,73 +157,15 @@ func engineFiles(files []upload) []engine.File {
 	return out
 }
 
-// decodeManifest parses the request's manifest object with the manifest
-// package's own strict parser, so its errors keep their field names
-// (prefixed "manifest."). Absent or null is the default manifest. Host
-// inputs are refused: an API caller must not name the server's files.
+// decodeManifest parses the request's manifest object
+// (service.ParseManifest): strictly, with its errors naming fields inside
+// "manifest", and refusing host inputs.
 func decodeManifest(raw json.RawMessage) (*manifest.Manifest, *Error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return manifest.Default(), nil
-	}
-	// Inputs are refused before parsing, so that the answer is about the
-	// grant, not about a detail of the host path.
-	var peek struct {
-		Inputs []json.RawMessage `json:"inputs"`
-	}
-	if json.Unmarshal(raw, &peek) == nil && len(peek.Inputs) > 0 {
-		return nil, refusedInputs()
-	}
-	m, err := manifest.Parse(raw, "request.json")
-	if err == nil {
-		err = m.Validate()
-	}
-	if err != nil {
-		return nil, manifestError(err)
-	}
-	if len(m.Inputs) > 0 {
-		return nil, refusedInputs()
+	m, e := service.ParseManifest(raw)
+	if e != nil {
+		return nil, httpError(e)
 	}
 	return m, nil
-}
-
-func refusedInputs() *Error {
-	return invalid("manifest.inputs", "host paths cannot be granted through the API; upload the files with \"files\" instead")
-}
-
-// manifestError turns Parse's errors (the file name, then *FieldError
-// values joined with errors.Join) into one invalid_field error naming the
-// first field and listing every problem.
-func manifestError(err error) *Error {
-	inner := err
-	if u := errors.Unwrap(err); u != nil && strings.HasPrefix(err.Error(), "request.json: ") {
-		inner = u
-	}
-	parts := []error{inner}
-	if j, ok := inner.(interface{ Unwrap() []error }); ok {
-		parts = j.Unwrap()
-	}
-	field := ""
-	msgs := make([]string, 0, len(parts))
-	for _, p := range parts {
-		var fe *manifest.FieldError
-		if !errors.As(p, &fe) {
-			msgs = append(msgs, "manifest: "+strings.TrimPrefix(p.Error(), "request.json: "))
-			continue
-		}
-		f := *fe
-		f.Field = manifestField(fe.Field)
-		if f.Field == "" {
-			f.Field = "manifest"
-		}
-		if field == "" {
-			field = f.Field
-		}
-		msgs = append(msgs, f.Error())
-	}
-	if field == "" {
-		field = "manifest"
-	}
-	return &Error{Status: http.StatusBadRequest, Code: CodeInvalidField, Field: field, Message: strings.Join(msgs, "; "), Err: err}
 }
 
 // command turns argv, or code with language, into the program's argv.
@@ -614,19 +275,12 @@ func decodeSandbox(data []byte, maxFiles int, defaultTTL, maxTTL time.Duration) 
 	if e := checkUploads(files, maxFiles, m); e != nil {
 		return nil, e
 	}
-	if len(req.Metadata) > maxMetadata {
-		return nil, invalid("metadata", "has %d entries; at most %d are accepted", len(req.Metadata), maxMetadata)
-	}
 	md := make(map[string]string, len(req.Metadata))
 	for k, v := range req.Metadata {
-		field := joinField("metadata", k)
-		switch {
-		case k == "" || len(k) > maxMetadataKeyLen || !utf8.ValidString(k):
-			return nil, invalid(field, "is not a key of 1 to %d bytes of UTF-8", maxMetadataKeyLen)
-		case len(v) > maxMetadataValueLen:
-			return nil, invalid(field, "is %d bytes long; at most %d are accepted", len(v), maxMetadataValueLen)
-		}
 		md[k] = v
+	}
+	if e := service.CheckMetadata(md); e != nil {
+		return nil, httpError(e)
 	}
 	return &sandboxSpec{manifest: m, ttl: ttl, files: files, metadata: md}, nil
 }
@@ -665,28 +319,11 @@ func decodeExec(data []byte, m *manifest.Manifest) (*execSpec, *Error) {
 	if e != nil {
 		return nil, e
 	}
-	spec := &execSpec{argv: argv, wait: req.Wait == nil || *req.Wait, stdinOpen: req.StdinOpen}
-	if len(req.Env) > maxEnv {
-		return nil, invalid("env", "has %d variables; at most %d are accepted", len(req.Env), maxEnv)
-	}
-	for k, v := range req.Env {
-		field := joinField("env", k)
-		if !envName(k) {
-			return nil, invalid(field, "%s is not a variable name (letters, digits and _, not starting with a digit)", quote(k))
-		}
-		if strings.IndexByte(v, 0) >= 0 {
-			return nil, invalid(field, "contains a NUL byte")
-		}
-	}
-	spec.env = req.Env
-	if req.Dir != "" {
-		switch {
-		case !strings.HasPrefix(req.Dir, "/"):
-			return nil, invalid("dir", "%s is not absolute; give a directory such as \"/workspace/src\"", quote(req.Dir))
-		case len(req.Dir) > maxPathLen || strings.IndexByte(req.Dir, 0) >= 0 || !utf8.ValidString(req.Dir):
-			return nil, invalid("dir", "%s is not a usable directory", quote(req.Dir))
-		}
-		spec.dir = req.Dir
+	spec := &execSpec{argv: argv, wait: req.Wait == nil || *req.Wait, stdinOpen: req.StdinOpen, env: req.Env, dir: req.Dir}
+	// The environment and the directory are the service's rules: the
+	// E2B layer's commands are held to the same.
+	if e := service.CheckExec(&service.ExecArgs{Argv: argv, Env: req.Env, Dir: req.Dir}, m); e != nil {
+		return nil, httpError(e)
 	}
 	if req.Timeout != "" {
 		d, err := time.ParseDuration(req.Timeout)
@@ -708,18 +345,6 @@ func decodeExec(data []byte, m *manifest.Manifest) (*execSpec, *Error) {
 		return nil, e
 	}
 	return spec, nil
-}
-
-func envName(s string) bool {
-	if s == "" || len(s) > 256 || s[0] >= '0' && s[0] <= '9' {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // readBody reads a request body of at most limit bytes.

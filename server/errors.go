@@ -1,17 +1,11 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
-	"strings"
-	"syscall"
 
-	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
-	"github.com/moat-sandbox/moat/workspace"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // The error codes of docs/API.md. A client branches on these, never on the
@@ -30,7 +24,8 @@ const (
 	CodeUnavailable      = "unavailable"
 )
 
-// Error is what a handler returns when a request fails. Message and Field
+// Error is what a handler returns when a request fails at the HTTP layer
+// (a service method returns a *service.Error; httpError maps it). Message and Field
 // are for the client; Err is the cause, for the log only.
 type Error struct {
 	Status  int
@@ -87,100 +82,60 @@ func forbidden(format string, args ...any) *Error {
 	return &Error{Status: http.StatusForbidden, Code: CodeForbidden, Message: fmt.Sprintf(format, args...)}
 }
 
-func notFound(what string) *Error {
-	return &Error{Status: http.StatusNotFound, Code: CodeNotFound, Message: what + " not found"}
-}
-
-func conflict(format string, args ...any) *Error {
-	return &Error{Status: http.StatusConflict, Code: CodeConflict, Message: fmt.Sprintf(format, args...)}
-}
-
-func quotaExceeded(retryAfter int, format string, args ...any) *Error {
-	return &Error{Status: http.StatusTooManyRequests, Code: CodeQuotaExceeded, Message: fmt.Sprintf(format, args...), RetryAfter: retryAfter}
-}
-
-func unavailable(format string, args ...any) *Error {
-	return &Error{Status: http.StatusServiceUnavailable, Code: CodeUnavailable, Message: fmt.Sprintf(format, args...), RetryAfter: 5}
-}
-
 // internal hides err from the client: the log has it, the client has the
 // request id to quote.
 func internal(err error) *Error {
 	return &Error{Status: http.StatusInternalServerError, Code: CodeInternal, Message: "moat failed to serve this request", Err: err}
 }
 
-var shuttingDown = unavailable("the server is shutting down; retry on another instance or after restart")
-
-// backendError classifies an error from the Backend or a Session. what
-// names the object for a 404 ("file docs/a.txt"). Field errors are about
-// the request's manifest.
-func backendError(err error, what string) *Error {
-	return classify(err, what, manifestField, "")
+// kinds maps each service error Kind onto its HTTP status and code: the
+// one place where the API decides how the service's errors look.
+var kinds = map[service.Kind]struct {
+	status int
+	code   string
+}{
+	service.Internal:        {http.StatusInternalServerError, CodeInternal},
+	service.BadRequest:      {http.StatusBadRequest, CodeBadRequest},
+	service.Invalid:         {http.StatusBadRequest, CodeInvalidField},
+	service.Unauthenticated: {http.StatusUnauthorized, CodeUnauthenticated},
+	service.Forbidden:       {http.StatusForbidden, CodeForbidden},
+	service.NotFound:        {http.StatusNotFound, CodeNotFound},
+	service.Conflict:        {http.StatusConflict, CodeConflict},
+	service.TooLarge:        {http.StatusRequestEntityTooLarge, CodeTooLarge},
+	service.Quota:           {http.StatusTooManyRequests, CodeQuotaExceeded},
+	service.Unavailable:     {http.StatusServiceUnavailable, CodeUnavailable},
 }
 
-// requestError classifies an error about the request itself rather than
-// its manifest: a command's env and dir (their field names are kept), or
-// a file operation's path (usageField).
-func requestError(err error, what, usageField string) *Error {
-	return classify(err, what, func(f string) string { return f }, usageField)
-}
-
-func classify(err error, what string, fieldName func(string) string, usageField string) *Error {
-	var ae *Error
-	if errors.As(err, &ae) {
-		return ae
+// httpError is err as the API answers it: an *Error as it is, a
+// *service.Error by its Kind (kinds), anything else internal.
+func httpError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
 	}
-	var le *workspace.LimitError
-	if errors.As(err, &le) {
-		e := tooLarge(manifestField(le.Field), "%s", le.Detail)
-		if le.Detail == "" {
-			e.Message = le.Error()
+	var se *service.Error
+	if !errors.As(err, &se) {
+		return internal(err)
+	}
+	k, ok := kinds[se.Kind]
+	if !ok {
+		k = kinds[service.Internal]
+	}
+	return &Error{Status: k.status, Code: k.code, Message: se.Message, Field: se.Field, Err: se.Err, RetryAfter: se.RetryAfter}
+}
+
+// KindOfStatus is the service error Kind an API answer's status stands
+// for (the reverse of kinds): what a client of the API, such as `moat run
+// --server`, classifies a refusal by. 400 is Invalid (bad_request and
+// invalid_field alike); an unknown status is Internal.
+func KindOfStatus(status int) service.Kind {
+	if status == http.StatusBadRequest {
+		return service.Invalid
+	}
+	for k, v := range kinds {
+		if v.status == status {
+			return k
 		}
-		return e
 	}
-	if errors.Is(err, ErrTooLarge) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EDQUOT) {
-		return &Error{Status: http.StatusRequestEntityTooLarge, Code: CodeTooLarge, Message: what + " does not fit in the sandbox's workspace (raise manifest.workspace.size)", Err: err}
-	}
-	var fe *manifest.FieldError
-	if errors.As(err, &fe) {
-		field := fieldName(fe.Field)
-		f := *fe
-		f.Field = field
-		return &Error{Status: http.StatusBadRequest, Code: CodeInvalidField, Field: field, Message: f.Error(), Err: err}
-	}
-	if errors.Is(err, engine.ErrUsage) {
-		msg := strings.TrimPrefix(err.Error(), engine.ErrUsage.Error()+": ")
-		if usageField != "" {
-			msg = usageField + ": " + msg
-		}
-		return &Error{Status: http.StatusBadRequest, Code: CodeInvalidField, Field: usageField, Message: msg, Err: err}
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return &Error{Status: http.StatusNotFound, Code: CodeNotFound, Message: what + " not found", Err: err}
-	}
-	if errors.Is(err, engine.ErrSessionClosed) {
-		return &Error{Status: http.StatusConflict, Code: CodeConflict, Message: "the sandbox is closed or being deleted", Err: err}
-	}
-	if errors.Is(err, ErrUnavailable) {
-		e := unavailable("%s", err.Error())
-		e.Err = err
-		return e
-	}
-	if errors.Is(err, context.Canceled) {
-		// Only the client going away or shutdown cancel a request.
-		e := unavailable("the request was cancelled (client gone or server shutting down)")
-		e.Err = err
-		return e
-	}
-	return internal(err)
-}
-
-// manifestField prefixes a manifest field path as the API names it, inside
-// the request's "manifest" object. Internal limit names (DiffLimits.x) are
-// left alone.
-func manifestField(f string) string {
-	if f == "" || strings.Contains(f, "Limits.") {
-		return f
-	}
-	return "manifest." + f
+	return service.Internal
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // The fakes: a Backend whose sandboxes are directories and whose programs
@@ -450,7 +451,7 @@ func (p *program) run() *result.Result {
 		stderr = io.MultiWriter(&errb, p.stderr)
 	}
 	res := &result.Result{
-		Schema: result.SchemaVersion, ID: "fake-" + newID(4), Tier: "fake",
+		Schema: result.SchemaVersion, ID: "fake-" + service.NewID(4), Tier: "fake",
 		Image: result.Image{Name: "python", Digest: "sha256:fake"}, Manifest: p.manifest.Digest(),
 		Command: p.argv, Termination: result.Exited, StartedAt: start.UTC(),
 		Files: []result.FileChange{}, Network: []result.NetworkAttempt{}, Violations: []result.Violation{}, Degradations: []string{},

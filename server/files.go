@@ -1,29 +1,16 @@
 package server
 
 import (
+	"errors"
 	"mime"
 	"net/http"
 
-	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/service"
 )
 
-// The files of a sandbox's workspace. Paths are checked here as strictly
-// as uploads (checkPath) and resolved again by the engine beneath
-// /workspace without following links.
-
-// lookupFile finds the caller's sandbox {id} and the file ?path= names in
-// it (see filePath).
-func (s *Server) lookupFile(r *http.Request, root bool) (*sandbox, string, *Error) {
-	sb, e := s.lookup(r)
-	if e != nil {
-		return nil, "", e
-	}
-	p, e := filePath(r, root)
-	if e != nil {
-		return nil, "", e
-	}
-	return sb, p, nil
-}
+// The files of a sandbox's workspace: ?path= is checked by the service
+// (service.CheckPath) and resolved again by the engine beneath /workspace
+// without following links.
 
 // filePath reads ?path=. root allows the workspace itself ("" or "."),
 // which only a listing may name.
@@ -35,16 +22,31 @@ func filePath(r *http.Request, root bool) (string, *Error) {
 	if p == "" {
 		return "", invalid("path", "is missing: give ?path= a path relative to /workspace")
 	}
-	if e := checkPath("path", p); e != nil {
+	return p, nil
+}
+
+// fileRequest finds the caller's sandbox {id} before ?path= is read, so
+// that an unknown sandbox is answered as such whatever the path.
+func (s *Server) fileRequest(r *http.Request, root bool) (string, error) {
+	if _, err := s.svc.GetSandbox(r.Context(), keyOf(r), r.PathValue("id")); err != nil {
+		return "", err
+	}
+	p, e := filePath(r, root)
+	if e != nil {
 		return "", e
+	}
+	if p != "." {
+		if e := service.CheckPath("path", p); e != nil {
+			return "", e
+		}
 	}
 	return p, nil
 }
 
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
-	sb, p, e := s.lookupFile(r, false)
-	if e != nil {
-		return e
+	p, err := s.fileRequest(r, false)
+	if err != nil {
+		return err
 	}
 	mode, e := parseMode("mode", r.URL.Query().Get("mode"))
 	if e != nil {
@@ -57,36 +59,32 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Streamed, not buffered: the body goes to the workspace as it comes.
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	if _, err := sb.sess.WriteFile(p, body, mode); err != nil {
-		if e := bodyError(err, s.cfg.MaxBodyBytes); e.Status == http.StatusRequestEntityTooLarge {
-			return e
-		}
-		return requestError(err, "file "+quote(p), "path")
-	}
-	fi, err := sb.sess.Stat(p)
+	fi, err := s.svc.WriteFile(r.Context(), keyOf(r), r.PathValue("id"), p, body, mode)
 	if err != nil {
-		return requestError(err, "file "+quote(p), "path")
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return bodyError(mbe, s.cfg.MaxBodyBytes)
+		}
+		return err
 	}
 	return writeJSON(w, http.StatusCreated, fi)
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
-	sb, p, e := s.lookupFile(r, true)
-	if e != nil {
-		return e
-	}
-	fi, err := sb.sess.Stat(p)
+	p, err := s.fileRequest(r, true)
 	if err != nil {
-		return requestError(err, "file "+quote(p), "path")
+		return err
+	}
+	key, id := keyOf(r), r.PathValue("id")
+	fi, err := s.svc.Stat(r.Context(), key, id, p)
+	if err != nil {
+		return err
 	}
 	switch fi.Type {
 	case "dir":
-		entries, err := sb.sess.ReadDir(p)
+		entries, err := s.svc.ListDir(r.Context(), key, id, p)
 		if err != nil {
-			return requestError(err, "directory "+quote(p), "path")
-		}
-		if entries == nil {
-			entries = []engine.FileInfo{}
+			return err
 		}
 		return writeJSON(w, http.StatusOK, DirListing{Path: p, Entries: entries})
 	case "file":
@@ -95,9 +93,9 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return invalid("path", "%s is not a regular file or a directory", quote(p))
 	}
-	f, info, err := sb.sess.Open(p)
+	f, info, err := s.svc.OpenFile(r.Context(), key, id, p)
 	if err != nil {
-		return requestError(err, "file "+quote(p), "path")
+		return err
 	}
 	defer f.Close()
 	h := w.Header()
@@ -112,12 +110,12 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
-	sb, p, e := s.lookupFile(r, false)
-	if e != nil {
-		return e
+	p, err := s.fileRequest(r, false)
+	if err != nil {
+		return err
 	}
-	if err := sb.sess.Remove(p); err != nil {
-		return requestError(err, "file "+quote(p), "path")
+	if err := s.svc.Remove(r.Context(), keyOf(r), r.PathValue("id"), p); err != nil {
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil

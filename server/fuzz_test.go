@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // The decoders of untrusted request bodies never panic and answer every
@@ -108,7 +109,7 @@ func FuzzDecodeSandboxRequest(f *testing.F) {
 		}
 		checkManifest(t, in, spec.manifest)
 		checkFiles(t, in, spec.files, 4)
-		if spec.ttl <= 0 || spec.ttl > 24*time.Hour || len(spec.metadata) > maxMetadata {
+		if spec.ttl <= 0 || spec.ttl > 24*time.Hour || len(spec.metadata) > service.MaxMetadata {
 			t.Fatalf("input %q: accepted ttl %s, %d metadata", in, spec.ttl, len(spec.metadata))
 		}
 	})
@@ -138,7 +139,7 @@ func FuzzDecodeExecRequest(f *testing.F) {
 			t.Fatalf("input %q: accepted %+v", in, spec)
 		}
 		for k, v := range spec.env {
-			if !envName(k) || strings.IndexByte(v, 0) >= 0 {
+			if !service.ValidEnvName(k) || strings.IndexByte(v, 0) >= 0 {
 				t.Fatalf("input %q: accepted env %q=%q", in, k, v)
 			}
 		}

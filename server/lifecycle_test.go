@@ -158,9 +158,14 @@ func TestQuotas(t *testing.T) {
 			t.Error("refused without queueing")
 		}
 		e.must(429, req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs", token: tokenA, body: `{"argv":["echo"]}`})
-		// A queued request gets the slot when it frees up.
+		e.must(200, req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs/" + ex.ID + "/signal", token: tokenA, body: `{"signal":"KILL"}`})
+		// A queued request gets the slot when it frees up: a server that
+		// queues long enough for the slot to free (the queue wait is the
+		// service's, fixed at New).
+		e = newEnv(t, func(c *Config) { c.MaxConcurrent = 1; c.QueueWait = 5 * time.Second })
+		sb = e.createSandbox(tokenA, nil)
+		ex = e.exec(tokenA, sb.ID, `{"argv":["fake","block"],"wait":false}`, 202)
 		done := make(chan response, 1)
-		e.srv.cfg.QueueWait = 5 * time.Second
 		go func() { done <- e.do(req{method: "POST", path: "/v1/runs", token: tokenB, body: `{"argv":["echo"]}`}) }()
 		time.Sleep(20 * time.Millisecond)
 		e.must(200, req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs/" + ex.ID + "/signal", token: tokenA, body: `{"signal":"KILL"}`})
@@ -214,9 +219,7 @@ func TestConcurrency(t *testing.T) {
 		t.Errorf("live %d created %d registered %d", live, created, e.srv.Sessions())
 	}
 	waitFor(t, "streams to close", func() bool { return e.srv.streams.Load() == 0 })
-	e.srv.mu.Lock()
-	held, active := len(e.srv.held), e.srv.active
-	e.srv.mu.Unlock()
+	held, active := e.srv.svc.HeldKeys(), e.srv.svc.Active()
 	if held != 0 || active != 0 {
 		t.Errorf("slots still held: %d keys, %d active", held, active)
 	}

@@ -30,7 +30,7 @@ import (
 // process ran before main (callgrind), paid on every run whether or not a
 // server ever scraped. See docs/RATIONALE.md.
 type metrics struct {
-	s        *Server
+	g        gauges
 	runs     counterVec // tier, termination
 	duration histogram
 	denials  counterVec // reason
@@ -38,9 +38,15 @@ type metrics struct {
 	http     counterVec // route, code
 }
 
-func newMetrics(s *Server) *metrics {
+// gauges are what metrics reads at each scrape (*service.Service).
+type gauges interface {
+	Active() int
+	PoolStats() []PoolStat
+}
+
+func newMetrics(g gauges) *metrics {
 	return &metrics{
-		s: s,
+		g: g,
 		runs: counterVec{name: "moat_runs_total", labels: []string{"tier", "termination"},
 			help: "Programs that ended (one-shot runs and sandbox commands), by tier and termination."},
 		duration: histogram{name: "moat_run_duration_seconds",
@@ -102,16 +108,14 @@ func (m *metrics) write(w *bufio.Writer) {
 	m.limits.write(w)
 	m.http.write(w)
 
-	m.s.mu.Lock()
-	active := m.s.active
-	m.s.mu.Unlock()
+	active := m.g.Active()
 	header(w, "moat_sandboxes_active", "gauge", "Sandboxes alive: sessions plus one-shot runs in flight.")
 	fmt.Fprintf(w, "moat_sandboxes_active %d\n", active)
 
-	if pr, ok := m.s.cfg.Backend.(PoolReporter); ok {
+	if ps := m.g.PoolStats(); ps != nil {
 		var stats []PoolStat
 		seen := map[string]bool{}
-		for _, p := range pr.PoolStats() {
+		for _, p := range ps {
 			if !seen[p.Pool] { // a duplicate series would fail the whole scrape
 				seen[p.Pool] = true
 				stats = append(stats, p)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
 )
 
 func TestLabelValue(t *testing.T) {
@@ -30,8 +31,7 @@ func TestLabelValue(t *testing.T) {
 // text format, histogram buckets are cumulative with +Inf equal to the
 // count, and counters render their labels sorted by name.
 func TestExposition(t *testing.T) {
-	s := &Server{cfg: Config{Backend: &fakeBackend{pools: []PoolStat{{Pool: "b", Ready: 1}, {Pool: "a", Ready: 2, Taken: 5}, {Pool: "a"}}}}}
-	m := newMetrics(s)
+	m := newMetrics(testService(t, &fakeBackend{pools: []PoolStat{{Pool: "b", Ready: 1}, {Pool: "a", Ready: 2, Taken: 5}, {Pool: "a"}}}))
 	for _, d := range []float64{0.005, 0.01, 0.3, 2, 5000} {
 		m.duration.observe(d)
 	}
@@ -74,7 +74,7 @@ func TestExposition(t *testing.T) {
 // TestDenialsCountOmitted: denied attempts a result only counts in its
 // network summary (a flood past the proxy's log) are denials too.
 func TestDenialsCountOmitted(t *testing.T) {
-	m := newMetrics(&Server{cfg: Config{Backend: &fakeBackend{}}})
+	m := newMetrics(testService(t, &fakeBackend{}))
 	m.observe(&result.Result{Tier: "native", Termination: result.Exited,
 		Network:        []result.NetworkAttempt{{Reason: "limit-rate"}, {Allowed: true, Reason: "allowed"}},
 		NetworkSummary: &result.NetworkSummary{Omitted: 10050, OmittedReasons: map[string]int{"limit-rate": 10000, "not-allowlisted": 50}}})
@@ -87,4 +87,15 @@ func TestDenialsCountOmitted(t *testing.T) {
 			t.Errorf("scrape lacks %q:\n%s", want, b.String())
 		}
 	}
+}
+
+// testService is a service over b, shut down when the test ends.
+func testService(t *testing.T, b *fakeBackend) *service.Service {
+	t.Helper()
+	svc, err := service.New(service.Config{Backend: b, Auditor: newFakeAuditor()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Shutdown(t.Context()) })
+	return svc
 }

@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
@@ -182,7 +183,7 @@ func TestOpenAPISchemas(t *testing.T) {
 			t.Errorf("schema %s (%s) is not in openapi.yaml", name, typ)
 			continue
 		}
-		fields, _ := jsonFields(typ)
+		fields, _ := strictjson.Fields(typ)
 		var want, got []string
 		for f := range fields {
 			want = append(want, f)

@@ -170,9 +170,7 @@ func TestSandboxBackendErrors(t *testing.T) {
 	if live, created, _, _ := e.be.counts(); live != 0 || created != 1 {
 		t.Errorf("live %d created %d after an audit failure", live, created)
 	}
-	e.srv.mu.Lock()
-	held := e.srv.held["ka"]
-	e.srv.mu.Unlock()
+	held := e.srv.svc.Held("ka")
 	if held != 0 {
 		t.Errorf("key holds %d slots after a failed create", held)
 	}

@@ -2,12 +2,15 @@
 // long-lived sandboxes with their commands, event streams and files,
 // health and metrics, as docs/API.md and openapi.yaml describe.
 //
-// It authenticates every request but the health check, refuses malformed
-// or oversized requests before any sandbox is touched, enforces per-key and
-// server-wide quotas, and audits every run, sandbox and command. It must
-// never let one key see another's sandbox, never accept a host path from a
-// caller, never let a panic or a client that goes away take the server
-// down or leak a sandbox, and never leave a sandbox behind on Shutdown.
+// It is a thin layer over package service, which owns the business
+// (the sandbox registry, quotas, audit records, ownership, expiry and
+// cleanup): each handler authenticates, decodes the request strictly,
+// calls one service method with the caller's key, and encodes the answer;
+// httpError maps the service's error kinds onto statuses and codes. It
+// authenticates every request but the health check and refuses malformed
+// or oversized requests before the service is called. It must never
+// accept a host path from a caller, and never let a panic or a client
+// that goes away take the server down.
 //
 // The sandboxes themselves come from a Backend (the engine); the keys and
 // the audit log from an Auditor (the audit store). TLS and listening are
@@ -16,22 +19,20 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // Config configures a Server. Backend and Auditor are required; every other
@@ -84,58 +85,40 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.Backend == nil {
-		return errors.New("server: Config.Backend is required")
+	sc := c.serviceConfig()
+	if err := sc.SetDefaults(); err != nil {
+		return err
 	}
-	if c.Auditor == nil {
-		return errors.New("server: Config.Auditor is required")
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger, c.MaxConcurrent, c.QueueWait = sc.Logger, sc.MaxConcurrent, sc.QueueWait
+	c.DefaultTTL, c.MaxTTL, c.KeepRuns, c.KeepExecs = sc.DefaultTTL, sc.MaxTTL, sc.KeepRuns, sc.KeepExecs
+	c.ReapInterval, c.AccrueInterval = sc.ReapInterval, sc.AccrueInterval
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 64 << 20
 	}
 	if c.MaxFiles <= 0 {
 		c.MaxFiles = 1000
 	}
-	if c.MaxConcurrent <= 0 {
-		c.MaxConcurrent = 4 * runtime.NumCPU()
-	}
-	if c.QueueWait == 0 {
-		c.QueueWait = 10 * time.Second
-	}
-	if c.DefaultTTL <= 0 {
-		c.DefaultTTL = 10 * time.Minute
-	}
-	if c.MaxTTL <= 0 {
-		c.MaxTTL = 24 * time.Hour
-	}
-	if c.DefaultTTL > c.MaxTTL {
-		return fmt.Errorf("server: DefaultTTL %s is above MaxTTL %s", c.DefaultTTL, c.MaxTTL)
-	}
-	if c.KeepRuns <= 0 {
-		c.KeepRuns = 1000
-	}
-	if c.KeepExecs <= 0 {
-		c.KeepExecs = 32
-	}
-	if c.ReapInterval <= 0 {
-		c.ReapInterval = time.Second
-	}
 	if c.DrainBytes == 0 {
 		c.DrainBytes = 256 << 20
-	}
-	if c.AccrueInterval <= 0 {
-		c.AccrueInterval = 2 * time.Second
 	}
 	return nil
 }
 
-// Server is the HTTP API. Create it with New; serve Handler; stop it with
-// Shutdown.
+// serviceConfig is the part of c the service takes.
+func (c *Config) serviceConfig() service.Config {
+	return service.Config{
+		Backend: c.Backend, Auditor: c.Auditor, Logger: c.Logger,
+		MaxConcurrent: c.MaxConcurrent, QueueWait: c.QueueWait,
+		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, KeepRuns: c.KeepRuns, KeepExecs: c.KeepExecs,
+		ReapInterval: c.ReapInterval, AccrueInterval: c.AccrueInterval,
+	}
+}
+
+// Server is the HTTP API over a service.Service. Create it with New; serve
+// Handler; stop it with Shutdown.
 type Server struct {
 	cfg     Config
+	svc     *service.Service
 	log     *slog.Logger
 	mux     *http.ServeMux
 	handler http.Handler
@@ -143,77 +126,50 @@ type Server struct {
 	// routes lists every pattern registered, for the OpenAPI test.
 	routes []string
 
-	// slots is the server-wide semaphore of MaxConcurrent.
-	slots chan struct{}
-
-	// stop is cancelled when Shutdown gives up waiting: in-flight runs are
-	// killed. stopping is closed when Shutdown starts.
-	stopCtx  context.Context
-	stop     context.CancelFunc
-	stopping chan struct{}
-	reaped   chan struct{}
-	accrued  chan struct{} // closed when accrueLoop has returned
-
-	mu        sync.Mutex
-	closing   bool
-	sandboxes map[string]*sandbox
-	// held counts, per key, its sandboxes and in-flight runs.
-	held map[string]int
-	// active counts sandboxes and in-flight runs, server-wide.
-	active int
-	runs   runStore
-	// meters accrue the usage of running records (accrue.go).
-	meters meters
-
-	// inflight counts requests starting work (see enter); tasks counts
-	// what outlives them: command watchers and sandbox destruction.
-	inflight sync.WaitGroup
-	tasks    sync.WaitGroup
 	// streams counts open event streams (the tests check none leak).
 	streams atomic.Int64
-
-	shutdownOnce sync.Once
-	shutdownErr  error
-	shutdownDone chan struct{}
 }
 
-// New returns a Server. It starts the goroutine that destroys expired
-// sandboxes; Shutdown stops it.
+// New returns a Server over a new service.Service built from cfg.
+// Shutdown stops it.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
 	s := &Server{
-		cfg:          cfg,
-		log:          cfg.Logger,
-		mux:          http.NewServeMux(),
-		slots:        make(chan struct{}, cfg.MaxConcurrent),
-		stopping:     make(chan struct{}),
-		reaped:       make(chan struct{}),
-		accrued:      make(chan struct{}),
-		sandboxes:    map[string]*sandbox{},
-		held:         map[string]int{},
-		runs:         runStore{max: cfg.KeepRuns, byID: map[string]*storedRun{}},
-		shutdownDone: make(chan struct{}),
+		cfg: cfg,
+		log: cfg.Logger,
+		mux: http.NewServeMux(),
 	}
-	s.stopCtx, s.stop = context.WithCancel(context.Background())
-	s.metrics = newMetrics(s)
+	sc := cfg.serviceConfig()
+	// The service reports every program that ended; the counters are
+	// read at the next scrape.
+	sc.Observe = func(res *result.Result) { s.metrics.observe(res) }
+	svc, err := service.New(sc)
+	if err != nil {
+		return nil, err
+	}
+	s.svc = svc
+	s.metrics = newMetrics(svc)
 	s.routesInit()
 	s.handler = http.HandlerFunc(s.serveHTTP)
-	go s.reap()
-	go s.accrueLoop()
 	return s, nil
 }
+
+// Service is the business layer the API serves: other front doors of
+// the same process (the E2B layer) call it directly.
+func (s *Server) Service() *service.Service { return s.svc }
+
+// Shutdown stops the service (see service.Service.Shutdown): new work is
+// refused with 503, in-flight runs finish or, past ctx, are killed, and
+// every sandbox is destroyed before it returns.
+func (s *Server) Shutdown(ctx context.Context) error { return s.svc.Shutdown(ctx) }
 
 // Handler is the API's http.Handler.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Sessions is the number of live sandboxes (for tests and metrics).
-func (s *Server) Sessions() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.sandboxes)
-}
+func (s *Server) Sessions() int { return s.svc.Sessions() }
 
 // handlerFunc is a route's handler: it writes its answer, or returns an
 // error the wrapper turns into the JSON error response.
@@ -272,7 +228,7 @@ func requestID(r *http.Request) string {
 // and JSON errors for what the mux itself refuses (unknown path, wrong
 // method).
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	id := "r-" + newID(8)
+	id := "r-" + service.NewID(8)
 	r = r.WithContext(context.WithValue(r.Context(), requestIDCtx, id))
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &trackedBody{ReadCloser: r.Body}
@@ -357,9 +313,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rw != nil {
 		rw.route = rt.pattern
 	}
-	if key, ok := preauthenticated(r); ok && !rt.opts.public {
-		r = r.WithContext(context.WithValue(r.Context(), keyCtx, key))
-	} else if !rt.opts.public {
+	if !rt.opts.public {
 		key, err := rt.s.authenticate(r)
 		if err != nil {
 			rt.s.writeError(w, r, err)
@@ -409,10 +363,7 @@ func unauthenticated() *Error {
 // response already under way (an event stream) cannot change its status:
 // the error is only logged.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *Error
-	if !errors.As(err, &e) {
-		e = internal(err)
-	}
+	e := httpError(err)
 	id := requestID(r)
 	attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path, "status", e.Status, "code", e.Code}
 	if k := keyOf(r); k.ID != "" {
@@ -503,52 +454,4 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, Health{Status: "ok", Version: s.cfg.Version})
 }
 
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
-}
-
-// newID returns n random bytes in hex.
-func newID(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// guard calls f, turning its panic into an error (with the stack) and a
-// zero value without an error into one, so that the caller's bookkeeping
-// (the audit record, the quota) is finished whatever the backend does.
-// what names the callee and noun what it should have returned.
-func guard[T any](what, noun string, f func() (T, error)) (v T, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			buf := make([]byte, 16<<10)
-			buf = buf[:runtime.Stack(buf, false)]
-			var zero T
-			v, err = zero, fmt.Errorf("panic in %s: %v\n%s", what, p, buf)
-		}
-	}()
-	v, err = f()
-	if err == nil && reflect.ValueOf(&v).Elem().IsZero() {
-		err = fmt.Errorf("%s returned neither %s nor an error", what, noun)
-	}
-	return v, err
-}
-
-// goSafe runs f in a goroutine tracked by s.tasks, turning a panic into a
-// logged error: a bug in one watcher must not take the server down.
-func (s *Server) goSafe(what string, f func()) {
-	s.tasks.Add(1)
-	go func() {
-		defer s.tasks.Done()
-		defer func() {
-			if p := recover(); p != nil {
-				buf := make([]byte, 16<<10)
-				buf = buf[:runtime.Stack(buf, false)]
-				s.log.Error("panic in "+what, "panic", fmt.Sprint(p), "stack", string(buf))
-			}
-		}()
-		f()
-	}()
-}
+func (s *Server) isClosing() bool { return s.svc.Closing() }

@@ -2,14 +2,37 @@ package server
 
 import (
 	"encoding/json"
-	"time"
 
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // The wire types of docs/API.md and openapi.yaml. Requests are decoded
-// strictly (see checkJSON): an unknown or repeated key is refused.
+// strictly (internal/strictjson): an unknown or repeated key is refused.
+// The views the service returns are its own types, encoded as they are.
+
+// RunResponse is the answer to POST /v1/runs and GET /v1/runs/{id}.
+type RunResponse = service.RunResponse
+
+// Sandbox describes a session.
+type Sandbox = service.Sandbox
+
+// Exec describes one command of a sandbox.
+type Exec = service.Exec
+
+// Sandbox states.
+const (
+	StateRunning  = service.StateRunning
+	StateDeleting = service.StateDeleting
+	StateDeleted  = service.StateDeleted
+)
+
+// Exec states.
+const (
+	ExecRunning = service.ExecRunning
+	ExecExited  = service.ExecExited
+	ExecFailed  = service.ExecFailed
+)
 
 // FileUpload is one file of a request's "files", written into /workspace.
 type FileUpload struct {
@@ -37,14 +60,6 @@ type RunRequest struct {
 	StdinEncoding string `json:"stdin_encoding,omitempty"`
 }
 
-// RunResponse is the answer to POST /v1/runs and GET /v1/runs/{id}.
-type RunResponse struct {
-	// ID names the run in the API and in the audit log.
-	ID     string         `json:"id"`
-	Pooled bool           `json:"pooled"`
-	Result *result.Result `json:"result"`
-}
-
 // SandboxRequest is the body of POST /v1/sandboxes.
 type SandboxRequest struct {
 	Manifest json.RawMessage `json:"manifest,omitempty"`
@@ -58,28 +73,6 @@ type SandboxRequest struct {
 // TimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	TTL string `json:"ttl"`
-}
-
-// Sandbox states.
-const (
-	StateRunning  = "running"
-	StateDeleting = "deleting"
-	StateDeleted  = "deleted"
-)
-
-// Sandbox describes a session.
-type Sandbox struct {
-	ID             string            `json:"id"`
-	State          string            `json:"state"`
-	Tier           string            `json:"tier"`
-	Image          result.Image      `json:"image"`
-	ManifestDigest string            `json:"manifest_digest"`
-	CreatedAt      time.Time         `json:"created_at"`
-	ExpiresAt      time.Time         `json:"expires_at"`
-	Pooled         bool              `json:"pooled"`
-	Metadata       map[string]string `json:"metadata"`
-	// Execs counts the commands started in the sandbox.
-	Execs int `json:"execs"`
 }
 
 // SandboxList is the answer to GET /v1/sandboxes.
@@ -105,28 +98,6 @@ type ExecRequest struct {
 	// Wait, true when omitted, answers with the finished Exec; false
 	// answers 202 at once.
 	Wait *bool `json:"wait,omitempty"`
-}
-
-// Exec states. An ended command is "exited" whatever ended it (its result's
-// termination says how); "failed" means Moat lost it (termination
-// infra-error).
-const (
-	ExecRunning = "running"
-	ExecExited  = "exited"
-	ExecFailed  = "failed"
-)
-
-// Exec describes one command of a sandbox.
-type Exec struct {
-	ID        string     `json:"id"`
-	SandboxID string     `json:"sandbox_id"`
-	State     string     `json:"state"`
-	Argv      []string   `json:"argv"`
-	StdinOpen bool       `json:"stdin_open"`
-	StartedAt time.Time  `json:"started_at"`
-	EndedAt   *time.Time `json:"ended_at,omitempty"`
-	// Result is present once State is not running.
-	Result *result.Result `json:"result,omitempty"`
 }
 
 // ExecList is the answer to GET /v1/sandboxes/{id}/execs.

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,6 +20,8 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/native"
 	"github.com/moat-sandbox/moat/workspace"
@@ -264,8 +265,7 @@ func cmdRun(args []string) int {
 	}
 	res, err := e.Run(ctx, req)
 	if err != nil {
-		var fe *manifest.FieldError
-		if errors.Is(err, engine.ErrUsage) || errors.As(err, &fe) {
+		if refused(service.Classify(err, "run").Kind) {
 			say("moat: %v\n", err)
 			return exitUsage
 		}
@@ -416,10 +416,7 @@ func runRemote(r remoteRun) int {
 				msg += " (field: " + apiErr.Field + ")"
 			}
 			say("moat: %s\n", msg) // the server's words
-			switch apiErr.Status {
-			case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnauthorized, http.StatusForbidden:
-				// The request as given can never succeed: fix the flags,
-				// the manifest, the inputs or the key.
+			if refused(server.KindOfStatus(apiErr.Status)) {
 				return exitUsage
 			}
 			return exitMoat
@@ -484,4 +481,18 @@ func inputFiles(m *manifest.Manifest) ([]client.File, error) {
 		files[i] = client.File{Path: f.Path, Content: f.Content, Mode: f.Mode}
 	}
 	return files, nil
+}
+
+// refused reports whether an error of kind k (service.Classify's, locally;
+// the server's status, with --server) refuses the request as given: it can
+// never succeed until the flags, the manifest, the inputs or the key are
+// fixed, and moat run exits 2 (exitUsage) rather than 125. One rule for
+// both paths, so that a run refused here and one refused by a server exit
+// alike.
+func refused(k service.Kind) bool {
+	switch k {
+	case service.Invalid, service.BadRequest, service.TooLarge, service.Unauthenticated, service.Forbidden:
+		return true
+	}
+	return false
 }

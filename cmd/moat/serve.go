@@ -19,6 +19,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
 	"github.com/moat-sandbox/moat/server/e2b"
+	"github.com/moat-sandbox/moat/service"
 )
 
 const serveUsage = `Usage: moat serve [FLAGS]
@@ -143,7 +144,7 @@ func cmdServe(args []string) int {
 	}
 
 	srv, err := server.New(server.Config{
-		Backend:       server.NewEngineBackend(e),
+		Backend:       service.NewEngineBackend(e),
 		Auditor:       store,
 		Logger:        log,
 		Version:       versionString(),
@@ -165,7 +166,7 @@ func cmdServe(args []string) int {
 	}
 	handler := srv.Handler()
 	if *e2bAPI {
-		handler = e2b.New(e2b.Config{API: srv, Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log}).Wrap(handler)
+		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body)}).Wrap(handler)
 	} else if *e2bDomain != "" {
 		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/moat-sandbox/moat/server/e2b/envdpb/process/processconnect"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // envd's RPC services over the Connect protocol (connectrpc.com/connect):
@@ -46,23 +47,41 @@ func rpcErr(code connect.Code, format string, a ...any) *connect.Error {
 	return connect.NewError(code, fmt.Errorf(format, a...))
 }
 
-// codeOf maps a Moat API status onto a Connect code.
-func codeOf(status int) connect.Code {
-	switch status {
-	case 400:
-		return connect.CodeInvalidArgument
-	case 401:
-		return connect.CodeUnauthenticated
-	case 404:
-		return connect.CodeNotFound
-	case 409:
-		return connect.CodeFailedPrecondition
-	case 413, 429:
-		return connect.CodeResourceExhausted
-	case 503:
-		return connect.CodeUnavailable
+// kinds maps each service error Kind onto the HTTP status of E2B's
+// {code, message} answers and onto a Connect code: the one place where
+// the E2B layer decides how Moat's errors look.
+var kinds = map[service.Kind]struct {
+	status int
+	code   connect.Code
+}{
+	service.Internal:        {http.StatusInternalServerError, connect.CodeInternal},
+	service.BadRequest:      {http.StatusBadRequest, connect.CodeInvalidArgument},
+	service.Invalid:         {http.StatusBadRequest, connect.CodeInvalidArgument},
+	service.Unauthenticated: {http.StatusUnauthorized, connect.CodeUnauthenticated},
+	service.Forbidden:       {http.StatusForbidden, connect.CodePermissionDenied},
+	service.NotFound:        {http.StatusNotFound, connect.CodeNotFound},
+	service.Conflict:        {http.StatusConflict, connect.CodeFailedPrecondition},
+	service.TooLarge:        {http.StatusRequestEntityTooLarge, connect.CodeResourceExhausted},
+	service.Quota:           {http.StatusTooManyRequests, connect.CodeResourceExhausted},
+	service.Unavailable:     {http.StatusServiceUnavailable, connect.CodeUnavailable},
+}
+
+func kindOf(err error) struct {
+	status int
+	code   connect.Code
+} {
+	return kinds[service.KindOf(err)]
+}
+
+// rpcFromService is a service error as a Connect error: the code of its
+// Kind, the service's message.
+func rpcFromService(err error) *connect.Error {
+	msg := err.Error()
+	var se *service.Error
+	if errors.As(err, &se) {
+		msg = se.Message
 	}
-	return connect.CodeInternal
+	return rpcErr(kindOf(err).code, "%s", msg)
 }
 
 // writeRPCError answers a call refused before it reached its handler

@@ -15,7 +15,7 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/manifest"
-	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // The control plane: E2B's OpenAPI (spec/openapi.yml in e2b-dev/infra),
@@ -217,16 +217,14 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return e
 	}
 	mdata, _ := json.Marshal(m)
-	h.sweep()
-	status, body := h.moatCall(r.Context(), key, http.MethodPost, "/v1/sandboxes", server.SandboxRequest{
-		Manifest: mdata, TTL: strconv.FormatInt(int64(ttl/time.Second), 10) + "s", Metadata: req.Metadata,
-	})
-	if status != http.StatusCreated {
-		return fromMoat(status, body)
+	man, se := service.ParseManifest(mdata)
+	if se != nil {
+		return h.fromService(se)
 	}
-	var sb server.Sandbox
-	if err := json.Unmarshal(body, &sb); err != nil {
-		return &apiError{http.StatusInternalServerError, "decode Moat's sandbox: " + err.Error()}
+	h.sweep()
+	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: ttl, Metadata: req.Metadata})
+	if err != nil {
+		return h.fromService(err)
 	}
 	def := manifest.Default()
 	b := &box{id: sb.ID, keyID: key.ID, key: key, token: newToken(), template: template,
@@ -261,7 +259,7 @@ type listed struct {
 // listedView renders a Moat sandbox as E2B lists it. The CPU and memory
 // are known for the sandboxes created through E2B (the default manifest's);
 // for one created through Moat's API they are left 0, unknown here.
-func (h *Handler) listedView(sb server.Sandbox) listed {
+func (h *Handler) listedView(sb service.Sandbox) listed {
 	l := listed{TemplateID: sb.Image.Name, SandboxID: sb.ID, ClientID: "moat", StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt,
 		Metadata: sb.Metadata, State: "running", EnvdVersion: envdVersion, VolumeMounts: []any{}}
 	h.mu.Lock()
@@ -277,18 +275,14 @@ func (h *Handler) listedView(sb server.Sandbox) listed {
 }
 
 // moatSandboxes is the key's live sandboxes, oldest first.
-func (h *Handler) moatSandboxes(r *http.Request, key audit.Key) ([]server.Sandbox, *apiError) {
-	status, body := h.moatCall(r.Context(), key, http.MethodGet, "/v1/sandboxes", nil)
-	if status != http.StatusOK {
-		return nil, fromMoat(status, body)
+func (h *Handler) moatSandboxes(r *http.Request, key audit.Key) ([]service.Sandbox, *apiError) {
+	list, err := h.svc.ListSandboxes(r.Context(), key)
+	if err != nil {
+		return nil, h.fromService(err)
 	}
-	var list server.SandboxList
-	if err := json.Unmarshal(body, &list); err != nil {
-		return nil, &apiError{http.StatusInternalServerError, "decode Moat's sandbox list: " + err.Error()}
-	}
-	out := list.Sandboxes[:0]
-	for _, sb := range list.Sandboxes {
-		if sb.State == server.StateRunning {
+	out := list[:0]
+	for _, sb := range list {
+		if sb.State == service.StateRunning {
 			out = append(out, sb)
 		}
 	}
@@ -413,19 +407,15 @@ func notFound(id string) *apiError {
 	return &apiError{http.StatusNotFound, fmt.Sprintf("sandbox \"%s\" doesn't exist or you don't have access to it", id)}
 }
 
-func (h *Handler) moatSandbox(r *http.Request, key audit.Key, id string) (server.Sandbox, *apiError) {
-	status, body := h.moatCall(r.Context(), key, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil)
-	if status == http.StatusNotFound {
-		return server.Sandbox{}, notFound(id)
+func (h *Handler) moatSandbox(r *http.Request, key audit.Key, id string) (service.Sandbox, *apiError) {
+	sb, err := h.svc.GetSandbox(r.Context(), key, id)
+	if service.KindOf(err) == service.NotFound {
+		return service.Sandbox{}, notFound(id)
 	}
-	if status != http.StatusOK {
-		return server.Sandbox{}, fromMoat(status, body)
+	if err != nil {
+		return service.Sandbox{}, h.fromService(err)
 	}
-	var sb server.Sandbox
-	if err := json.Unmarshal(body, &sb); err != nil {
-		return sb, &apiError{http.StatusInternalServerError, "decode Moat's sandbox: " + err.Error()}
-	}
-	if sb.State != server.StateRunning {
+	if sb.State != service.StateRunning {
 		return sb, notFound(id)
 	}
 	return sb, nil
@@ -451,16 +441,17 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, key audit.Key) *ap
 
 func (h *Handler) kill(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {
 	id := r.PathValue("id")
-	status, body := h.moatCall(r.Context(), key, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil)
-	switch status {
-	case http.StatusOK:
-		h.forget(id)
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	case http.StatusNotFound, http.StatusConflict:
+	_, err := h.svc.DeleteSandbox(r.Context(), key, id)
+	switch service.KindOf(err) {
+	case service.NotFound, service.Conflict:
 		return notFound(id)
 	}
-	return fromMoat(status, body)
+	if err != nil {
+		return h.fromService(err)
+	}
+	h.forget(id)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 type timeoutBody struct {
@@ -468,15 +459,15 @@ type timeoutBody struct {
 }
 
 func (h *Handler) extend(r *http.Request, key audit.Key, id string, seconds int) *apiError {
-	status, body := h.moatCall(r.Context(), key, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/timeout",
-		server.TimeoutRequest{TTL: strconv.Itoa(seconds) + "s"})
-	switch status {
-	case http.StatusOK:
-		return nil
-	case http.StatusNotFound, http.StatusConflict:
+	_, err := h.svc.SetTimeout(r.Context(), key, id, time.Duration(seconds)*time.Second)
+	switch service.KindOf(err) {
+	case service.NotFound, service.Conflict:
 		return notFound(id)
 	}
-	return fromMoat(status, body)
+	if err != nil {
+		return h.fromService(err)
+	}
+	return nil
 }
 
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {

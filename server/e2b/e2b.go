@@ -7,31 +7,30 @@
 // REST /files), which Moat serves on the host side.
 //
 // It is a translation layer and nothing more: every request is answered
-// by the Moat API's own handlers (server.Server.ServeAs) or its sessions,
-// so an E2B sandbox is a Moat sandbox with its manifest, limits, quotas,
-// audit record and zero-residue destruction, and Moat's API reaches it by
-// the same id. It must never create a sandbox the API would refuse, honour
+// by the methods of Moat's service layer (package service), the same the
+// Moat API's handlers call, so an E2B sandbox is a Moat sandbox with its
+// manifest, limits, quotas, audit record and zero-residue destruction, and
+// Moat's API reaches it by the same id. It must never create a sandbox the API would refuse, honour
 // an E2B field Moat cannot enforce (it refuses it, naming the field), let
 // a request reach a sandbox without that sandbox's access token, or let a
 // path leave the workspace.
 package e2b
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 
 	"github.com/moat-sandbox/moat/audit"
-	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // EnvdPort is the port of envd in E2B's addressing (E2b-Sandbox-Port, and
@@ -45,14 +44,19 @@ const envdVersion = "0.5.7"
 
 // Config configures a Handler.
 type Config struct {
-	// API is the Moat API every request is served through. Required.
-	API *server.Server
+	// Service is Moat's service layer every request is served by (the
+	// Moat API's: server.Server.Service). Required.
+	Service *service.Service
 	// Auditor authenticates X-API-Key (Moat's keys). Required.
-	Auditor server.Auditor
+	Auditor service.Auditor
 	// Domain, when set, routes host names "49983-<id>.<Domain>" to the
 	// sandbox's envd and is returned to the SDK as the sandbox domain.
 	Domain string
 	Logger *slog.Logger
+	// MaxBodyBytes bounds each file uploaded to envd's /files, as
+	// server.Config.MaxBodyBytes bounds an upload to Moat's API (give it
+	// the same). Default 64 MiB.
+	MaxBodyBytes int64
 	// Keys, when set (*audit.Store), is asked on every envd call for the
 	// key that created the sandbox: a revoked key's sandboxes refuse
 	// their access tokens from then on, and quotas are current. Nil: the
@@ -68,6 +72,7 @@ type KeyLookup interface {
 // Handler is the E2B API. Create it with New.
 type Handler struct {
 	cfg     Config
+	svc     *service.Service
 	log     *slog.Logger
 	control *http.ServeMux
 	rpc     *http.ServeMux
@@ -92,12 +97,15 @@ type box struct {
 	watchers map[string]*pollWatcher
 }
 
-// New returns the E2B API over cfg.API.
+// New returns the E2B API over cfg.Service.
 func New(cfg Config) *Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, control: http.NewServeMux(), rpc: newRPCMux(), boxes: map[string]*box{}}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 64 << 20
+	}
+	h := &Handler{cfg: cfg, svc: cfg.Service, log: cfg.Logger, control: http.NewServeMux(), rpc: newRPCMux(), boxes: map[string]*box{}}
 	h.routes()
 	return h
 }
@@ -166,11 +174,18 @@ func (h *Handler) box(keyID, id string) *box {
 	if b == nil || b.keyID != keyID {
 		return nil
 	}
-	if _, ok := h.cfg.API.SessionOf(keyID, id); !ok {
+	if !h.alive(keyID, id) {
 		h.forget(id)
 		return nil
 	}
 	return b
+}
+
+// alive reports whether key keyID's Moat sandbox id is running: the
+// service's own lookup, so another key's sandbox is absent.
+func (h *Handler) alive(keyID, id string) bool {
+	sb, err := h.svc.GetSandbox(context.Background(), audit.Key{ID: keyID}, id)
+	return err == nil && sb.State == service.StateRunning
 }
 
 // boxByToken returns the record of sandbox id if token is its access
@@ -185,7 +200,7 @@ func (h *Handler) boxByToken(id, token string) (*box, bool) {
 	if subtle.ConstantTimeCompare([]byte(token), []byte(b.token)) != 1 {
 		return b, false
 	}
-	if _, ok := h.cfg.API.SessionOf(b.keyID, id); !ok {
+	if !h.alive(b.keyID, id) {
 		h.forget(id)
 		return nil, false
 	}
@@ -208,7 +223,7 @@ func (h *Handler) sweep() {
 	}
 	h.mu.Unlock()
 	for _, b := range all {
-		if _, ok := h.cfg.API.SessionOf(b.keyID, b.id); !ok {
+		if !h.alive(b.keyID, b.id) {
 			h.forget(b.id)
 		}
 	}
@@ -228,42 +243,6 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
-// moatCall sends one request to Moat's API as key and returns its status
-// and body. Bodies of these calls are small JSON documents.
-func (h *Handler) moatCall(ctx context.Context, key audit.Key, method, path string, body any) (int, []byte) {
-	var rd *bytes.Reader
-	if body != nil {
-		data, _ := json.Marshal(body)
-		rd = bytes.NewReader(data)
-	} else {
-		rd = bytes.NewReader(nil)
-	}
-	req := httptest.NewRequestWithContext(ctx, method, path, rd)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	rec := httptest.NewRecorder()
-	h.cfg.API.ServeAs(key, rec, req)
-	return rec.Code, rec.Body.Bytes()
-}
-
-// moatError is Moat's error document.
-type moatError struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Field   string `json:"field"`
-	} `json:"error"`
-}
-
-func moatMessage(body []byte) string {
-	var e moatError
-	if json.Unmarshal(body, &e) != nil || e.Error.Message == "" {
-		return strings.TrimSpace(string(body))
-	}
-	return e.Error.Message
-}
-
 // apiError is E2B's error document, {code, message}, code being the HTTP
 // status.
 type apiError struct {
@@ -275,8 +254,20 @@ func (e *apiError) write(w http.ResponseWriter) {
 	writeJSON(w, e.Code, e)
 }
 
-func fromMoat(status int, body []byte) *apiError {
-	return &apiError{status, moatMessage(body)}
+// fromService is a service error as the control plane answers it: the
+// status of its Kind (kinds), the service's message. An internal error's
+// cause is logged, not sent.
+func (h *Handler) fromService(err error) *apiError {
+	k := kindOf(err)
+	msg := err.Error()
+	var se *service.Error
+	if errors.As(err, &se) {
+		msg = se.Message
+		if se.Kind == service.Internal {
+			h.log.Error("e2b: request failed", "err", err)
+		}
+	}
+	return &apiError{k.status, msg}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/service"
 )
 
 const keyA, keyB = "moat_ka_secret", "moat_kb_secret"
@@ -41,7 +43,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	fk := &fakeKeys{revoked: map[string]bool{}}
-	h := New(Config{API: api, Auditor: fakeAuditor{}, Keys: fk, Domain: "moat.test", Logger: log})
+	h := New(Config{Service: api.Service(), Auditor: fakeAuditor{}, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16})
 	ts := httptest.NewServer(h.Wrap(api.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
@@ -53,6 +55,13 @@ func newEnv(t *testing.T) *env {
 		}
 	})
 	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk}
+}
+
+// alive reports whether key keyID's Moat sandbox id is live (running), as
+// the service sees it.
+func (e *env) alive(keyID, id string) bool {
+	sb, err := e.api.Service().GetSandbox(context.Background(), audit.Key{ID: keyID}, id)
+	return err == nil && sb.State == service.StateRunning
 }
 
 func (e *env) do(method, path string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
@@ -302,7 +311,7 @@ func TestControlPlane(t *testing.T) {
 		if n := e.b.n.Load(); n != before {
 			t.Errorf("refused requests created %d sandboxes", n-before)
 		}
-		if _, ok := e.api.SessionOf("ka", c.SandboxID); !ok {
+		if ok := e.alive("ka", c.SandboxID); !ok {
 			t.Error("another key's kill ended the sandbox")
 		}
 	})
@@ -320,7 +329,7 @@ func TestControlPlane(t *testing.T) {
 		}
 		status, body = e.control("GET", "/sandboxes/"+c.SandboxID, keyA, "")
 		wantE2BError(t, "get after kill", status, body, 404)
-		if _, ok := e.api.SessionOf("ka", c.SandboxID); ok {
+		if ok := e.alive("ka", c.SandboxID); ok {
 			t.Error("the Moat sandbox outlived its E2B kill")
 		}
 		// Its token is dead with it.
@@ -342,7 +351,7 @@ func TestTimeoutDestroys(t *testing.T) {
 	c := e.create(keyA, `{"templateID":"base","timeout":1}`)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, ok := e.api.SessionOf("ka", c.SandboxID); !ok && e.b.liveCount() == 0 {
+		if ok := e.alive("ka", c.SandboxID); !ok && e.b.liveCount() == 0 {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -9,7 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/moat-sandbox/moat/audit"
-	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // envd, the data plane, served on the host side. A request reaches a
@@ -22,10 +22,10 @@ const home = "/home/user"
 
 // envdCall is one data-plane request for a sandbox whose token checked.
 type envdCall struct {
-	h    *Handler
-	b    *box
-	key  audit.Key
-	sess server.Session
+	h   *Handler
+	svc *service.Service
+	b   *box
+	key audit.Key
 }
 
 func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port string) {
@@ -50,13 +50,8 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		}
 		return
 	}
-	sess, alive := h.cfg.API.SessionOf(b.keyID, id)
-	if !alive {
-		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "code": 502, "message": "The sandbox was not found"})
-		return
-	}
-	// Moat's handlers read the quota from the key they are given: the box
-	// keeps the key as authenticated at creation.
+	// The service reads the quota from the key it is given: the box keeps
+	// the key as authenticated at creation.
 	if r.URL.Path == "/health" {
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -70,7 +65,7 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		}
 		key = k
 	}
-	c := &envdCall{h: h, b: b, key: key, sess: sess}
+	c := &envdCall{h: h, svc: h.svc, b: b, key: key}
 	switch {
 	case r.URL.Path == "/files":
 		switch r.Method {

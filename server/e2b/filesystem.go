@@ -10,8 +10,6 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"path"
 	"strconv"
 	"strings"
@@ -23,6 +21,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
 	"github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem/filesystemconnect"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // filesystem.Filesystem and REST /files over the sandbox's workspace. The
@@ -50,7 +49,10 @@ func entryOf(fi engine.FileInfo) *pb.EntryInfo {
 	return e
 }
 
-// fsError maps a session error onto a Connect error.
+// fsError maps the service's error about path p onto a Connect error in
+// envd's words. The session's cause (a *service.Error wraps it) decides:
+// a missing or existing path, a destroyed sandbox; the rest is an invalid
+// argument with the service's message, or the cause's.
 func fsError(err error, p string) *connect.Error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -59,6 +61,17 @@ func fsError(err error, p string) *connect.Error {
 		return rpcErr(connect.CodeAlreadyExists, "path '%s' already exists", p)
 	case errors.Is(err, engine.ErrSessionClosed):
 		return rpcErr(connect.CodeUnavailable, "the sandbox was destroyed")
+	}
+	var se *service.Error
+	if errors.As(err, &se) {
+		switch {
+		case se.Kind == service.NotFound:
+			return rpcErr(connect.CodeNotFound, "path '%s' does not exist", p)
+		case se.Err != nil:
+			err = se.Err
+		default:
+			return rpcErr(kindOf(se).code, "%s", se.Message)
+		}
 	}
 	return rpcErr(connect.CodeInvalidArgument, "%s: %v", p, err)
 }
@@ -69,7 +82,7 @@ func (filesystemService) Stat(ctx context.Context, req *connect.Request[pb.StatR
 	if e != nil {
 		return nil, e
 	}
-	fi, err := c.sess.Stat(p)
+	fi, err := c.svc.Stat(ctx, c.key, c.b.id, p)
 	if err != nil {
 		return nil, fsError(err, req.Msg.GetPath())
 	}
@@ -85,13 +98,13 @@ func (filesystemService) MakeDir(ctx context.Context, req *connect.Request[pb.Ma
 	if p == "." {
 		return nil, rpcErr(connect.CodeAlreadyExists, "directory '%s' already exists", shown)
 	}
-	if _, err := c.sess.Stat(p); err == nil {
+	if _, err := c.svc.Stat(ctx, c.key, c.b.id, p); err == nil {
 		return nil, rpcErr(connect.CodeAlreadyExists, "directory '%s' already exists", shown)
 	}
-	if err := c.sess.MakeDir(p); err != nil {
+	if err := c.svc.MakeDir(ctx, c.key, c.b.id, p); err != nil {
 		return nil, fsError(err, shown)
 	}
-	fi, err := c.sess.Stat(p)
+	fi, err := c.svc.Stat(ctx, c.key, c.b.id, p)
 	if err != nil {
 		return nil, fsError(err, shown)
 	}
@@ -111,10 +124,10 @@ func (filesystemService) Move(ctx context.Context, req *connect.Request[pb.MoveR
 	if from == "." || to == "." {
 		return nil, rpcErr(connect.CodeInvalidArgument, "the workspace itself cannot be moved or replaced")
 	}
-	if err := c.sess.Rename(from, to); err != nil {
+	if err := c.svc.Rename(ctx, c.key, c.b.id, from, to); err != nil {
 		return nil, fsError(err, req.Msg.GetSource())
 	}
-	fi, err := c.sess.Stat(to)
+	fi, err := c.svc.Stat(ctx, c.key, c.b.id, to)
 	if err != nil {
 		return nil, fsError(err, req.Msg.GetDestination())
 	}
@@ -128,7 +141,7 @@ func (filesystemService) ListDir(ctx context.Context, req *connect.Request[pb.Li
 		return nil, e
 	}
 	out := &pb.ListDirResponse{Entries: []*pb.EntryInfo{}}
-	if e := c.listDir(p, req.Msg.GetPath(), max(int(req.Msg.GetDepth()), 1), &out.Entries); e != nil {
+	if e := c.listDir(ctx, p, req.Msg.GetPath(), max(int(req.Msg.GetDepth()), 1), &out.Entries); e != nil {
 		return nil, e
 	}
 	return connect.NewResponse(out), nil
@@ -143,7 +156,7 @@ func (filesystemService) Remove(ctx context.Context, req *connect.Request[pb.Rem
 	if p == "." {
 		return nil, rpcErr(connect.CodePermissionDenied, "the workspace itself cannot be removed")
 	}
-	if err := c.sess.Remove(p); err != nil {
+	if err := c.svc.Remove(ctx, c.key, c.b.id, p); err != nil {
 		return nil, fsError(err, req.Msg.GetPath())
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
@@ -152,15 +165,15 @@ func (filesystemService) Remove(ctx context.Context, req *connect.Request[pb.Rem
 // maxListed bounds a recursive listing.
 const maxListed = 10000
 
-func (c *envdCall) listDir(p, shown string, depth int, out *[]*pb.EntryInfo) *connect.Error {
-	fi, err := c.sess.Stat(p)
+func (c *envdCall) listDir(ctx context.Context, p, shown string, depth int, out *[]*pb.EntryInfo) *connect.Error {
+	fi, err := c.svc.Stat(ctx, c.key, c.b.id, p)
 	if err != nil {
 		return fsError(err, shown)
 	}
 	if fi.Type != "dir" {
 		return rpcErr(connect.CodeInvalidArgument, "path '%s' is not a directory", shown)
 	}
-	list, err := c.sess.ReadDir(p)
+	list, err := c.svc.ListDir(ctx, c.key, c.b.id, p)
 	if err != nil {
 		return fsError(err, shown)
 	}
@@ -170,7 +183,7 @@ func (c *envdCall) listDir(p, shown string, depth int, out *[]*pb.EntryInfo) *co
 		}
 		*out = append(*out, entryOf(f))
 		if f.Type == "dir" && depth > 1 {
-			if e := c.listDir(f.Path, e2bPath(f.Path), depth-1, out); e != nil {
+			if e := c.listDir(ctx, f.Path, e2bPath(f.Path), depth-1, out); e != nil {
 				return e
 			}
 		}
@@ -207,9 +220,9 @@ func newWatchTarget(path string, recursive, includeEntry bool) (watchTarget, *co
 	return w, nil
 }
 
-func (c *envdCall) snapshot(w watchTarget) (map[string]watchState, *connect.Error) {
+func (c *envdCall) snapshot(ctx context.Context, w watchTarget) (map[string]watchState, *connect.Error) {
 	var list []*pb.EntryInfo
-	if e := c.listDir(w.path, w.shown, w.depth, &list); e != nil {
+	if e := c.listDir(ctx, w.path, w.shown, w.depth, &list); e != nil {
 		return nil, e
 	}
 	m := make(map[string]watchState, len(list))
@@ -253,7 +266,7 @@ func (filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.W
 	if e != nil {
 		return e
 	}
-	prev, e := c.snapshot(w)
+	prev, e := c.snapshot(ctx, w)
 	if e != nil {
 		return e
 	}
@@ -273,7 +286,7 @@ func (filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.W
 				return err
 			}
 		case <-tick.C:
-			cur, e := c.snapshot(w)
+			cur, e := c.snapshot(ctx, w)
 			if e != nil {
 				return e
 			}
@@ -303,7 +316,7 @@ func (filesystemService) CreateWatcher(ctx context.Context, req *connect.Request
 	if e != nil {
 		return nil, e
 	}
-	prev, e := c.snapshot(w)
+	prev, e := c.snapshot(ctx, w)
 	if e != nil {
 		return nil, e
 	}
@@ -325,7 +338,7 @@ func (filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Requ
 	if w == nil {
 		return nil, rpcErr(connect.CodeNotFound, "watcher %q not found", req.Msg.GetWatcherId())
 	}
-	cur, e := c.snapshot(w.target)
+	cur, e := c.snapshot(ctx, w.target)
 	if e != nil {
 		return nil, e
 	}
@@ -377,7 +390,7 @@ func (c *envdCall) download(w http.ResponseWriter, r *http.Request) {
 		restError(w, restStatus(e), "%s", e.Message())
 		return
 	}
-	fi, err := c.sess.Stat(p)
+	fi, err := c.svc.Stat(r.Context(), c.key, c.b.id, p)
 	if err != nil {
 		e := fsError(err, r.URL.Query().Get("path"))
 		restError(w, restStatus(e), "%s", e.Message())
@@ -387,21 +400,30 @@ func (c *envdCall) download(w http.ResponseWriter, r *http.Request) {
 		restError(w, http.StatusBadRequest, "path '%s' is a %s, not a file", r.URL.Query().Get("path"), fi.Type)
 		return
 	}
-	req := httptest.NewRequestWithContext(r.Context(), http.MethodGet, "/v1/sandboxes/"+url.PathEscape(c.b.id)+"/files?path="+url.QueryEscape(p), nil)
-	for _, h := range []string{"Range", "If-Range", "If-None-Match", "If-Modified-Since"} {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
+	f, info, err := c.svc.OpenFile(r.Context(), c.key, c.b.id, p)
+	if err != nil {
+		e := fsError(err, r.URL.Query().Get("path"))
+		restError(w, restStatus(e), "%s", e.Message())
+		return
 	}
-	out := w
+	defer f.Close()
+	h := w.Header()
+	// Whatever the sandbox wrote is served as opaque bytes, as Moat's own
+	// API serves it.
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": info.Name}))
+	h.Set("X-Moat-File-Mode", info.Mode)
+	var out http.ResponseWriter = w
 	if r.Header.Get("Range") == "" && acceptsGzip(r) {
-		w.Header().Set("Content-Encoding", "gzip")
-		w.Header().Add("Vary", "Accept-Encoding")
+		h.Set("Content-Encoding", "gzip")
+		h.Add("Vary", "Accept-Encoding")
 		gz := gzip.NewWriter(w)
 		defer gz.Close()
 		out = &gzipWriter{ResponseWriter: w, gz: gz}
 	}
-	c.h.cfg.API.ServeAs(c.key, out, req)
+	// Range, If-Range, If-None-Match and If-Modified-Since are honoured.
+	http.ServeContent(out, r, "", info.ModTime, f)
 }
 
 func acceptsGzip(r *http.Request) bool {
@@ -462,16 +484,23 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request) {
 			restError(w, http.StatusBadRequest, "path '%s' is the workspace directory, not a file", name)
 			return false
 		}
-		req := httptest.NewRequestWithContext(r.Context(), http.MethodPut, "/v1/sandboxes/"+url.PathEscape(c.b.id)+"/files?path="+url.QueryEscape(p), data)
-		req.Header.Set("Content-Type", "application/octet-stream")
-		rec := httptest.NewRecorder()
-		c.h.cfg.API.ServeAs(c.key, rec, req)
-		if rec.Code != http.StatusCreated {
-			status := rec.Code
+		// Each file is bounded as one upload to Moat's API is.
+		limit := c.h.cfg.MaxBodyBytes
+		if _, err := c.svc.WriteFile(r.Context(), c.key, c.b.id, p, http.MaxBytesReader(w, io.NopCloser(data), limit), 0o644); err != nil {
+			status := kindOf(err).status
+			msg := err.Error()
+			var se *service.Error
+			if errors.As(err, &se) {
+				msg = se.Message
+			}
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				status, msg = http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over the %d-byte limit (--max-body)", limit)
+			}
 			if status == http.StatusNotFound {
 				status = http.StatusBadRequest
 			}
-			restError(w, status, "write '%s': %s", name, moatMessage(rec.Body.Bytes()))
+			restError(w, status, "write '%s': %s", name, msg)
 			return false
 		}
 		written = append(written, writtenEntry{Name: path.Base(e2bPath(p)), Type: "file", Path: e2bPath(p)})

@@ -1,41 +1,31 @@
 package e2b
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/result"
-	"github.com/moat-sandbox/moat/server"
 	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/process"
 	"github.com/moat-sandbox/moat/server/e2b/envdpb/process/processconnect"
+	"github.com/moat-sandbox/moat/service"
 )
 
 // process.Process: each E2B process is a command of the Moat sandbox
-// (POST /v1/sandboxes/{id}/execs); its pid is the command's number
-// ("e-7" is pid 7), its output the command's event stream.
+// (service.StartExec); its pid is the command's number ("e-7" is pid 7),
+// its output the command's event log.
 
 type processService struct{}
 
 var _ processconnect.ProcessHandler = processService{}
 
 var errNoPTY = rpcErr(connect.CodeUnimplemented, "PTY sessions are not supported by Moat's tiers yet: start the process without pty")
-
-// moat sends one request to the sandbox's routes of Moat's API.
-func (c *envdCall) moat(ctx context.Context, method, sub string, body any) (int, []byte) {
-	return c.h.moatCall(ctx, c.key, method, "/v1/sandboxes/"+url.PathEscape(c.b.id)+sub, body)
-}
 
 func (c *envdCall) pid(s *pb.ProcessSelector) (uint32, *connect.Error) {
 	switch sel := s.GetSelector().(type) {
@@ -67,7 +57,7 @@ func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRe
 	if cfg.GetCmd() == "" {
 		return rpcErr(connect.CodeInvalidArgument, "process.cmd is empty")
 	}
-	ex := server.ExecRequest{
+	ex := service.ExecArgs{
 		Argv:      append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
 		Env:       cfg.GetEnvs(),
 		StdinOpen: m.GetStdin(),
@@ -81,15 +71,9 @@ func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRe
 			ex.Dir = dir
 		}
 	}
-	wait := false
-	ex.Wait = &wait
-	status, body := c.moat(ctx, http.MethodPost, "/execs", ex)
-	if status != http.StatusAccepted {
-		return rpcErr(codeOf(status), "%s", moatMessage(body))
-	}
-	var view server.Exec
-	if err := json.Unmarshal(body, &view); err != nil {
-		return rpcErr(connect.CodeInternal, "decode Moat's command: %v", err)
+	view, err := c.svc.StartExec(ctx, c.key, c.b.id, ex)
+	if err != nil {
+		return rpcFromService(err)
 	}
 	pid := pidOf(view.ID)
 	if m.Tag != nil {
@@ -109,108 +93,56 @@ func (processService) Connect(ctx context.Context, req *connect.Request[pb.Conne
 	return c.follow(ctx, pid, func(ev *pb.ProcessEvent) error { return st.Send(&pb.ConnectResponse{Event: ev}) })
 }
 
-// sseWriter carries the Moat event stream of a command into a pipe.
-type sseWriter struct {
-	h  http.Header
-	pw *io.PipeWriter
-	st int
-}
-
-func (s *sseWriter) Header() http.Header         { return s.h }
-func (s *sseWriter) WriteHeader(code int)        { s.st = code }
-func (s *sseWriter) Write(b []byte) (int, error) { return s.pw.Write(b) }
-func (s *sseWriter) Flush()                      {}
+// keepaliveEvery is how often an idle process stream sends a keepalive
+// event, so that proxies keep it open.
+const keepaliveEvery = 15 * time.Second
 
 // follow sends command pid's events as process events: start, output,
 // end. A client that goes away ends the stream, not the command. The
-// events are read from Moat's own event stream (GET …/events), from the
-// command's first event: a Connect to a running process replays what it
-// has printed so far.
+// events are the command's event log from its first event: a Connect to a
+// running process replays what it has printed so far.
 func (c *envdCall) follow(ctx context.Context, pid uint32, send func(*pb.ProcessEvent) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pr, pw := io.Pipe()
-	sw := &sseWriter{h: http.Header{}, pw: pw}
-	req := httptest.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("/v1/sandboxes/%s/execs/e-%d/events", url.PathEscape(c.b.id), pid), nil)
-	go func() {
-		c.h.cfg.API.ServeAs(c.key, sw, req)
-		pw.Close()
-	}()
-	defer pr.Close()
-	br := bufio.NewReaderSize(pr, 64<<10)
-	first := true
-	var event string
-	var data bytes.Buffer
+	feed, err := c.svc.Events(ctx, c.key, c.b.id, execID(pid))
+	if err != nil {
+		return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
+	}
+	if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: pid}}}); err != nil {
+		return err
+	}
+	keepalive := time.NewTicker(keepaliveEvery)
+	defer keepalive.Stop()
+	after := 0
 	for {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			if first {
-				return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
+		evs, exitID, notify := feed.Read(after)
+		for _, ev := range evs {
+			d := &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: ev.Data}}
+			if ev.Stream == "stderr" {
+				d = &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}}
 			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return rpcErr(connect.CodeUnavailable, "the process's event stream ended early (the sandbox was destroyed?)")
-		}
-		if first {
-			first = false
-			if sw.st != 0 && sw.st != http.StatusOK {
-				return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
-			}
-			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: pid}}}); err != nil {
+			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: d}}); err != nil {
 				return err
 			}
+			after = ev.ID
 		}
-		line = bytes.TrimRight(line, "\r\n")
-		switch {
-		case len(line) == 0:
-			if event == "" {
-				continue
-			}
-			done, err := translate(send, event, data.Bytes())
-			event = ""
-			data.Reset()
-			if err != nil || done {
-				return err
-			}
-		case bytes.HasPrefix(line, []byte("event: ")):
-			event = string(line[7:])
-		case bytes.HasPrefix(line, []byte("data: ")):
-			data.Write(line[6:])
-		case bytes.HasPrefix(line, []byte(": keepalive")):
+		if exitID > 0 {
+			return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: endOf(feed.Exec().Result)}})
+		}
+		select {
+		case <-notify:
+		case <-keepalive.C:
 			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}); err != nil {
 				return err
 			}
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.svc.Stopped():
+			return rpcErr(connect.CodeUnavailable, "the process's event stream ended early (the sandbox was destroyed?)")
 		}
 	}
 }
 
-// translate sends one Moat event; done after the exit.
-func translate(send func(*pb.ProcessEvent) error, event string, data []byte) (done bool, err error) {
-	switch event {
-	case "stdout", "stderr":
-		var out server.OutputEvent
-		if err := json.Unmarshal(data, &out); err != nil {
-			return false, nil
-		}
-		b := []byte(out.Data)
-		if out.Encoding == "base64" {
-			if b, err = base64.StdEncoding.DecodeString(out.Data); err != nil {
-				return false, nil
-			}
-		}
-		d := &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
-		if event == "stderr" {
-			d = &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
-		}
-		return false, send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: d}})
-	case "exit":
-		var ex server.Exec
-		json.Unmarshal(data, &ex)
-		return true, send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: endOf(ex.Result)}})
-	}
-	return false, nil
-}
+// execID is the Moat command of an E2B pid.
+func execID(pid uint32) string { return fmt.Sprintf("e-%d", pid) }
 
 // endOf is envd's end event for a Moat result: a signal is "signal: …"
 // with exited false, as Go's os.ProcessState reports it in envd; Moat's
@@ -254,12 +186,10 @@ func signalName(n int) string {
 
 func (processService) List(ctx context.Context, _ *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {
 	c := callOf(ctx)
-	status, body := c.moat(ctx, http.MethodGet, "/execs", nil)
-	if status != http.StatusOK {
-		return nil, rpcErr(codeOf(status), "%s", moatMessage(body))
+	execs, err := c.svc.ListExecs(ctx, c.key, c.b.id)
+	if err != nil {
+		return nil, rpcFromService(err)
 	}
-	var list server.ExecList
-	json.Unmarshal(body, &list)
 	tags := map[uint32]string{}
 	c.b.mu.Lock()
 	for t, p := range c.b.tags {
@@ -267,8 +197,8 @@ func (processService) List(ctx context.Context, _ *connect.Request[pb.ListReques
 	}
 	c.b.mu.Unlock()
 	out := &pb.ListResponse{Processes: []*pb.ProcessInfo{}}
-	for _, ex := range list.Execs {
-		if ex.State != server.ExecRunning || len(ex.Argv) == 0 {
+	for _, ex := range execs {
+		if ex.State != service.ExecRunning || len(ex.Argv) == 0 {
 			continue
 		}
 		i := &pb.ProcessInfo{Config: &pb.ProcessConfig{Cmd: ex.Argv[0], Args: ex.Argv[1:]}, Pid: pidOf(ex.ID)}
@@ -289,21 +219,14 @@ func (c *envdCall) input(ctx context.Context, s *pb.ProcessSelector, in *pb.Proc
 	if in.GetPty() != nil {
 		return errNoPTY
 	}
-	sub := fmt.Sprintf("/v1/sandboxes/%s/execs/e-%d/stdin", url.PathEscape(c.b.id), pid)
-	if eof {
-		sub += "?eof=1"
+	_, err := c.svc.WriteStdin(ctx, c.key, c.b.id, execID(pid), bytes.NewReader(in.GetStdin()), eof)
+	switch {
+	case err == nil:
+		return nil
+	case service.KindOf(err) == service.NotFound:
+		return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 	}
-	req := httptest.NewRequestWithContext(ctx, http.MethodPost, sub, bytes.NewReader(in.GetStdin()))
-	req.Header.Set("Content-Type", "application/octet-stream")
-	rec := httptest.NewRecorder()
-	c.h.cfg.API.ServeAs(c.key, rec, req)
-	if rec.Code != http.StatusOK {
-		if rec.Code == http.StatusNotFound {
-			return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
-		}
-		return rpcErr(codeOf(rec.Code), "%s", moatMessage(rec.Body.Bytes()))
-	}
-	return nil
+	return rpcFromService(err)
 }
 
 func (processService) SendInput(ctx context.Context, req *connect.Request[pb.SendInputRequest]) (*connect.Response[pb.SendInputResponse], error) {
@@ -350,24 +273,25 @@ func (processService) SendSignal(ctx context.Context, req *connect.Request[pb.Se
 	if e != nil {
 		return nil, e
 	}
-	var sig string
+	var sig unix.Signal
 	switch req.Msg.GetSignal() {
 	case pb.Signal_SIGNAL_SIGKILL:
-		sig = "SIGKILL"
+		sig = unix.SIGKILL
 	case pb.Signal_SIGNAL_SIGTERM:
-		sig = "SIGTERM"
+		sig = unix.SIGTERM
 	default:
 		return nil, rpcErr(connect.CodeInvalidArgument, "signal %s: give SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Msg.GetSignal())
 	}
-	status, body := c.moat(ctx, http.MethodPost, fmt.Sprintf("/execs/e-%d/signal", pid), server.SignalRequest{Signal: json.RawMessage(strconv.Quote(sig))})
-	switch status {
-	case http.StatusOK, http.StatusAccepted, http.StatusNoContent:
-		return connect.NewResponse(&pb.SendSignalResponse{}), nil
-	case http.StatusNotFound, http.StatusConflict:
+	_, err := c.svc.Signal(ctx, c.key, c.b.id, execID(pid), sig)
+	switch service.KindOf(err) {
+	case service.NotFound, service.Conflict:
 		// E2B: a process that has ended is not found.
 		return nil, rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 	}
-	return nil, rpcErr(codeOf(status), "%s", moatMessage(body))
+	if err != nil {
+		return nil, rpcFromService(err)
+	}
+	return connect.NewResponse(&pb.SendSignalResponse{}), nil
 }
 
 func (processService) Update(ctx context.Context, req *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {

@@ -1,4 +1,4 @@
-package server
+package service
 
 import (
 	"sync"
@@ -90,7 +90,7 @@ type meters struct {
 
 // track starts metering record id from started; stop ends it (before the
 // record's Finish, so no accrual is written after the final numbers).
-func (s *Server) track(id string, started time.Time) (m *meter, stop func()) {
+func (s *Service) track(id string, started time.Time) (m *meter, stop func()) {
 	m = &meter{started: started}
 	s.meters.mu.Lock()
 	if s.meters.m == nil {
@@ -106,7 +106,7 @@ func (s *Server) track(id string, started time.Time) (m *meter, stop func()) {
 }
 
 // accrue writes every running record's usage so far.
-func (s *Server) accrue() {
+func (s *Service) accrue() {
 	ac, ok := s.cfg.Auditor.(Accruer)
 	if !ok {
 		return
@@ -134,7 +134,7 @@ func (s *Server) accrue() {
 
 // accrueLoop accrues every AccrueInterval until Shutdown has finished
 // every record (runs still draining keep accruing).
-func (s *Server) accrueLoop() {
+func (s *Service) accrueLoop() {
 	defer close(s.accrued)
 	t := time.NewTicker(s.cfg.AccrueInterval)
 	defer t.Stop()

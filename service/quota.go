@@ -1,4 +1,4 @@
-package server
+package service
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // enter admits a request that starts work (a run, a sandbox, a command)
 // unless the server is shutting down. leave is called once the work is
 // registered (or over), so Shutdown knows when nothing new can appear.
-func (s *Server) enter() (leave func(), e *Error) {
+func (s *Service) enter() (leave func(), e *Error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
@@ -25,7 +25,7 @@ func (s *Server) enter() (leave func(), e *Error) {
 // hold takes one of the key's sandbox slots (sessions and one-shot runs in
 // flight count alike). release gives it back; it may be called more than
 // once.
-func (s *Server) hold(key audit.Key) (release func(), e *Error) {
+func (s *Service) hold(key audit.Key) (release func(), e *Error) {
 	limit := key.Quota.MaxSandboxes
 	if limit <= 0 {
 		limit = audit.DefaultQuota.MaxSandboxes
@@ -50,14 +50,14 @@ func (s *Server) hold(key audit.Key) (release func(), e *Error) {
 // checkCPU refuses a key that has used its CPU-seconds for the day. It is
 // checked before each start; a program already running may overshoot by
 // at most its own CPU limit.
-func (s *Server) checkCPU(key audit.Key) *Error {
+func (s *Service) checkCPU(key audit.Key) *Error {
 	limit := key.Quota.CPUSecondsPerDay
 	if limit <= 0 {
 		limit = audit.DefaultQuota.CPUSecondsPerDay
 	}
 	used, err := s.cfg.Auditor.CPUSecondsToday(key.ID)
 	if err != nil {
-		return internal(fmt.Errorf("read CPU usage of key %s: %w", key.ID, err))
+		return InternalError(fmt.Errorf("read CPU usage of key %s: %w", key.ID, err))
 	}
 	if used >= limit {
 		now := time.Now().UTC()
@@ -71,8 +71,8 @@ func (s *Server) checkCPU(key audit.Key) *Error {
 // acquire takes one of the MaxConcurrent slots for a program, waiting up to
 // QueueWait for one to free up. Waiting, not refusing at once, smooths
 // bursts; the bound keeps a client from hanging behind a saturated server
-// (it gets 429 with Retry-After and may try again or elsewhere).
-func (s *Server) acquire(ctx context.Context) (release func(), e *Error) {
+// (it gets a Quota error with RetryAfter and may try again or elsewhere).
+func (s *Service) acquire(ctx context.Context) (release func(), e *Error) {
 	release = sync.OnceFunc(func() { <-s.slots })
 	select {
 	case s.slots <- struct{}{}:

@@ -1,0 +1,145 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+)
+
+// Run runs one program in a fresh sandbox as key and returns its result;
+// the sandbox is destroyed before Run returns. The program's fate is in
+// the Result; the error is for refused requests and Moat's failures.
+// Cancelling ctx kills the run. The result is kept for GetRun.
+func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResponse, error) {
+	if args.Manifest == nil {
+		args.Manifest = manifest.Default()
+	}
+	if len(args.Argv) == 0 || args.Argv[0] == "" {
+		return RunResponse{}, InvalidField("argv", "is missing: give argv, e.g. [\"python3\", \"main.py\"], or code with language")
+	}
+	leave, e := s.enter()
+	if e != nil {
+		return RunResponse{}, e
+	}
+	defer leave()
+	release, e := s.hold(key)
+	if e != nil {
+		return RunResponse{}, e
+	}
+	defer release()
+	if e := s.checkCPU(key); e != nil {
+		return RunResponse{}, e
+	}
+	slot, e := s.acquire(ctx)
+	if e != nil {
+		return RunResponse{}, e
+	}
+	defer slot()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stopCtx, cancel)()
+
+	m := args.Manifest
+	id := NewID(8)
+	rec := auditRecord(id, audit.KindRun, key.ID, "", m, args.Argv)
+	if err := s.cfg.Auditor.Begin(rec); err != nil {
+		// Fail closed: nothing runs unaudited.
+		return RunResponse{}, InternalError(fmt.Errorf("audit: begin run %s: %w", id, err))
+	}
+	usage, untrack := s.track(id, rec.Started)
+	req := &engine.Request{ID: id, Manifest: m, Argv: args.Argv, Files: args.Files, Stdin: args.Stdin,
+		OnRuntime: usage.setProcs,
+		OnStart:   func(_ string, procs func() ([]int, error)) { usage.setProcs(procs) },
+	}
+	res, err := guard("backend", "a result", func() (*result.Result, error) { return s.cfg.Backend.Run(ctx, req) })
+	untrack()
+	if ferr := s.cfg.Auditor.Finish(id, res, err); ferr != nil {
+		s.log.Error("audit: finish run", "run", id, "err", ferr)
+	}
+	if err != nil {
+		return RunResponse{}, backendError(err, "run")
+	}
+	s.observe(res)
+	resp := RunResponse{ID: id, Pooled: res.Pooled, Result: res}
+	s.runs.put(id, key.ID, resp)
+	return resp, nil
+}
+
+// GetRun returns the stored result of key's run id as its JSON (the last
+// KeepRuns runs are kept). Another key's run is NotFound.
+func (s *Service) GetRun(ctx context.Context, key audit.Key, id string) (json.RawMessage, error) {
+	resp, ok := s.runs.get(id, key.ID)
+	if !ok || key.ID == "" {
+		return nil, notFound("run " + Quote(id))
+	}
+	return resp, nil
+}
+
+// auditRecord starts the audit record of a run, a sandbox or an exec.
+func auditRecord(id string, kind audit.Kind, keyID, sandboxID string, m *manifest.Manifest, argv []string) audit.Record {
+	canon, _ := json.Marshal(m)
+	return audit.Record{
+		ID:             id,
+		Kind:           kind,
+		KeyID:          keyID,
+		SandboxID:      sandboxID,
+		Started:        time.Now().UTC(),
+		Status:         audit.Running,
+		Tier:           m.Tier,
+		Image:          m.Image,
+		ManifestDigest: m.Digest(),
+		Manifest:       string(canon),
+		Command:        argv,
+		MemoryLimit:    int64(m.Resources.Memory),
+	}
+}
+
+// runStore keeps the last max results for GET /v1/runs/{id}. Each is
+// stored as its JSON, so a result is not kept alive twice.
+type runStore struct {
+	mu    sync.Mutex
+	max   int
+	byID  map[string]*storedRun
+	order []string // oldest first
+}
+
+type storedRun struct {
+	key  string
+	json []byte
+}
+
+func (rs *runStore) put(id, key string, resp RunResponse) {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.byID[id] = &storedRun{key: key, json: b}
+	rs.order = append(rs.order, id)
+	for len(rs.order) > rs.max {
+		delete(rs.byID, rs.order[0])
+		rs.order[0] = ""
+		rs.order = rs.order[1:]
+	}
+}
+
+// get returns the run if it belongs to key: another key's run is as absent
+// as an unknown one.
+func (rs *runStore) get(id, key string) (json.RawMessage, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	sr, ok := rs.byID[id]
+	if !ok || sr.key != key {
+		return nil, false
+	}
+	return sr.json, true
+}

@@ -1,0 +1,99 @@
+package service
+
+import (
+	"io"
+	"time"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+)
+
+// The values the service takes and returns. The views (RunResponse,
+// Sandbox, Exec) carry the JSON tags of docs/API.md: the HTTP API encodes
+// them as they are.
+
+// RunArgs is a one-shot run: a decoded, validated request.
+type RunArgs struct {
+	Manifest *manifest.Manifest
+	Argv     []string
+	Files    []engine.File
+	// Stdin, when not nil, is the program's standard input.
+	Stdin io.Reader
+}
+
+// RunResponse is a one-shot run's outcome.
+type RunResponse struct {
+	// ID names the run in the API and in the audit log.
+	ID     string         `json:"id"`
+	Pooled bool           `json:"pooled"`
+	Result *result.Result `json:"result"`
+}
+
+// SandboxArgs is a sandbox to create.
+type SandboxArgs struct {
+	Manifest *manifest.Manifest
+	// TTL is how long the sandbox lives unless extended; 0 is the
+	// Config's DefaultTTL, and at most its MaxTTL is accepted.
+	TTL      time.Duration
+	Files    []engine.File
+	Metadata map[string]string
+}
+
+// Sandbox states.
+const (
+	StateRunning  = "running"
+	StateDeleting = "deleting"
+	StateDeleted  = "deleted"
+)
+
+// Sandbox describes a session.
+type Sandbox struct {
+	ID             string            `json:"id"`
+	State          string            `json:"state"`
+	Tier           string            `json:"tier"`
+	Image          result.Image      `json:"image"`
+	ManifestDigest string            `json:"manifest_digest"`
+	CreatedAt      time.Time         `json:"created_at"`
+	ExpiresAt      time.Time         `json:"expires_at"`
+	Pooled         bool              `json:"pooled"`
+	Metadata       map[string]string `json:"metadata"`
+	// Execs counts the commands started in the sandbox.
+	Execs int `json:"execs"`
+}
+
+// ExecArgs is a command to start in a sandbox.
+type ExecArgs struct {
+	Argv []string
+	Env  map[string]string
+	// Dir is the absolute working directory; "" is /workspace.
+	Dir string
+	// Timeout is at most the manifest's resources.timeout; 0 is that.
+	Timeout time.Duration
+	// Stdin, when not nil, is the whole standard input.
+	Stdin io.Reader
+	// StdinOpen keeps stdin open for WriteStdin.
+	StdinOpen bool
+}
+
+// Exec states. An ended command is "exited" whatever ended it (its result's
+// termination says how); "failed" means Moat lost it (termination
+// infra-error).
+const (
+	ExecRunning = "running"
+	ExecExited  = "exited"
+	ExecFailed  = "failed"
+)
+
+// Exec describes one command of a sandbox.
+type Exec struct {
+	ID        string     `json:"id"`
+	SandboxID string     `json:"sandbox_id"`
+	State     string     `json:"state"`
+	Argv      []string   `json:"argv"`
+	StdinOpen bool       `json:"stdin_open"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	// Result is present once State is not running.
+	Result *result.Result `json:"result,omitempty"`
+}
