@@ -183,10 +183,9 @@ func TestExecStdin(t *testing.T) {
 
 // sseEvent is one parsed Server-Sent Event.
 type sseEvent struct {
-	id         int
-	event      string
-	data       string
-	commentary bool
+	id    int
+	event string
+	data  string
 }
 
 func sseScanner(resp *http.Response) *bufio.Scanner {
