@@ -54,7 +54,7 @@ func TestExec(t *testing.T) {
 			if ex.Result.Stdout.Data != tc.wantOut || ex.Result.Stderr.Data != tc.wantErr || ex.Result.ExitCode != tc.wantExit {
 				t.Errorf("result stdout %q stderr %q exit %d", ex.Result.Stdout.Data, ex.Result.Stderr.Data, ex.Result.ExitCode)
 			}
-			rec, ok := e.au.record(sb.ID + "-" + ex.ID)
+			rec, ok := e.au.Record(sb.ID + "-" + ex.ID)
 			if !ok || rec.Kind != audit.KindExec || rec.SandboxID != sb.ID || rec.Status != audit.Done || rec.ExitCode != tc.wantExit {
 				t.Errorf("audit record %+v", rec)
 			}
@@ -183,10 +183,9 @@ func TestExecStdin(t *testing.T) {
 
 // sseEvent is one parsed Server-Sent Event.
 type sseEvent struct {
-	id         int
-	event      string
-	data       string
-	commentary bool
+	id    int
+	event string
+	data  string
 }
 
 func sseScanner(resp *http.Response) *bufio.Scanner {

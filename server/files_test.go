@@ -13,9 +13,7 @@ import (
 func TestFiles(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.MaxBodyBytes = 1 << 10 })
 	sb := e.createSandbox(tokenA, nil)
-	e.be.mu.Lock()
-	dir := e.be.sessions[0].dir
-	e.be.mu.Unlock()
+	dir := e.be.Sessions()[0].Dir()
 	base := "/v1/sandboxes/" + sb.ID + "/files"
 
 	var fi engine.FileInfo

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 const (
@@ -28,8 +29,8 @@ type env struct {
 	t   *testing.T
 	srv *Server
 	hs  *httptest.Server
-	be  *fakeBackend
-	au  *fakeAuditor
+	be  *servicetest.Backend
+	au  *servicetest.Auditor
 	// shutdownErr is what the final Shutdown may return (a test that
 	// shut down past a deadline already).
 	shutdownErr error
@@ -37,11 +38,11 @@ type env struct {
 
 func newEnv(t *testing.T, mod func(*Config)) *env {
 	t.Helper()
-	be := &fakeBackend{dir: t.TempDir()}
-	au := newFakeAuditor()
-	au.addKey(tokenA, audit.Key{ID: "ka", Name: "a", Quota: audit.DefaultQuota})
-	au.addKey(tokenB, audit.Key{ID: "kb", Name: "b", Quota: audit.DefaultQuota})
-	au.addKey(tokenAdmin, audit.Key{ID: "kadmin", Name: "monitoring", Quota: audit.DefaultQuota, Admin: true})
+	be := &servicetest.Backend{Dir: t.TempDir()}
+	au := servicetest.NewAuditor()
+	au.AddKey(tokenA, audit.Key{ID: "ka", Name: "a", Quota: audit.DefaultQuota})
+	au.AddKey(tokenB, audit.Key{ID: "kb", Name: "b", Quota: audit.DefaultQuota})
+	au.AddKey(tokenAdmin, audit.Key{ID: "kadmin", Name: "monitoring", Quota: audit.DefaultQuota, Admin: true})
 	level := slog.LevelError + 100 // silent
 	if testing.Verbose() && os.Getenv("MOAT_TEST_LOG") != "" {
 		level = slog.LevelDebug
@@ -68,13 +69,13 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 			t.Errorf("Shutdown: %v", err)
 		}
 		e.hs.Close()
-		if live, _, _, _ := be.counts(); live != 0 {
+		if live, _, _, _ := be.Counts(); live != 0 {
 			t.Errorf("after Shutdown %d fake sessions are alive", live)
 		}
 		if n := srv.Sessions(); n != 0 {
 			t.Errorf("after Shutdown Sessions() = %d", n)
 		}
-		if ids := au.unfinished(); len(ids) > 0 {
+		if ids := au.Unfinished(); len(ids) > 0 {
 			t.Errorf("audit records never finished: %v", ids)
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 func TestShutdown(t *testing.T) {
@@ -27,7 +28,7 @@ func TestShutdown(t *testing.T) {
 		runDone <- e.do(req{method: "POST", path: "/v1/runs", token: tokenB, body: `{"argv":["fake","sleep:200ms","out:finished"]}`})
 	}()
 	waitFor(t, "the run to start", func() bool {
-		_, _, _, inflight := e.be.counts()
+		_, _, _, inflight := e.be.Counts()
 		return inflight == 1
 	})
 
@@ -52,15 +53,15 @@ func TestShutdown(t *testing.T) {
 	if run.StatusCode != 200 || !strings.Contains(string(run.body), "finished") {
 		t.Errorf("the in-flight run: %d %s", run.StatusCode, run.body)
 	}
-	if live, _, _, _ := e.be.counts(); live != 0 || e.srv.Sessions() != 0 {
+	if live, _, _, _ := e.be.Counts(); live != 0 || e.srv.Sessions() != 0 {
 		t.Errorf("after Shutdown: %d fake sessions, %d registered", live, e.srv.Sessions())
 	}
 	for _, id := range ids {
-		if rec, _ := e.au.record(id); rec.Status != audit.Done {
+		if rec, _ := e.au.Record(id); rec.Status != audit.Done {
 			t.Errorf("sandbox %s record %+v", id, rec)
 		}
 	}
-	if rec, _ := e.au.record(ids[0] + "-" + blocked.ID); rec.Status != audit.Done || rec.Termination != "signaled" {
+	if rec, _ := e.au.Record(ids[0] + "-" + blocked.ID); rec.Status != audit.Done || rec.Termination != "signaled" {
 		t.Errorf("the running command's record %+v", rec)
 	}
 	// A second Shutdown returns at once.
@@ -77,7 +78,7 @@ func TestShutdownDeadline(t *testing.T) {
 		runDone <- e.do(req{method: "POST", path: "/v1/runs", token: tokenA, body: `{"argv":["fake","block"]}`})
 	}()
 	waitFor(t, "the run to start", func() bool {
-		_, _, _, inflight := e.be.counts()
+		_, _, _, inflight := e.be.Counts()
 		return inflight == 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -88,7 +89,7 @@ func TestShutdownDeadline(t *testing.T) {
 	}
 	// The run was killed, not abandoned: the backend returned before
 	// Shutdown did.
-	if live, _, _, inflight := e.be.counts(); live != 0 || inflight != 0 {
+	if live, _, _, inflight := e.be.Counts(); live != 0 || inflight != 0 {
 		t.Errorf("after Shutdown: %d sessions, %d runs", live, inflight)
 	}
 	if r := <-runDone; r.StatusCode != 200 && r.StatusCode != 503 {
@@ -99,7 +100,7 @@ func TestShutdownDeadline(t *testing.T) {
 func TestQuotas(t *testing.T) {
 	t.Run("sandboxes per key", func(t *testing.T) {
 		e := newEnv(t, nil)
-		e.au.addKey("small", audit.Key{ID: "ks", Quota: audit.Quota{MaxSandboxes: 2, CPUSecondsPerDay: 100}})
+		e.au.AddKey("small", audit.Key{ID: "ks", Quota: audit.Quota{MaxSandboxes: 2, CPUSecondsPerDay: 100}})
 		first := e.createSandbox("small", nil)
 		// A run in flight holds a slot too.
 		runDone := make(chan response, 1)
@@ -107,7 +108,7 @@ func TestQuotas(t *testing.T) {
 			runDone <- e.do(req{method: "POST", path: "/v1/runs", token: "small", body: `{"argv":["fake","sleep:300ms"]}`})
 		}()
 		waitFor(t, "the run to start", func() bool {
-			_, _, _, inflight := e.be.counts()
+			_, _, _, inflight := e.be.Counts()
 			return inflight == 1
 		})
 		r := e.must(429, req{method: "POST", path: "/v1/sandboxes", token: "small", body: `{}`})
@@ -129,7 +130,7 @@ func TestQuotas(t *testing.T) {
 	})
 	t.Run("CPU seconds per day", func(t *testing.T) {
 		e := newEnv(t, nil)
-		e.au.addKey("cpu", audit.Key{ID: "kc", Quota: audit.Quota{MaxSandboxes: 8, CPUSecondsPerDay: 2}})
+		e.au.AddKey("cpu", audit.Key{ID: "kc", Quota: audit.Quota{MaxSandboxes: 8, CPUSecondsPerDay: 2}})
 		sb := e.createSandbox("cpu", nil)
 		e.must(200, req{method: "POST", path: "/v1/runs", token: "cpu", body: `{"argv":["fake","cpu:2500"]}`})
 		for _, rq := range []req{
@@ -200,7 +201,7 @@ func TestConcurrency(t *testing.T) {
 	for c := range clients {
 		// Two clients per key: each holds a sandbox and a run at once.
 		token := fmt.Sprintf("token-%d", c/2)
-		e.au.addKey(token, audit.Key{ID: fmt.Sprintf("k%d", c/2), Quota: audit.Quota{MaxSandboxes: 4, CPUSecondsPerDay: 1000}})
+		e.au.AddKey(token, audit.Key{ID: fmt.Sprintf("k%d", c/2), Quota: audit.Quota{MaxSandboxes: 4, CPUSecondsPerDay: 1000}})
 		wg.Go(func() {
 			for i := range rounds {
 				if err := e.clientRound(token, fmt.Sprintf("c%d-%d", c, i)); err != nil {
@@ -215,7 +216,7 @@ func TestConcurrency(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if live, created, _, _ := e.be.counts(); live != 0 || created != clients*rounds || e.srv.Sessions() != 0 {
+	if live, created, _, _ := e.be.Counts(); live != 0 || created != clients*rounds || e.srv.Sessions() != 0 {
 		t.Errorf("live %d created %d registered %d", live, created, e.srv.Sessions())
 	}
 	waitFor(t, "streams to close", func() bool { return e.srv.streams.Load() == 0 })
@@ -223,7 +224,7 @@ func TestConcurrency(t *testing.T) {
 	if held != 0 || active != 0 {
 		t.Errorf("slots still held: %d keys, %d active", held, active)
 	}
-	if ids := e.au.unfinished(); len(ids) != 0 {
+	if ids := e.au.Unfinished(); len(ids) != 0 {
 		t.Errorf("unfinished records %v", ids)
 	}
 }
@@ -288,9 +289,7 @@ func (e *env) clientRound(token, name string) error {
 
 func TestMetrics(t *testing.T) {
 	e := newEnv(t, nil)
-	e.be.mu.Lock()
-	e.be.pools = []PoolStat{{Pool: "python", Ready: 3, Taken: 7, Misses: 1}}
-	e.be.mu.Unlock()
+	e.be.SetPools([]PoolStat{{Pool: "python", Ready: 3, Taken: 7, Misses: 1}})
 	e.must(200, req{method: "POST", path: "/v1/runs", token: tokenA, body: `{"argv":["fake","deny:evil.example","violate:memory","exit:1"]}`})
 	sb := e.createSandbox(tokenA, nil)
 	e.exec(tokenA, sb.ID, `{"argv":["echo"]}`, 200)
@@ -319,13 +318,13 @@ func TestConfig(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("New without a Backend")
 	}
-	if _, err := New(Config{Backend: &fakeBackend{}}); err == nil {
+	if _, err := New(Config{Backend: &servicetest.Backend{}}); err == nil {
 		t.Error("New without an Auditor")
 	}
-	if _, err := New(Config{Backend: &fakeBackend{}, Auditor: newFakeAuditor(), DefaultTTL: 48 * time.Hour}); err == nil {
+	if _, err := New(Config{Backend: &servicetest.Backend{}, Auditor: servicetest.NewAuditor(), DefaultTTL: 48 * time.Hour}); err == nil {
 		t.Error("DefaultTTL above MaxTTL accepted")
 	}
-	s, err := New(Config{Backend: &fakeBackend{}, Auditor: newFakeAuditor(), Logger: slog.New(slog.DiscardHandler)})
+	s, err := New(Config{Backend: &servicetest.Backend{}, Auditor: servicetest.NewAuditor(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 func TestLabelValue(t *testing.T) {
@@ -31,7 +32,9 @@ func TestLabelValue(t *testing.T) {
 // text format, histogram buckets are cumulative with +Inf equal to the
 // count, and counters render their labels sorted by name.
 func TestExposition(t *testing.T) {
-	m := newMetrics(testService(t, &fakeBackend{pools: []PoolStat{{Pool: "b", Ready: 1}, {Pool: "a", Ready: 2, Taken: 5}, {Pool: "a"}}}))
+	be := &servicetest.Backend{}
+	be.SetPools([]PoolStat{{Pool: "b", Ready: 1}, {Pool: "a", Ready: 2, Taken: 5}, {Pool: "a"}})
+	m := newMetrics(testService(t, be))
 	for _, d := range []float64{0.005, 0.01, 0.3, 2, 5000} {
 		m.duration.observe(d)
 	}
@@ -74,7 +77,7 @@ func TestExposition(t *testing.T) {
 // TestDenialsCountOmitted: denied attempts a result only counts in its
 // network summary (a flood past the proxy's log) are denials too.
 func TestDenialsCountOmitted(t *testing.T) {
-	m := newMetrics(testService(t, &fakeBackend{}))
+	m := newMetrics(testService(t, &servicetest.Backend{}))
 	m.observe(&result.Result{Tier: "native", Termination: result.Exited,
 		Network:        []result.NetworkAttempt{{Reason: "limit-rate"}, {Allowed: true, Reason: "allowed"}},
 		NetworkSummary: &result.NetworkSummary{Omitted: 10050, OmittedReasons: map[string]int{"limit-rate": 10000, "not-allowlisted": 50}}})
@@ -90,9 +93,9 @@ func TestDenialsCountOmitted(t *testing.T) {
 }
 
 // testService is a service over b, shut down when the test ends.
-func testService(t *testing.T, b *fakeBackend) *service.Service {
+func testService(t *testing.T, b *servicetest.Backend) *service.Service {
 	t.Helper()
-	svc, err := service.New(service.Config{Backend: b, Auditor: newFakeAuditor()})
+	svc, err := service.New(service.Config{Backend: b, Auditor: servicetest.NewAuditor()})
 	if err != nil {
 		t.Fatal(err)
 	}

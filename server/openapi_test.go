@@ -19,6 +19,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 // The OpenAPI document is checked against the code: routes both ways,
@@ -142,7 +143,7 @@ var httpMethods = []string{"get", "put", "post", "delete", "patch", "head", "opt
 
 func TestOpenAPIRoutes(t *testing.T) {
 	doc := loadOpenAPI(t)
-	srv, err := New(Config{Backend: &fakeBackend{}, Auditor: newFakeAuditor(), Logger: slog.New(slog.DiscardHandler)})
+	srv, err := New(Config{Backend: &servicetest.Backend{}, Auditor: servicetest.NewAuditor(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

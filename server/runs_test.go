@@ -104,9 +104,7 @@ func TestRun(t *testing.T) {
 				t.Errorf("exit code %d, want %d", rr.Result.ExitCode, tc.wantExit)
 			}
 			if tc.wantFiles != nil {
-				e.be.mu.Lock()
-				got, modes := e.be.lastRun, e.be.lastMode
-				e.be.mu.Unlock()
+				got, modes, _ := e.be.LastRun()
 				for p, want := range tc.wantFiles {
 					if got[p] != want {
 						t.Errorf("file %s = %q, want %q", p, got[p], want)
@@ -116,7 +114,7 @@ func TestRun(t *testing.T) {
 					t.Errorf("modes %v", modes)
 				}
 			}
-			rec, ok := e.au.record(rr.ID)
+			rec, ok := e.au.Record(rr.ID)
 			if !ok || rec.Kind != audit.KindRun || rec.KeyID != "ka" || rec.Status != audit.Done || rec.Manifest == "" {
 				t.Errorf("audit record %+v", rec)
 			}
@@ -192,7 +190,7 @@ func TestRunRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, before, _ := e.be.counts()
+			_, _, before, _ := e.be.Counts()
 			r := e.do(req{method: "POST", path: "/v1/runs", token: tokenA, body: tc.body, header: tc.header})
 			if r.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d: %s", r.StatusCode, tc.status, r.body)
@@ -207,7 +205,7 @@ func TestRunRefused(t *testing.T) {
 			if strings.Contains(d.Message, "/var/lib") {
 				t.Errorf("message %q leaks the cause", d.Message)
 			}
-			if _, _, after, _ := e.be.counts(); after != before {
+			if _, _, after, _ := e.be.Counts(); after != before {
 				t.Errorf("a refused request reached the program")
 			}
 		})
@@ -256,9 +254,7 @@ func TestRunMultipart(t *testing.T) {
 	r := e.must(200, req{method: "POST", path: "/v1/runs", token: tokenA, body: body, header: map[string]string{"Content-Type": ct}})
 	var rr RunResponse
 	r.decode(t, &rr)
-	e.be.mu.Lock()
-	got := e.be.lastRun
-	e.be.mu.Unlock()
+	got, _, _ := e.be.LastRun()
 	if got["src/main.py"] != "print(1)" || got["data.bin"] != "\x00\xff" || rr.Result.Stdout.Data != "echo mp\n" {
 		t.Errorf("files %q, stdout %q", got, rr.Result.Stdout.Data)
 	}
@@ -325,11 +321,9 @@ func TestGetRun(t *testing.T) {
 
 func TestRunAuditFailsClosed(t *testing.T) {
 	e := newEnv(t, nil)
-	e.au.mu.Lock()
-	e.au.failNext = fmt.Errorf("disk full")
-	e.au.mu.Unlock()
+	e.au.FailNextBegin(fmt.Errorf("disk full"))
 	e.must(http.StatusInternalServerError, req{method: "POST", path: "/v1/runs", token: tokenA, body: `{"argv":["echo"]}`})
-	if _, _, runs, _ := e.be.counts(); runs != 0 {
+	if _, _, runs, _ := e.be.Counts(); runs != 0 {
 		t.Error("a run started without its audit record")
 	}
 }

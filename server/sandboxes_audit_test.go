@@ -91,15 +91,11 @@ func TestSandboxAuditRecord(t *testing.T) {
 		sb := e.createSandbox(token, nil)
 		// Kill init without the server seeing a failed command: the
 		// next Start is the first to find out.
-		e.be.mu.Lock()
-		for _, fs := range e.be.sessions {
-			if fs.id == sb.ID {
-				fs.mu.Lock()
-				fs.dead = true
-				fs.mu.Unlock()
+		for _, fs := range e.be.Sessions() {
+			if fs.ID() == sb.ID {
+				fs.KillInit()
 			}
 		}
-		e.be.mu.Unlock()
 		r := e.do(req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs", token: token, body: map[string]any{"argv": []string{"true"}}})
 		if r.StatusCode != http.StatusConflict || !strings.Contains(string(r.body), "init process exited") {
 			t.Errorf("command on a sandbox whose init died: %d %s; want 409 saying so", r.StatusCode, r.body)

@@ -26,14 +26,12 @@ func TestSandboxLifecycle(t *testing.T) {
 	if d := sb.ExpiresAt.Sub(before); d < 59*time.Minute || d > 61*time.Minute {
 		t.Errorf("expires in %s, want 1h", d)
 	}
-	if rec, ok := e.au.record(sb.ID); !ok || rec.Kind != audit.KindSandbox || rec.KeyID != "ka" || rec.Status != audit.Running {
+	if rec, ok := e.au.Record(sb.ID); !ok || rec.Kind != audit.KindSandbox || rec.KeyID != "ka" || rec.Status != audit.Running {
 		t.Errorf("audit record %+v", rec)
 	}
 	// The upload is in the workspace.
 	var got []byte
-	e.be.mu.Lock()
-	dir := e.be.sessions[0].dir
-	e.be.mu.Unlock()
+	dir := e.be.Sessions()[0].Dir()
 	got, _ = os.ReadFile(filepath.Join(dir, "src/main.py"))
 	if string(got) != "print(1)" {
 		t.Errorf("uploaded file holds %q", got)
@@ -101,10 +99,10 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 	e.must(404, req{method: "GET", path: "/v1/sandboxes/" + sb.ID, token: tokenA})
 	e.must(404, req{method: "DELETE", path: "/v1/sandboxes/" + sb.ID, token: tokenA})
-	if rec, _ := e.au.record(sb.ID); rec.Status != audit.Done {
+	if rec, _ := e.au.Record(sb.ID); rec.Status != audit.Done {
 		t.Errorf("audit record after delete %+v", rec)
 	}
-	if live, _, _, _ := e.be.counts(); live != 1 {
+	if live, _, _, _ := e.be.Counts(); live != 1 {
 		t.Errorf("%d fake sessions alive, want 1", live)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -152,7 +150,7 @@ func TestSandboxRefused(t *testing.T) {
 			if d := r.errBody(t); d.Field != tc.field {
 				t.Errorf("field %q, want %q: %s", d.Field, tc.field, d.Message)
 			}
-			if _, created, _, _ := e.be.counts(); created != 0 {
+			if _, created, _, _ := e.be.Counts(); created != 0 {
 				t.Error("a refused request created a sandbox")
 			}
 		})
@@ -161,13 +159,11 @@ func TestSandboxRefused(t *testing.T) {
 
 func TestSandboxBackendErrors(t *testing.T) {
 	e := newEnv(t, nil)
-	e.au.mu.Lock()
-	e.au.failNext = os.ErrPermission
-	e.au.mu.Unlock()
+	e.au.FailNextBegin(os.ErrPermission)
 	// The audit record cannot be written: the sandbox is destroyed, the
 	// key's slot given back.
 	e.must(http.StatusInternalServerError, req{method: "POST", path: "/v1/sandboxes", token: tokenA, body: `{}`})
-	if live, created, _, _ := e.be.counts(); live != 0 || created != 1 {
+	if live, created, _, _ := e.be.Counts(); live != 0 || created != 1 {
 		t.Errorf("live %d created %d after an audit failure", live, created)
 	}
 	held := e.srv.svc.Held("ka")
@@ -185,16 +181,16 @@ func TestTTLExpiry(t *testing.T) {
 		return e.do(req{method: "GET", path: "/v1/sandboxes/" + sb.ID, token: tokenA}).StatusCode == 404
 	})
 	waitFor(t, "the fake session to close", func() bool {
-		live, _, _, _ := e.be.counts()
+		live, _, _, _ := e.be.Counts()
 		return live == 1
 	})
 	e.must(200, req{method: "GET", path: "/v1/sandboxes/" + keep.ID, token: tokenA})
 	waitFor(t, "audit records to finish", func() bool {
-		r1, _ := e.au.record(sb.ID)
-		r2, _ := e.au.record(sb.ID + "-" + ex.ID)
+		r1, _ := e.au.Record(sb.ID)
+		r2, _ := e.au.Record(sb.ID + "-" + ex.ID)
 		return r1.Status == audit.Done && r2.Status == audit.Done
 	})
-	if r, _ := e.au.record(sb.ID + "-" + ex.ID); r.Termination != "signaled" {
+	if r, _ := e.au.Record(sb.ID + "-" + ex.ID); r.Termination != "signaled" {
 		t.Errorf("the expired sandbox's command ended %+v", r)
 	}
 }
@@ -204,8 +200,7 @@ func TestTTLExpiry(t *testing.T) {
 func TestDeleting(t *testing.T) {
 	e := newEnv(t, nil)
 	sb := e.createSandbox(tokenA, nil)
-	gate := make(chan struct{})
-	e.be.closeGate = gate
+	release := e.be.HoldClose()
 	deleted := make(chan response, 1)
 	go func() { deleted <- e.do(req{method: "DELETE", path: "/v1/sandboxes/" + sb.ID, token: tokenA}) }()
 	waitFor(t, "the sandbox to be deleting", func() bool {
@@ -223,7 +218,7 @@ func TestDeleting(t *testing.T) {
 			t.Errorf("%s %s while deleting: %d %s", rq.method, rq.path, r.StatusCode, r.body)
 		}
 	}
-	close(gate)
+	release()
 	if r := <-deleted; r.StatusCode != 200 {
 		t.Errorf("delete: %d %s", r.StatusCode, r.body)
 	}

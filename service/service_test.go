@@ -1,4 +1,4 @@
-package service
+package service_test
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/service/servicetest"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/workspace"
 )
@@ -27,15 +29,15 @@ var (
 
 // newService is a Service over the fakes, shut down (and checked for
 // leftovers) when the test ends.
-func newService(t *testing.T, mod func(*Config)) (*Service, *fakeBackend, *fakeAuditor) {
+func newService(t *testing.T, mod func(*service.Config)) (*service.Service, *servicetest.Backend, *servicetest.Auditor) {
 	t.Helper()
-	be := &fakeBackend{dir: t.TempDir()}
-	au := newFakeAuditor()
-	cfg := Config{Backend: be, Auditor: au, Logger: slog.New(slog.DiscardHandler), ReapInterval: 10 * time.Millisecond}
+	be := &servicetest.Backend{Dir: t.TempDir()}
+	au := servicetest.NewAuditor()
+	cfg := service.Config{Backend: be, Auditor: au, Logger: slog.New(slog.DiscardHandler), ReapInterval: 10 * time.Millisecond}
 	if mod != nil {
 		mod(&cfg)
 	}
-	s, err := New(cfg)
+	s, err := service.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,10 +47,10 @@ func newService(t *testing.T, mod func(*Config)) (*Service, *fakeBackend, *fakeA
 		if err := s.Shutdown(ctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		if live, _, _, _ := be.counts(); live != 0 || s.Sessions() != 0 || s.HeldKeys() != 0 {
+		if live, _, _, _ := be.Counts(); live != 0 || s.Sessions() != 0 || s.HeldKeys() != 0 {
 			t.Errorf("after Shutdown: %d fake sessions, %d registered, %d keys holding slots", live, s.Sessions(), s.HeldKeys())
 		}
-		if ids := au.unfinished(); len(ids) > 0 {
+		if ids := au.Unfinished(); len(ids) > 0 {
 			t.Errorf("audit records never finished: %v", ids)
 		}
 	})
@@ -56,9 +58,9 @@ func newService(t *testing.T, mod func(*Config)) (*Service, *fakeBackend, *fakeA
 }
 
 // wantKind checks err is a *Error of kind k (naming field, when given).
-func wantKind(t *testing.T, err error, k Kind, field string) {
+func wantKind(t *testing.T, err error, k service.Kind, field string) {
 	t.Helper()
-	var e *Error
+	var e *service.Error
 	if !errors.As(err, &e) {
 		t.Fatalf("error %v (%T), want a *service.Error of kind %s", err, err, k)
 	}
@@ -73,11 +75,11 @@ func wantKind(t *testing.T, err error, k Kind, field string) {
 func TestOwnership(t *testing.T) {
 	s, _, _ := newService(t, nil)
 	ctx := t.Context()
-	sb, err := s.CreateSandbox(ctx, keyA, SandboxArgs{})
+	sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"fake", "block"}, StdinOpen: true})
+	ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "block"}, StdinOpen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestOwnership(t *testing.T) {
 		{"SandboxManifest", func(k audit.Key, id string) error { _, err := s.SandboxManifest(ctx, k, id); return err }},
 		{"SetTimeout", func(k audit.Key, id string) error { _, err := s.SetTimeout(ctx, k, id, time.Minute); return err }},
 		{"StartExec", func(k audit.Key, id string) error {
-			_, err := s.StartExec(ctx, k, id, ExecArgs{Argv: []string{"echo"}})
+			_, err := s.StartExec(ctx, k, id, service.ExecArgs{Argv: []string{"echo"}})
 			return err
 		}},
 		{"ListExecs", func(k audit.Key, id string) error { _, err := s.ListExecs(ctx, k, id); return err }},
@@ -124,16 +126,16 @@ func TestOwnership(t *testing.T) {
 	for _, c := range calls {
 		t.Run(c.name, func(t *testing.T) {
 			errOther := c.call(keyB, sb.ID)
-			wantKind(t, errOther, NotFound, "")
+			wantKind(t, errOther, service.NotFound, "")
 			errUnknown := c.call(keyB, "no-such-sandbox")
-			wantKind(t, errUnknown, NotFound, "")
+			wantKind(t, errUnknown, service.NotFound, "")
 			if strings.Contains(errOther.Error(), "forbidden") || strings.Replace(errOther.Error(), sb.ID, "no-such-sandbox", 1) != errUnknown.Error() {
 				t.Errorf("another key's sandbox: %v; an unknown one: %v", errOther, errUnknown)
 			}
-			wantKind(t, c.call(audit.Key{}, sb.ID), NotFound, "")
+			wantKind(t, c.call(audit.Key{}, sb.ID), service.NotFound, "")
 		})
 	}
-	if got, err := s.GetSandbox(ctx, keyA, sb.ID); err != nil || got.State != StateRunning {
+	if got, err := s.GetSandbox(ctx, keyA, sb.ID); err != nil || got.State != service.StateRunning {
 		t.Errorf("the owner's sandbox after another key's calls: %+v, %v", got, err)
 	}
 	if list, _ := s.ListSandboxes(ctx, keyB); len(list) != 0 {
@@ -147,9 +149,9 @@ func TestOwnership(t *testing.T) {
 // TestInvalidNamesTheField: a refused value is an Invalid error naming
 // its field, before any sandbox or program is started.
 func TestInvalidNamesTheField(t *testing.T) {
-	s, be, _ := newService(t, func(c *Config) { c.MaxTTL = time.Hour; c.DefaultTTL = time.Minute })
+	s, be, _ := newService(t, func(c *service.Config) { c.MaxTTL = time.Hour; c.DefaultTTL = time.Minute })
 	ctx := t.Context()
-	sb, err := s.CreateSandbox(ctx, keyA, SandboxArgs{})
+	sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,28 +161,31 @@ func TestInvalidNamesTheField(t *testing.T) {
 		call  func() error
 		field string
 	}{
-		{"ttl above the maximum", func() error { _, err := s.CreateSandbox(ctx, keyA, SandboxArgs{TTL: 2 * time.Hour}); return err }, "ttl"},
-		{"negative ttl", func() error { _, err := s.CreateSandbox(ctx, keyA, SandboxArgs{TTL: -time.Second}); return err }, "ttl"},
+		{"ttl above the maximum", func() error {
+			_, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{TTL: 2 * time.Hour})
+			return err
+		}, "ttl"},
+		{"negative ttl", func() error { _, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{TTL: -time.Second}); return err }, "ttl"},
 		{"metadata value too long", func() error {
-			_, err := s.CreateSandbox(ctx, keyA, SandboxArgs{Metadata: map[string]string{"team": long}})
+			_, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{Metadata: map[string]string{"team": long}})
 			return err
 		}, "metadata.team"},
 		{"timeout above the maximum", func() error { _, err := s.SetTimeout(ctx, keyA, sb.ID, 2*time.Hour); return err }, "ttl"},
-		{"no argv", func() error { _, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{}); return err }, "argv"},
+		{"no argv", func() error { _, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{}); return err }, "argv"},
 		{"NUL in argv", func() error {
-			_, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"a", "b\x00"}})
+			_, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"a", "b\x00"}})
 			return err
 		}, "argv[1]"},
 		{"bad env name", func() error {
-			_, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"echo"}, Env: map[string]string{"1X": "a"}})
+			_, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"echo"}, Env: map[string]string{"1X": "a"}})
 			return err
 		}, "env.1X"},
 		{"relative dir", func() error {
-			_, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"echo"}, Dir: "src"})
+			_, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"echo"}, Dir: "src"})
 			return err
 		}, "dir"},
 		{"command timeout above the manifest's", func() error {
-			_, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"echo"}, Timeout: 24 * time.Hour})
+			_, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"echo"}, Timeout: 24 * time.Hour})
 			return err
 		}, "timeout"},
 		{"path outside the workspace", func() error {
@@ -191,18 +196,18 @@ func TestInvalidNamesTheField(t *testing.T) {
 		{"rename source", func() error { return s.Rename(ctx, keyA, sb.ID, "a/../../b", "c") }, "source"},
 		{"rename destination", func() error { return s.Rename(ctx, keyA, sb.ID, "a", "") }, "destination"},
 		{"remove the workspace", func() error { return s.Remove(ctx, keyA, sb.ID, ".") }, "path"},
-		{"run without argv", func() error { _, err := s.Run(ctx, keyA, RunArgs{}); return err }, "argv"},
+		{"run without argv", func() error { _, err := s.Run(ctx, keyA, service.RunArgs{}); return err }, "argv"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
-			wantKind(t, err, Invalid, tc.field)
-			if !strings.HasPrefix(err.(*Error).Message, tc.field+": ") {
-				t.Errorf("message %q does not start with the field %s", err.(*Error).Message, tc.field)
+			wantKind(t, err, service.Invalid, tc.field)
+			if !strings.HasPrefix(err.(*service.Error).Message, tc.field+": ") {
+				t.Errorf("message %q does not start with the field %s", err.(*service.Error).Message, tc.field)
 			}
 		})
 	}
-	if _, created, runs, _ := be.counts(); created != 1 || runs != 0 {
+	if _, created, runs, _ := be.Counts(); created != 1 || runs != 0 {
 		t.Errorf("refused requests reached the backend: %d sessions, %d runs", created, runs)
 	}
 	if l, _ := s.ListExecs(ctx, keyA, sb.ID); len(l) != 0 {
@@ -218,28 +223,28 @@ func TestQuota(t *testing.T) {
 		s, _, _ := newService(t, nil)
 		ctx := t.Context()
 		small := audit.Key{ID: "ks", Quota: audit.Quota{MaxSandboxes: 1, CPUSecondsPerDay: 100}}
-		first, err := s.CreateSandbox(ctx, small, SandboxArgs{})
+		first, err := s.CreateSandbox(ctx, small, service.SandboxArgs{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = s.CreateSandbox(ctx, small, SandboxArgs{})
-		wantKind(t, err, Quota, "")
-		_, err = s.Run(ctx, small, RunArgs{Argv: []string{"echo"}})
-		wantKind(t, err, Quota, "")
-		if err.(*Error).RetryAfter <= 0 {
+		_, err = s.CreateSandbox(ctx, small, service.SandboxArgs{})
+		wantKind(t, err, service.Quota, "")
+		_, err = s.Run(ctx, small, service.RunArgs{Argv: []string{"echo"}})
+		wantKind(t, err, service.Quota, "")
+		if err.(*service.Error).RetryAfter <= 0 {
 			t.Errorf("no RetryAfter: %+v", err)
 		}
 		if n := s.Held("ks"); n != 1 {
 			t.Errorf("key holds %d slots, want 1", n)
 		}
 		// Another key is not affected; deleting frees the slot.
-		if _, err := s.CreateSandbox(ctx, keyB, SandboxArgs{}); err != nil {
+		if _, err := s.CreateSandbox(ctx, keyB, service.SandboxArgs{}); err != nil {
 			t.Errorf("another key: %v", err)
 		}
 		if _, err := s.DeleteSandbox(ctx, small, first.ID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.CreateSandbox(ctx, small, SandboxArgs{}); err != nil {
+		if _, err := s.CreateSandbox(ctx, small, service.SandboxArgs{}); err != nil {
 			t.Errorf("after a delete: %v", err)
 		}
 	})
@@ -247,37 +252,35 @@ func TestQuota(t *testing.T) {
 		s, _, au := newService(t, nil)
 		ctx := t.Context()
 		k := audit.Key{ID: "kc", Quota: audit.Quota{MaxSandboxes: 8, CPUSecondsPerDay: 2}}
-		sb, err := s.CreateSandbox(ctx, k, SandboxArgs{})
+		sb, err := s.CreateSandbox(ctx, k, service.SandboxArgs{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		au.mu.Lock()
-		au.cpu["kc"] = 2
-		au.mu.Unlock()
-		_, err = s.Run(ctx, k, RunArgs{Argv: []string{"echo"}})
-		wantKind(t, err, Quota, "")
-		_, err = s.CreateSandbox(ctx, k, SandboxArgs{})
-		wantKind(t, err, Quota, "")
-		_, err = s.StartExec(ctx, k, sb.ID, ExecArgs{Argv: []string{"echo"}})
-		wantKind(t, err, Quota, "")
+		au.SetCPUToday("kc", 2)
+		_, err = s.Run(ctx, k, service.RunArgs{Argv: []string{"echo"}})
+		wantKind(t, err, service.Quota, "")
+		_, err = s.CreateSandbox(ctx, k, service.SandboxArgs{})
+		wantKind(t, err, service.Quota, "")
+		_, err = s.StartExec(ctx, k, sb.ID, service.ExecArgs{Argv: []string{"echo"}})
+		wantKind(t, err, service.Quota, "")
 		if !strings.Contains(err.Error(), "CPU-seconds") {
 			t.Errorf("message %v", err)
 		}
 	})
 	t.Run("server-wide concurrency", func(t *testing.T) {
-		s, _, _ := newService(t, func(c *Config) { c.MaxConcurrent = 1; c.QueueWait = 50 * time.Millisecond })
+		s, _, _ := newService(t, func(c *service.Config) { c.MaxConcurrent = 1; c.QueueWait = 50 * time.Millisecond })
 		ctx := t.Context()
-		sb, err := s.CreateSandbox(ctx, keyA, SandboxArgs{})
+		sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ex, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"fake", "block"}})
+		ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "block"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		_, err = s.Run(ctx, keyB, RunArgs{Argv: []string{"echo"}})
-		wantKind(t, err, Quota, "")
+		_, err = s.Run(ctx, keyB, service.RunArgs{Argv: []string{"echo"}})
+		wantKind(t, err, service.Quota, "")
 		if time.Since(start) < 50*time.Millisecond {
 			t.Error("refused without queueing")
 		}
@@ -287,23 +290,23 @@ func TestQuota(t *testing.T) {
 		if _, err := s.WaitExec(ctx, keyA, sb.ID, ex.ID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Run(ctx, keyB, RunArgs{Argv: []string{"echo"}}); err != nil {
+		if _, err := s.Run(ctx, keyB, service.RunArgs{Argv: []string{"echo"}}); err != nil {
 			t.Errorf("after the slot freed: %v", err)
 		}
 	})
 	t.Run("a queued run gets the slot when it frees up", func(t *testing.T) {
-		s, _, _ := newService(t, func(c *Config) { c.MaxConcurrent = 1; c.QueueWait = 5 * time.Second })
+		s, _, _ := newService(t, func(c *service.Config) { c.MaxConcurrent = 1; c.QueueWait = 5 * time.Second })
 		ctx := t.Context()
-		sb, err := s.CreateSandbox(ctx, keyA, SandboxArgs{})
+		sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ex, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"fake", "block"}})
+		ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "block"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
-		go func() { _, err := s.Run(ctx, keyB, RunArgs{Argv: []string{"echo"}}); done <- err }()
+		go func() { _, err := s.Run(ctx, keyB, service.RunArgs{Argv: []string{"echo"}}); done <- err }()
 		time.Sleep(20 * time.Millisecond)
 		if _, err := s.Signal(ctx, keyA, sb.ID, ex.ID, unix.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -319,32 +322,29 @@ func TestQuota(t *testing.T) {
 func TestConflict(t *testing.T) {
 	s, be, _ := newService(t, nil)
 	ctx := t.Context()
-	sb, err := s.CreateSandbox(ctx, keyA, SandboxArgs{})
+	sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"echo", "hi"}})
+	ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"echo", "hi"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ended, err := s.WaitExec(ctx, keyA, sb.ID, ex.ID); err != nil || ended.State != ExecExited {
+	if ended, err := s.WaitExec(ctx, keyA, sb.ID, ex.ID); err != nil || ended.State != service.ExecExited {
 		t.Fatalf("wait: %+v, %v", ended, err)
 	}
 	_, err = s.Signal(ctx, keyA, sb.ID, ex.ID, unix.SIGTERM)
-	wantKind(t, err, Conflict, "")
+	wantKind(t, err, service.Conflict, "")
 	_, err = s.WriteStdin(ctx, keyA, sb.ID, ex.ID, strings.NewReader("x"), true)
-	wantKind(t, err, Conflict, "") // not started with stdin open
+	wantKind(t, err, service.Conflict, "") // not started with stdin open
 
 	// Deleting: Close held, so the sandbox stays "deleting" meanwhile.
-	be.mu.Lock()
-	be.closeGate = make(chan struct{})
-	gate := be.closeGate
-	be.mu.Unlock()
+	release := be.HoldClose()
 	deleted := make(chan error, 1)
 	go func() { _, err := s.DeleteSandbox(ctx, keyA, sb.ID); deleted <- err }()
 	waitUntil(t, "the sandbox to be deleting", func() bool {
 		got, _ := s.GetSandbox(ctx, keyA, sb.ID)
-		return got.State == StateDeleting
+		return got.State == service.StateDeleting
 	})
 	tests := []struct {
 		name string
@@ -352,18 +352,21 @@ func TestConflict(t *testing.T) {
 	}{
 		{"delete again", func() error { _, err := s.DeleteSandbox(ctx, keyA, sb.ID); return err }},
 		{"set its timeout", func() error { _, err := s.SetTimeout(ctx, keyA, sb.ID, time.Minute); return err }},
-		{"start a command", func() error { _, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"echo"}}); return err }},
+		{"start a command", func() error {
+			_, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"echo"}})
+			return err
+		}},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { wantKind(t, tc.call(), Conflict, "") })
+		t.Run(tc.name, func(t *testing.T) { wantKind(t, tc.call(), service.Conflict, "") })
 	}
-	close(gate)
+	release()
 	if err := <-deleted; err != nil {
 		t.Fatal(err)
 	}
 	// Deleted: it is gone.
 	_, err = s.GetSandbox(ctx, keyA, sb.ID)
-	wantKind(t, err, NotFound, "")
+	wantKind(t, err, service.NotFound, "")
 }
 
 // TestEventsFeed: a command's events read through the service: output in
@@ -371,11 +374,11 @@ func TestConflict(t *testing.T) {
 func TestEventsFeed(t *testing.T) {
 	s, _, _ := newService(t, nil)
 	ctx := t.Context()
-	sb, err := s.CreateSandbox(ctx, keyA, SandboxArgs{})
+	sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex, err := s.StartExec(ctx, keyA, sb.ID, ExecArgs{Argv: []string{"fake", "cat"}, StdinOpen: true})
+	ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "cat"}, StdinOpen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,11 +415,11 @@ func TestEventsFeed(t *testing.T) {
 	if out.String() != "hello" {
 		t.Errorf("stdout %q", out.String())
 	}
-	if v := feed.Exec(); v.State != ExecExited || v.Result == nil || v.Result.Termination != result.Exited {
+	if v := feed.Exec(); v.State != service.ExecExited || v.Result == nil || v.Result.Termination != result.Exited {
 		t.Errorf("final view %+v", v)
 	}
 	_, err = s.WriteStdin(ctx, keyA, sb.ID, ex.ID, strings.NewReader("x"), false)
-	wantKind(t, err, Conflict, "")
+	wantKind(t, err, service.Conflict, "")
 }
 
 // TestClassify: the one classification of Moat's errors.
@@ -424,33 +427,33 @@ func TestClassify(t *testing.T) {
 	tests := []struct {
 		name  string
 		err   error
-		kind  Kind
+		kind  service.Kind
 		field string
 	}{
-		{"usage", fmt.Errorf("%w: argv is empty", engine.ErrUsage), Invalid, ""},
-		{"manifest field", &manifest.FieldError{Field: "resources.memory", Problem: "is too small"}, Invalid, "resources.memory"},
-		{"workspace limit", &workspace.LimitError{Field: "workspace.size", Detail: "the files do not fit"}, TooLarge, "manifest.workspace.size"},
-		{"too large", ErrTooLarge, TooLarge, ""},
-		{"no space", unix.ENOSPC, TooLarge, ""},
-		{"missing path", fmt.Errorf("open a: %w", fs.ErrNotExist), NotFound, ""},
-		{"closed session", engine.ErrSessionClosed, Conflict, ""},
-		{"tier unavailable", tier.ErrUnavailable, Unavailable, ""},
-		{"service unavailable", ErrUnavailable, Unavailable, ""},
-		{"cancelled", context.Canceled, Unavailable, ""},
-		{"already classified", conflict("x"), Conflict, ""},
-		{"anything else", errors.New("boom"), Internal, ""},
+		{"usage", fmt.Errorf("%w: argv is empty", engine.ErrUsage), service.Invalid, ""},
+		{"manifest field", &manifest.FieldError{Field: "resources.memory", Problem: "is too small"}, service.Invalid, "resources.memory"},
+		{"workspace limit", &workspace.LimitError{Field: "workspace.size", Detail: "the files do not fit"}, service.TooLarge, "manifest.workspace.size"},
+		{"too large", service.ErrTooLarge, service.TooLarge, ""},
+		{"no space", unix.ENOSPC, service.TooLarge, ""},
+		{"missing path", fmt.Errorf("open a: %w", fs.ErrNotExist), service.NotFound, ""},
+		{"closed session", engine.ErrSessionClosed, service.Conflict, ""},
+		{"tier unavailable", tier.ErrUnavailable, service.Unavailable, ""},
+		{"service unavailable", service.ErrUnavailable, service.Unavailable, ""},
+		{"cancelled", context.Canceled, service.Unavailable, ""},
+		{"already classified", &service.Error{Kind: service.Conflict, Message: "x"}, service.Conflict, ""},
+		{"anything else", errors.New("boom"), service.Internal, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := Classify(tc.err, "file \"a\"")
+			e := service.Classify(tc.err, "file \"a\"")
 			if e.Kind != tc.kind || e.Field != tc.field {
-				t.Errorf("Classify(%v) = %+v, want kind %s field %q", tc.err, e, tc.kind, tc.field)
+				t.Errorf("service.Classify(%v) = %+v, want kind %s field %q", tc.err, e, tc.kind, tc.field)
 			}
-			if tc.kind == Internal && strings.Contains(e.Message, "boom") {
+			if tc.kind == service.Internal && strings.Contains(e.Message, "boom") {
 				t.Errorf("an internal error shows its cause: %q", e.Message)
 			}
-			if KindOf(e) != tc.kind {
-				t.Errorf("KindOf = %s", KindOf(e))
+			if service.KindOf(e) != tc.kind {
+				t.Errorf("service.KindOf = %s", service.KindOf(e))
 			}
 		})
 	}

@@ -90,11 +90,3 @@ func rpcFromService(err error) *connect.Error {
 func writeRPCError(w http.ResponseWriter, status int, e *connect.Error) {
 	writeJSON(w, status, map[string]string{"code": e.Code().String(), "message": e.Message()})
 }
-
-func asConnect(err error) *connect.Error {
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return ce
-	}
-	return connect.NewError(connect.CodeInternal, err)
-}

@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/server"
 	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 const keyA, keyB = "moat_ka_secret", "moat_kb_secret"
@@ -27,7 +28,7 @@ const keyA, keyB = "moat_ka_secret", "moat_kb_secret"
 type env struct {
 	t    *testing.T
 	url  string
-	b    *fakeBackend
+	b    *servicetest.Backend
 	h    *Handler
 	api  *server.Server
 	keys *fakeKeys
@@ -35,26 +36,48 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	b := &fakeBackend{dir: t.TempDir(), live: map[string]*fakeSession{}}
+	b := &servicetest.Backend{Dir: t.TempDir()}
+	au := servicetest.NewAuditor()
+	for token, k := range keys {
+		au.AddKey(token, k)
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	api, err := server.New(server.Config{Backend: b, Auditor: fakeAuditor{}, Logger: log, MaxBodyBytes: 1 << 16,
+	api, err := server.New(server.Config{Backend: b, Auditor: au, Logger: log, MaxBodyBytes: 1 << 16,
 		ReapInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fk := &fakeKeys{revoked: map[string]bool{}}
-	h := New(Config{Service: api.Service(), Auditor: fakeAuditor{}, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16})
+	h := New(Config{Service: api.Service(), Auditor: au, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16})
 	ts := httptest.NewServer(h.Wrap(api.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		api.Shutdown(ctx)
-		if n := b.liveCount(); n != 0 {
+		if n, _, _, _ := b.Counts(); n != 0 {
 			t.Errorf("%d sandboxes left after shutdown", n)
 		}
 	})
 	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk}
+}
+
+// live is how many of the fake backend's sandboxes are not yet closed.
+func (e *env) live() int {
+	n, _, _, _ := e.b.Counts()
+	return n
+}
+
+// session is the fake backend's session id.
+func (e *env) session(id string) *servicetest.Session {
+	e.t.Helper()
+	for _, s := range e.b.Sessions() {
+		if s.ID() == id {
+			return s
+		}
+	}
+	e.t.Fatalf("no session %s", id)
+	return nil
 }
 
 // alive reports whether key keyID's Moat sandbox id is live (running), as
@@ -177,7 +200,7 @@ func TestControlPlane(t *testing.T) {
 	e.create(keyB, `{"templateID":"base","metadata":{"team":"x"}}`)
 
 	// The manifest Moat got.
-	if env := e.b.reqs[0].Manifest.Env; env["WHO"] != "me" {
+	if env := e.b.Sessions()[0].Manifest().Env; env["WHO"] != "me" {
 		t.Errorf("envVars did not reach the manifest: %v", env)
 	}
 
@@ -272,7 +295,7 @@ func TestControlPlane(t *testing.T) {
 		}
 	})
 	t.Run("refused", func(t *testing.T) {
-		before := e.b.n.Load()
+		_, before, _, _ := e.b.Counts()
 		tests := []struct {
 			name, method, path, key, body string
 			status                        int
@@ -308,7 +331,7 @@ func TestControlPlane(t *testing.T) {
 				wantE2BError(t, tc.name, status, body, tc.status)
 			})
 		}
-		if n := e.b.n.Load(); n != before {
+		if _, n, _, _ := e.b.Counts(); n != before {
 			t.Errorf("refused requests created %d sandboxes", n-before)
 		}
 		if ok := e.alive("ka", c.SandboxID); !ok {
@@ -317,7 +340,7 @@ func TestControlPlane(t *testing.T) {
 	})
 	t.Run("allowlist", func(t *testing.T) {
 		e.create(keyB, `{"templateID":"base","network":{"allowOut":["example.com","192.0.2.0/24"],"denyOut":["0.0.0.0/0"]}}`)
-		n := e.b.reqs[len(e.b.reqs)-1].Manifest.Network
+		n := e.b.Sessions()[len(e.b.Sessions())-1].Manifest().Network
 		if n.Mode != "allowlist" || !slices.Equal(n.Allow, []string{"example.com"}) || !slices.Equal(n.AllowAddresses, []string{"192.0.2.0/24"}) {
 			t.Errorf("network: %+v", n)
 		}
@@ -351,7 +374,7 @@ func TestTimeoutDestroys(t *testing.T) {
 	c := e.create(keyA, `{"templateID":"base","timeout":1}`)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if ok := e.alive("ka", c.SandboxID); !ok && e.b.liveCount() == 0 {
+		if ok := e.alive("ka", c.SandboxID); !ok && e.live() == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -529,7 +552,7 @@ func TestFilesREST(t *testing.T) {
 		t.Errorf("gzip download %q", got)
 	}
 
-	before := e.b.liveCount()
+	before := e.live()
 	tests := []struct {
 		name, method, path string
 		hdr                map[string]string
@@ -553,7 +576,7 @@ func TestFilesREST(t *testing.T) {
 			wantE2BError(t, tc.name, resp.StatusCode, body, tc.want)
 		})
 	}
-	if e.b.liveCount() != before {
+	if e.live() != before {
 		t.Error("file requests created or destroyed sandboxes")
 	}
 }
@@ -567,7 +590,7 @@ func TestProcess(t *testing.T) {
 	}
 	run := func(args ...string) (pid float64, stdout, stderr string, end map[string]any) {
 		t.Helper()
-		msgs, last := e.serverStream(c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "/bin/bash", "args": args}})
+		msgs, last := e.serverStream(c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "fake", "args": args}})
 		if last["error"] != nil {
 			t.Fatalf("Start %v: %v", args, last)
 		}
@@ -590,22 +613,22 @@ func TestProcess(t *testing.T) {
 		}
 		return
 	}
-	pid, out, _, end := run("-c", "hello")
+	pid, out, _, end := run("out:hello")
 	if pid != 1 || out != "hello\n" || end["exited"] != true || end["exitCode"] != nil && end["exitCode"] != 0.0 {
 		t.Errorf("echo: pid %v out %q end %v", pid, out, end)
 	}
-	_, _, errOut, end := run("-c", "fail")
+	_, _, errOut, end := run("err:bad", "exit:3")
 	if errOut != "bad\n" || end["exitCode"] != 3.0 || end["status"] != "exit status 3" {
 		t.Errorf("fail: stderr %q end %v", errOut, end)
 	}
-	if _, out, _, _ := run("-c", "env"); out != "me\n" {
+	if _, out, _, _ := run("env:WHO"); out != "me\n" {
 		t.Errorf("envVars in the command: %q", out)
 	}
 
 	// A background process: stdin, list, signal, connect.
 	done := make(chan map[string]any, 1)
 	go func() {
-		msgs, last := e.serverStream(c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "cat"}, "stdin": true, "tag": "t1"})
+		msgs, last := e.serverStream(c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "fake", "args": []string{"cat"}}, "stdin": true, "tag": "t1"})
 		var out string
 		for _, m := range msgs {
 			if d, ok := m["event"].(map[string]any)["data"].(map[string]any); ok && d["stdout"] != nil {
@@ -648,7 +671,7 @@ func TestProcess(t *testing.T) {
 	}
 
 	go func() {
-		_, last := e.serverStream(c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "sleep"}, "tag": "s"})
+		_, last := e.serverStream(c, "process.Process/Start", map[string]any{"process": map[string]any{"cmd": "fake", "args": []string{"block"}}, "tag": "s"})
 		done <- last
 	}()
 	var sleepPid float64
@@ -734,7 +757,7 @@ func TestWatchDir(t *testing.T) {
 	if err != nil || !strings.Contains(string(first), `"start"`) {
 		t.Fatalf("first message %s %v", first, err)
 	}
-	e.b.live[c.SandboxID].WriteFile("new.txt", strings.NewReader("x"), 0o644)
+	e.session(c.SandboxID).WriteFile("new.txt", strings.NewReader("x"), 0o644)
 	_, ev, err := readEnvelope(resp.Body)
 	if err != nil || !strings.Contains(string(ev), `"name":"new.txt"`) || !strings.Contains(string(ev), "EVENT_TYPE_CREATE") {
 		t.Errorf("event %s %v", ev, err)
@@ -765,7 +788,7 @@ func TestPollWatcher(t *testing.T) {
 	if st != 200 || id == "" {
 		t.Fatalf("CreateWatcher: %d %v", st, out)
 	}
-	sess := e.b.live[c.SandboxID]
+	sess := e.session(c.SandboxID)
 	sess.WriteFile("sub/a.txt", strings.NewReader("1"), 0o644)
 	st, out = e.unary(c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": id})
 	got := map[string]bool{}

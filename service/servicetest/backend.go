@@ -1,0 +1,463 @@
+package servicetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
+)
+
+var (
+	_ service.Backend      = (*Backend)(nil)
+	_ service.PoolReporter = (*Backend)(nil)
+	_ service.Session      = (*Session)(nil)
+	_ service.Process      = (*Process)(nil)
+	_ service.CPUReporter  = (*Session)(nil)
+	_ service.Ender        = (*Session)(nil)
+)
+
+// Backend is a service.Backend whose sandboxes are directories under Dir
+// (the default temporary directory when empty) and whose programs are the
+// interpreter of the package doc. Its zero value is ready to use.
+type Backend struct {
+	Dir string // parent of the sessions' workspaces
+
+	mu        sync.Mutex
+	live      int // sessions not yet closed
+	created   int // sessions ever created
+	runs      int // Run calls that reached the program
+	inflight  int // Run calls not yet returned
+	lastRun   map[string]string
+	lastMode  map[string]fs.FileMode
+	lastReq   *engine.Request
+	sessions  []*Session
+	pools     []service.PoolStat
+	closeGate chan struct{} // when set, holds every Close until closed
+}
+
+// Counts returns how many sessions are live (not yet closed) and were
+// ever created, how many Run calls reached their program, and how many
+// Run calls have not returned yet.
+func (b *Backend) Counts() (live, created, runs, inflight int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.live, b.created, b.runs, b.inflight
+}
+
+// SetPools sets what PoolStats reports.
+func (b *Backend) SetPools(pools []service.PoolStat) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pools = pools
+}
+
+// LastRun returns the files (contents and modes) and the request of the
+// last Run call that reached its program.
+func (b *Backend) LastRun() (files map[string]string, modes map[string]fs.FileMode, req *engine.Request) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastRun, b.lastMode, b.lastReq
+}
+
+// Sessions returns every session NewSession made, in order, closed or not.
+func (b *Backend) Sessions() []*Session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.sessions)
+}
+
+// HoldClose makes every Session.Close from now on wait until release is
+// called, so that a test can look at a sandbox while it is being deleted.
+func (b *Backend) HoldClose() (release func()) {
+	gate := make(chan struct{})
+	b.mu.Lock()
+	b.closeGate = gate
+	b.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// PoolStats reports the pools SetPools set (service.PoolReporter).
+func (b *Backend) PoolStats() []service.PoolStat {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pools
+}
+
+// Run runs req's program to its end (service.Backend).
+func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result, error) {
+	b.mu.Lock()
+	b.inflight++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.inflight--
+		b.mu.Unlock()
+	}()
+	if req.Manifest == nil || len(req.Argv) == 0 {
+		return nil, fmt.Errorf("%w: no manifest or argv", engine.ErrUsage)
+	}
+	switch req.Argv[0] {
+	case "fail-usage":
+		return nil, fmt.Errorf("%w: no command given", engine.ErrUsage)
+	case "fail-field":
+		return nil, &manifest.FieldError{Field: "tier", Value: "gvisor", Problem: "is not implemented yet; available: native"}
+	case "fail-internal":
+		return nil, errors.New("mount /var/lib/moat/secret: permission denied")
+	case "fail-unavailable":
+		return nil, fmt.Errorf("tier gvisor: %w", service.ErrUnavailable)
+	case "panic":
+		panic("the fake backend panics")
+	}
+	files := map[string]string{}
+	modes := map[string]fs.FileMode{}
+	for _, f := range req.Files {
+		data, err := io.ReadAll(f.Data)
+		if err != nil {
+			return nil, err
+		}
+		files[f.Path] = string(data)
+		modes[f.Path] = f.Mode
+	}
+	b.mu.Lock()
+	b.runs++
+	b.lastRun, b.lastMode, b.lastReq = files, modes, req
+	b.mu.Unlock()
+	if req.OnStart != nil {
+		// The fake's "sandbox" is the test process itself.
+		req.OnStart(req.ID, func() ([]int, error) { return []int{os.Getpid()}, nil })
+	}
+	p := &program{argv: req.Argv, stdin: req.Stdin, sig: make(chan unix.Signal), kill: ctx.Done(), manifest: req.Manifest}
+	return p.run(), nil
+}
+
+// NewSession makes a session whose workspace is a new directory under Dir
+// holding req's files (service.Backend).
+func (b *Backend) NewSession(ctx context.Context, req *engine.SessionRequest) (service.Session, error) {
+	if req.Manifest == nil {
+		return nil, fmt.Errorf("%w: no manifest", engine.ErrUsage)
+	}
+	b.mu.Lock()
+	b.created++
+	n := b.created
+	b.mu.Unlock()
+	dir, err := os.MkdirTemp(b.Dir, "sb-")
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Session{b: b, id: fmt.Sprintf("sb-%04d", n), dir: dir, root: root, manifest: req.Manifest, created: time.Now()}
+	for _, f := range req.Files {
+		if _, err := s.WriteFile(f.Path, f.Data, f.Mode); err != nil {
+			root.Close()
+			return nil, err
+		}
+	}
+	b.mu.Lock()
+	b.live++
+	b.sessions = append(b.sessions, s)
+	b.mu.Unlock()
+	return s, nil
+}
+
+// Session is one sandbox of a Backend: a directory and the commands
+// started in it.
+type Session struct {
+	b        *Backend
+	id       string
+	dir      string
+	root     *os.Root
+	manifest *manifest.Manifest
+	created  time.Time
+
+	mu     sync.Mutex
+	closed bool
+	dead   bool // a command killed its init
+	procs  []*Process
+	nproc  int
+}
+
+// ID is the session's id, sb-NNNN.
+func (s *Session) ID() string { return s.id }
+
+// Dir is the directory that holds the session's workspace.
+func (s *Session) Dir() string { return s.dir }
+
+// Manifest is the manifest the session was made with.
+func (s *Session) Manifest() *manifest.Manifest { return s.manifest }
+
+// KillInit marks the session's init as dead without any command seeing
+// it, as a sandbox whose init died on its own: the next Start fails with
+// engine.ErrSandboxEnded and Ended reports true.
+func (s *Session) KillInit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dead = true
+}
+
+// Info describes the session (image python, tier fake).
+func (s *Session) Info() engine.SessionInfo {
+	return engine.SessionInfo{ID: s.id, Tier: "fake", Image: result.Image{Name: "python", Digest: "sha256:fake"}, ManifestDigest: s.manifest.Digest(), Created: s.created}
+}
+
+// Ended reports whether a command killed the fake's init (Ender).
+func (s *Session) Ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dead || s.closed
+}
+
+// CPU pretends the sandbox keeps one CPU busy (CPUReporter).
+func (s *Session) CPU() (time.Duration, error) {
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	return time.Since(s.created), nil
+}
+
+func (s *Session) check() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return engine.ErrSessionClosed
+	}
+	return nil
+}
+
+// Start starts req's program in the session (service.Session).
+func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.Process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, engine.ErrSessionClosed
+	}
+	if req.Argv[0] == "fail-start" {
+		return nil, fmt.Errorf("%w: no such program", engine.ErrUsage)
+	}
+	if s.dead {
+		return nil, fmt.Errorf("start command: %w (send command to init: broken pipe)", engine.ErrSandboxEnded)
+	}
+	if slices.Contains(req.Argv, "kill-init") {
+		s.dead = true // as "kill 1" inside a real sandbox
+	}
+	s.nproc++
+	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
+	stdin := req.Stdin
+	if req.StdinOpen {
+		r, w := io.Pipe()
+		p.stdinW, p.stdinR, stdin = w, r, r
+	}
+	s.procs = append(s.procs, p)
+	prog := &program{argv: req.Argv, env: req.Env, stdin: stdin, stdout: req.Stdout, stderr: req.Stderr, sig: p.sig, kill: p.kill, manifest: s.manifest}
+	go func() {
+		res := prog.run()
+		if p.stdinR != nil {
+			p.stdinR.CloseWithError(errors.New("the process has ended"))
+		}
+		p.res.Store(res)
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (s *Session) WriteFile(p string, r io.Reader, mode fs.FileMode) (int64, error) {
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	if d := path.Dir(p); d != "." {
+		if err := s.root.MkdirAll(d, 0o755); err != nil {
+			return 0, err
+		}
+	}
+	f, err := s.root.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return io.Copy(f, r)
+}
+
+func (s *Session) info(p string, fi fs.FileInfo) engine.FileInfo {
+	t := "other"
+	switch {
+	case fi.Mode().IsRegular():
+		t = "file"
+	case fi.IsDir():
+		t = "dir"
+	case fi.Mode()&fs.ModeSymlink != 0:
+		t = "symlink"
+	}
+	info := engine.FileInfo{Name: fi.Name(), Path: p, Type: t, Size: fi.Size(), Mode: fmt.Sprintf("%04o", fi.Mode().Perm()), ModTime: fi.ModTime().UTC()}
+	if t == "symlink" {
+		info.Target, _ = s.root.Readlink(p)
+	}
+	return info
+}
+
+func (s *Session) Open(p string) (*os.File, engine.FileInfo, error) {
+	if err := s.check(); err != nil {
+		return nil, engine.FileInfo{}, err
+	}
+	fi, err := s.root.Lstat(p)
+	if err != nil {
+		return nil, engine.FileInfo{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, engine.FileInfo{}, fmt.Errorf("%s: %w", p, engine.ErrUsage)
+	}
+	f, err := s.root.Open(p)
+	return f, s.info(p, fi), err
+}
+
+func (s *Session) ReadDir(p string) ([]engine.FileInfo, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	f, err := s.root.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, err
+	}
+	var out []engine.FileInfo
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s.info(path.Join(p, e.Name()), fi))
+	}
+	return out, nil
+}
+
+func (s *Session) Stat(p string) (engine.FileInfo, error) {
+	if p == "panic" {
+		panic("the fake session panics on Stat")
+	}
+	if err := s.check(); err != nil {
+		return engine.FileInfo{}, err
+	}
+	fi, err := s.root.Lstat(p)
+	if err != nil {
+		return engine.FileInfo{}, err
+	}
+	return s.info(p, fi), nil
+}
+
+func (s *Session) MakeDir(p string) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	return s.root.MkdirAll(p, 0o755)
+}
+
+func (s *Session) Rename(from, to string) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	return s.root.Rename(from, to)
+}
+
+func (s *Session) Remove(p string) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if _, err := s.root.Lstat(p); err != nil {
+		return err
+	}
+	return s.root.RemoveAll(p)
+}
+
+// Close kills the session's commands, waits for them and removes its
+// directory; see Backend.HoldClose.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	procs := s.procs
+	s.mu.Unlock()
+	s.b.mu.Lock()
+	g := s.b.closeGate
+	s.b.mu.Unlock()
+	if g != nil {
+		<-g
+	}
+	for _, p := range procs {
+		p.killOnce.Do(func() { close(p.kill) })
+	}
+	for _, p := range procs {
+		<-p.done
+	}
+	s.root.Close()
+	os.RemoveAll(s.dir)
+	s.b.mu.Lock()
+	s.b.live--
+	s.b.mu.Unlock()
+	return nil
+}
+
+// Process is one command started in a Session.
+type Process struct {
+	id       string
+	argv     []string
+	sig      chan unix.Signal
+	kill     chan struct{}
+	killOnce sync.Once
+	done     chan struct{}
+	res      atomic.Pointer[result.Result]
+	stdinW   *io.PipeWriter
+	stdinR   *io.PipeReader
+}
+
+func (p *Process) ID() string     { return p.id }
+func (p *Process) Argv() []string { return p.argv }
+func (p *Process) Stdin() io.WriteCloser {
+	if p.stdinW == nil {
+		return nil
+	}
+	return p.stdinW
+}
+
+func (p *Process) Signal(sig unix.Signal) error {
+	select {
+	case <-p.done:
+		return errors.New("the process has ended")
+	case p.sig <- sig:
+		return nil
+	default:
+		return errors.New("signal queue full")
+	}
+}
+
+func (p *Process) Done() <-chan struct{} { return p.done }
+func (p *Process) Result() *result.Result {
+	select {
+	case <-p.done:
+		return p.res.Load()
+	default:
+		return nil
+	}
+}
