@@ -9,6 +9,27 @@ import (
 	"github.com/moat-sandbox/moat/audit"
 )
 
+// admit lets key start a one-shot run or a sandbox: the service is taking
+// work, the key holds fewer than its quota of sandboxes and runs, and it
+// has CPU time left today. leave ends the request's in-flight mark;
+// release frees the key's slot (a sandbox keeps it until destroyed). On
+// an error nothing is held.
+func (s *Service) admit(key audit.Key) (leave, release func(), e *Error) {
+	if leave, e = s.enter(); e != nil {
+		return nil, nil, e
+	}
+	if release, e = s.hold(key); e != nil {
+		leave()
+		return nil, nil, e
+	}
+	if e = s.checkCPU(key); e != nil {
+		release()
+		leave()
+		return nil, nil, e
+	}
+	return leave, release, nil
+}
+
 // enter admits a request that starts work (a run, a sandbox, a command)
 // unless the server is shutting down. leave is called once the work is
 // registered (or over), so Shutdown knows when nothing new can appear.

@@ -24,19 +24,12 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 	if len(args.Argv) == 0 || args.Argv[0] == "" {
 		return RunResponse{}, InvalidField("argv", "is missing: give argv, e.g. [\"python3\", \"main.py\"], or code with language")
 	}
-	leave, e := s.enter()
+	leave, release, e := s.admit(key)
 	if e != nil {
 		return RunResponse{}, e
 	}
 	defer leave()
-	release, e := s.hold(key)
-	if e != nil {
-		return RunResponse{}, e
-	}
 	defer release()
-	if e := s.checkCPU(key); e != nil {
-		return RunResponse{}, e
-	}
 	slot, e := s.acquire(ctx)
 	if e != nil {
 		return RunResponse{}, e

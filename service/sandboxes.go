@@ -55,24 +55,17 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 	if args.Manifest == nil {
 		args.Manifest = manifest.Default()
 	}
-	leave, e := s.enter()
+	leave, release, e := s.admit(key)
 	if e != nil {
 		return Sandbox{}, e
 	}
 	defer leave()
-	release, e := s.hold(key)
-	if e != nil {
-		return Sandbox{}, e
-	}
 	registered := false
 	defer func() {
 		if !registered {
 			release()
 		}
 	}()
-	if e := s.checkCPU(key); e != nil {
-		return Sandbox{}, e
-	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
