@@ -270,16 +270,9 @@ func TestQuota(t *testing.T) {
 	t.Run("server-wide concurrency", func(t *testing.T) {
 		s, _, _ := newService(t, func(c *service.Config) { c.MaxConcurrent = 1; c.QueueWait = 50 * time.Millisecond })
 		ctx := t.Context()
-		sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "block"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		sb, ex := occupySlot(t, s)
 		start := time.Now()
-		_, err = s.Run(ctx, keyB, service.RunArgs{Argv: []string{"echo"}})
+		_, err := s.Run(ctx, keyB, service.RunArgs{Argv: []string{"echo"}})
 		wantKind(t, err, service.Quota, "")
 		if time.Since(start) < 50*time.Millisecond {
 			t.Error("refused without queueing")
@@ -297,14 +290,7 @@ func TestQuota(t *testing.T) {
 	t.Run("a queued run gets the slot when it frees up", func(t *testing.T) {
 		s, _, _ := newService(t, func(c *service.Config) { c.MaxConcurrent = 1; c.QueueWait = 5 * time.Second })
 		ctx := t.Context()
-		sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ex, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "block"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		sb, ex := occupySlot(t, s)
 		done := make(chan error, 1)
 		go func() { _, err := s.Run(ctx, keyB, service.RunArgs{Argv: []string{"echo"}}); done <- err }()
 		time.Sleep(20 * time.Millisecond)
@@ -315,6 +301,21 @@ func TestQuota(t *testing.T) {
 			t.Errorf("queued run: %v", err)
 		}
 	})
+}
+
+// occupySlot takes the service's only slot (MaxConcurrent 1) with a
+// command of keyA's that blocks until signalled.
+func occupySlot(t *testing.T, s *service.Service) (service.Sandbox, service.Exec) {
+	t.Helper()
+	sb, err := s.CreateSandbox(t.Context(), keyA, service.SandboxArgs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := s.StartExec(t.Context(), keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "block"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb, ex
 }
 
 // TestConflict: a sandbox that is being or has been deleted, and a
