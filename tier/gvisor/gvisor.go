@@ -260,20 +260,6 @@ func runscVersion(path string) (string, error) {
 	return version + " (" + platform + ")", nil
 }
 
-// validID accepts ^[a-z0-9][a-z0-9-]{0,63}$: the id names a cgroup
-// directory and runsc's container.
-func validID(id string) bool {
-	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // findGuest resolves Options.Guest and checks that it can run inside the
 // sandbox: a regular, statically linked executable (the image's libc is
 // not Moat's). The host never runs it.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/gvinit"
+	"github.com/moat-sandbox/moat/internal/runid"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/native"
@@ -120,8 +121,8 @@ func (s *sandbox) RuntimeProcs() ([]int, error) {
 // it boots; WaitReady, Exec and Start wait for init to serve. On any
 // failure everything created so far is undone.
 func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
-	if !validID(spec.ID) {
-		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
+	if err := runid.Check(spec.ID); err != nil {
+		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
 	if err := checkSpec(spec); err != nil {
 		return nil, err

@@ -27,6 +27,7 @@ import (
 
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/internal/runid"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/seccomp"
 	"github.com/moat-sandbox/moat/tier"
@@ -109,20 +110,6 @@ func (n *Native) Capabilities() tier.Capabilities { return n.caps }
 // Cgroups exposes the cgroup host for garbage collection of orphans.
 func (n *Native) Cgroups() *cgroup.Host { return n.cg }
 
-// validID accepts ^[a-z0-9][a-z0-9-]{0,63}$: the id names a cgroup
-// directory.
-func validID(id string) bool {
-	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // sandbox is one prepared native sandbox.
 type sandbox struct {
 	spec    *tier.Spec
@@ -153,8 +140,8 @@ type sandbox struct {
 // Prepare implements tier.Tier: cgroup, workspace and init, waiting for a
 // command. On any failure everything created so far is undone.
 func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
-	if !validID(spec.ID) {
-		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
+	if err := runid.Check(spec.ID); err != nil {
+		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
 	if !n.caps.Landlock && !slices.Contains(spec.AllowMissing, "landlock") {
 		return nil, fmt.Errorf("%w: landlock is not available on this kernel; the manifest can accept running without it with security.allow_missing: [landlock]", tier.ErrUnavailable)
