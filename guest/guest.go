@@ -19,13 +19,6 @@ import (
 	"github.com/moat-sandbox/moat/guest/vmagent"
 )
 
-// SourceID identifies the source tree this binary was built from, set at
-// build time by scripts/setup for moat and moat-guest alike (-ldflags
-// "-X github.com/moat-sandbox/moat/guest.SourceID=..."): moat runs
-// moat-guest only when both carry the same non-empty ID
-// (engine.GuestBinary). Empty in any other build.
-var SourceID string
-
 // Dispatch becomes the guest role this process was started as, by its
 // hidden argument (or, for the microvm agent, by being the VM's /init),
 // and then never returns. It returns when the process is none of them.
