@@ -16,6 +16,7 @@ import (
 
 	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/guest/vmagent"
 )
 
@@ -26,7 +27,7 @@ import (
 func Dispatch() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case nsinit.Arg:
+		case nswire.Arg:
 			nsinit.Main()
 		case gvinit.Arg:
 			gvinit.Main()

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -42,7 +42,7 @@ type Sandbox struct {
 	accel  string
 	vm     *vm
 	ready  chan struct{}
-	hello  *vmagent.Hello
+	hello  *vmwire.Hello
 	bootE  error
 	booted time.Time
 	start  time.Time
@@ -123,7 +123,7 @@ func (s *Sandbox) startVM(cfg *VMConfig) {
 			rc := *cfg
 			rc.QMP = filepath.Join(cfg.RunDir, "qmp.sock")
 			if _, err = m.restore(ctx, &rc, s.cg, f, s.track); err == nil {
-				s.hello, s.how, s.booted = &vmagent.Hello{Kernel: meta.Kernel}, "restored", time.Now()
+				s.hello, s.how, s.booted = &vmwire.Hello{Kernel: meta.Kernel}, "restored", time.Now()
 				return
 			}
 			if s.destroyed() {
@@ -286,7 +286,7 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 			return s.infra(start, "the VMM's CPU limit: %v", err), nil
 		}
 	}
-	req := vmagent.Request{
+	req := vmwire.Request{
 		Argv: c.Argv, Env: c.Env, Dir: c.Dir, UID: guestUID,
 		MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUTime: int64(lim.CPUTime), OpenFiles: lim.OpenFiles,
 		FileSizeBytes: lim.FileSizeBytes, WorkspaceBytes: lim.WorkspaceBytes, WorkspaceFiles: lim.WorkspaceFiles, TmpBytes: lim.TmpBytes,
@@ -312,27 +312,27 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	send := func(typ byte, p []byte) error {
 		wmu.Lock()
 		defer wmu.Unlock()
-		return vmagent.WriteFrame(conn, typ, p)
+		return vmwire.WriteFrame(conn, typ, p)
 	}
-	if err := send(vmagent.FrameRequest, rb); err != nil {
+	if err := send(vmwire.FrameRequest, rb); err != nil {
 		return s.infra(start, "send request: %v", err), nil
 	}
-	if err := sendWorkspace(s.ws, &vmagent.FrameWriter{W: send, Typ: vmagent.FrameWorkspace}); err != nil {
+	if err := sendWorkspace(s.ws, &vmwire.FrameWriter{W: send, Typ: vmwire.FrameWorkspace}); err != nil {
 		return s.infra(start, "send workspace: %v", err), nil
 	}
-	if err := send(vmagent.FrameWorkspaceEnd, nil); err != nil {
+	if err := send(vmwire.FrameWorkspaceEnd, nil); err != nil {
 		return s.infra(start, "send workspace: %v", err), nil
 	}
 	go func() {
 		if c.Stdin != nil {
-			io.Copy(&vmagent.FrameWriter{W: send, Typ: vmagent.FrameStdin}, c.Stdin)
+			io.Copy(&vmwire.FrameWriter{W: send, Typ: vmwire.FrameStdin}, c.Stdin)
 		}
-		send(vmagent.FrameStdinEnd, nil)
+		send(vmwire.FrameStdinEnd, nil)
 	}()
 
 	type collected struct {
 		out  *tier.Outcome
-		res  *vmagent.Result
+		res  *vmwire.Result
 		disk bool
 	}
 	done := make(chan collected, 1)
@@ -419,7 +419,7 @@ func accepted(degraded []string, allowNoLandlock bool) ([]string, error) {
 
 // classify fills out from what the guest reported (nil when it was
 // killed first), through the taxonomy all tiers share.
-func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r *vmagent.Result) {
+func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r *vmwire.Result) {
 	obs := tier.Observed{Exit: exit, TimedOut: timedOut, Lost: "the guest agent did not report the program's status"}
 	if r != nil {
 		// The guest's counters are its own word: bounded to sane values.
@@ -436,8 +436,8 @@ func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r 
 // collect reads the guest's frames until its result. Every frame is
 // hostile: sizes are bounded by ReadFrame, totals here, and anything out
 // of protocol ends the VM.
-func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool) {
-	fail := func(term result.Termination, format string, args ...any) (*tier.Outcome, *vmagent.Result, bool) {
+func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmwire.Result, bool) {
+	fail := func(term result.Termination, format string, args ...any) (*tier.Outcome, *vmwire.Result, bool) {
 		s.vm.kill()
 		return &tier.Outcome{Termination: term, Error: fmt.Sprintf(format, args...)}, nil, false
 	}
@@ -447,7 +447,7 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 	var diskHit bool
 	lim := s.spec.Limits
 	for {
-		typ, p, err := vmagent.ReadFrame(s.vm.r)
+		typ, p, err := vmwire.ReadFrame(s.vm.r)
 		if err != nil {
 			if tarPipe != nil {
 				tarPipe.CloseWithError(err)
@@ -461,19 +461,19 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 			return fail(result.InfraError, "guest agent channel: %v", err)
 		}
 		switch typ {
-		case vmagent.FrameStdout, vmagent.FrameStderr:
+		case vmwire.FrameStdout, vmwire.FrameStderr:
 			outBytes += int64(len(p))
 			if outBytes > s.m.opts.MaxOutputBytes {
 				return fail(result.OutputLimit, "the guest sent more than %d bytes of output; the VM was killed", s.m.opts.MaxOutputBytes)
 			}
 			w := c.Stdout
-			if typ == vmagent.FrameStderr {
+			if typ == vmwire.FrameStderr {
 				w = c.Stderr
 			}
 			if w != nil {
 				w.Write(p)
 			}
-		case vmagent.FrameTar:
+		case vmwire.FrameTar:
 			if tarPipe == nil {
 				var pr *io.PipeReader
 				pr, tarPipe = io.Pipe()
@@ -485,7 +485,7 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 				}()
 			}
 			tarPipe.Write(p)
-		case vmagent.FrameTarEnd:
+		case vmwire.FrameTarEnd:
 			if tarPipe != nil {
 				tarPipe.Close()
 				err := <-tarDone
@@ -496,13 +496,13 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 					return fail(result.InfraError, "workspace from the guest: %v", err)
 				}
 			}
-		case vmagent.FrameResult:
-			var r vmagent.Result
+		case vmwire.FrameResult:
+			var r vmwire.Result
 			if err := json.Unmarshal(p, &r); err != nil {
 				return fail(result.InfraError, "guest result: %v", err)
 			}
 			return nil, &r, diskHit
-		case vmagent.FrameFail:
+		case vmwire.FrameFail:
 			return fail(result.InfraError, "guest agent failed: %s", sanitize(p))
 		default:
 			return fail(result.InfraError, "guest agent sent an unknown frame %q", typ)

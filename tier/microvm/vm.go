@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/internal/guestkernel"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
@@ -131,9 +131,9 @@ func (m *MicroVM) startVMM(cfg *VMConfig, cg *cgroup.Cgroup) (*vm, error) {
 }
 
 // waitHello connects to the agent port and waits for the agent's hello.
-func (v *vm) waitHello(ctx context.Context) (*vmagent.Hello, error) {
+func (v *vm) waitHello(ctx context.Context) (*vmwire.Hello, error) {
 	type res struct {
-		h   *vmagent.Hello
+		h   *vmwire.Hello
 		err error
 	}
 	ch := make(chan res, 1)
@@ -162,21 +162,21 @@ func (v *vm) waitHello(ctx context.Context) (*vmagent.Hello, error) {
 	}
 }
 
-func (v *vm) hello() (*vmagent.Hello, error) {
+func (v *vm) hello() (*vmwire.Hello, error) {
 	if err := v.connect(); err != nil {
 		return nil, err
 	}
-	typ, p, err := vmagent.ReadFrame(v.r)
+	typ, p, err := vmwire.ReadFrame(v.r)
 	if err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
 	}
-	if typ == vmagent.FrameFail {
+	if typ == vmwire.FrameFail {
 		return nil, fmt.Errorf("guest agent failed: %s", sanitize(p))
 	}
-	if typ != vmagent.FrameHello {
+	if typ != vmwire.FrameHello {
 		return nil, fmt.Errorf("agent hello: unexpected frame %q", typ)
 	}
-	var h vmagent.Hello
+	var h vmwire.Hello
 	if err := json.Unmarshal(p, &h); err != nil {
 		return nil, fmt.Errorf("agent hello: %w", err)
 	}
@@ -200,7 +200,7 @@ func (v *vm) connect() error {
 	if err != nil {
 		return fmt.Errorf("connect to the egress port: %w", err)
 	}
-	ch, err := newEgressChannel(ec, v.egressProxy, vmagent.EgressMaxConns)
+	ch, err := newEgressChannel(ec, v.egressProxy, vmwire.EgressMaxConns)
 	if err != nil {
 		return fmt.Errorf("egress port: %w", err)
 	}
