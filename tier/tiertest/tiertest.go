@@ -223,15 +223,21 @@ func Run(t *testing.T, tg Target) {
 func runOne(t *testing.T, tg Target, lim tier.Limits, argv []string, extra map[string]string, stdin string) *Result {
 	t.Helper()
 	// The run's private directory (mode 0700, removed after Destroy, as
-	// the engine's runs/<id>), in a test directory: never below a Moat
-	// home, whose GC would take a directory without the engine's run lock
-	// for a dead run's.
+	// the engine's runs/<id>), in a temporary directory: never below a
+	// Moat home, whose GC would take a directory without the engine's run
+	// lock for a dead run's. A short path: runsc's control socket lives
+	// below it and Unix socket paths have at most 107 bytes (t.TempDir's
+	// names carry the test's name).
 	id := newID()
-	state := filepath.Join(t.TempDir(), id)
+	root, err := os.MkdirTemp("", "moat-tt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	state := filepath.Join(root, id)
 	if err := os.Mkdir(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(state)
 	spec := &tier.Spec{ID: id, ImageRoot: tg.ImageRoot, ImageEnv: tg.ImageEnv, ImageDigest: tg.ImageDigest, Limits: lim, StateDir: state}
 	sb, err := tg.Tier.Prepare(context.Background(), spec)
 	if err != nil {
