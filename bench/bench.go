@@ -304,42 +304,15 @@ func runOn(ctx context.Context, e *engine.Engine, m *manifest.Manifest, argv []s
 	return nil
 }
 
-// MigrationCost measures a cold cgroup v1 migration by pid (Cgroup.Add): the
-// kernel's global cgroup_threadgroup_rwsem makes the first writer after a
-// quiet spell wait for an RCU grace period. A run's init does not pay it:
-// its main thread moves itself (cgroup.Join), which skips that lock.
+// MigrationCost is cgroup.Host.MigrationCost on this host, in
+// milliseconds (0 on cgroup v2).
 func MigrationCost() (float64, error) {
 	h, err := cgroup.Detect()
 	if err != nil {
 		return 0, err
 	}
-	if h.Version != cgroup.V1 {
-		return 0, nil
-	}
-	var ts []time.Duration
-	for i := 0; i < 10; i++ {
-		cg, err := h.Create(fmt.Sprintf("bench-migration-%d-%d", os.Getpid(), i), cgroup.Limits{})
-		if err != nil {
-			return 0, err
-		}
-		p := exec.Command("sleep", "10")
-		if err := p.Start(); err != nil {
-			cg.Destroy()
-			return 0, err
-		}
-		time.Sleep(50 * time.Millisecond)
-		t0 := time.Now()
-		err = cg.Add(p.Process.Pid)
-		ts = append(ts, time.Since(t0))
-		p.Process.Kill()
-		p.Wait()
-		cg.Destroy()
-		if err != nil {
-			return 0, err
-		}
-	}
-	h.Prune()
-	return summarize("", "", ts).MedianMS, nil
+	d, err := h.MigrationCost()
+	return float64(d.Microseconds()) / 1000, err
 }
 
 func quiet(c *exec.Cmd, set func(*exec.Cmd)) error {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/runid"
 )
 
 // cfsPeriodUs is the CFS bandwidth period: 100 ms, the kernel default.
@@ -125,21 +127,6 @@ type Cgroup struct {
 	peakSeen  int64 // v2 without memory.peak: max memory.current observed
 }
 
-// validID accepts [A-Za-z0-9-]{1,64}: no '/', '.', or anything that could
-// make moat/<id> name another directory.
-func validID(id string) error {
-	if id == "" || len(id) > 64 {
-		return fmt.Errorf("cgroup id %q: must be 1 to 64 characters of [A-Za-z0-9-]", id)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
-			return fmt.Errorf("cgroup id %q: character %q not allowed; use [A-Za-z0-9-]", id, c)
-		}
-	}
-	return nil
-}
-
 // handle returns a Cgroup for moat/<id> without creating anything.
 func (h *Host) handle(id string) *Cgroup {
 	c := &Cgroup{id: id, host: h, fd: -1, parentsFD: -1}
@@ -168,8 +155,8 @@ func (h *Host) handle(id string) *Cgroup {
 // one v2 directory) and applies lim. An existing moat/<id> is an error: it
 // is never adopted. On any failure everything Create made is removed.
 func (h *Host) Create(id string, lim Limits) (*Cgroup, error) {
-	if err := validID(id); err != nil {
-		return nil, err
+	if err := runid.Check(id); err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
 	if err := lim.validate(); err != nil {
 		return nil, err

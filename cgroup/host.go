@@ -24,6 +24,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/runid"
 )
 
 // Version is the cgroup version a Host uses.
@@ -341,7 +343,7 @@ func (h *Host) Orphans() ([]string, error) {
 		}
 		for _, e := range ents {
 			// Interface files sit beside the child directories.
-			if e.IsDir() && validID(e.Name()) == nil {
+			if e.IsDir() && runid.Check(e.Name()) == nil {
 				seen[e.Name()] = true
 			}
 		}
@@ -358,8 +360,8 @@ func (h *Host) Orphans() ([]string, error) {
 // hierarchy. It is Destroy for a cgroup this process did not create (an
 // orphan); removing an id that does not exist is not an error.
 func (h *Host) Remove(id string) error {
-	if err := validID(id); err != nil {
-		return err
+	if err := runid.Check(id); err != nil {
+		return fmt.Errorf("cgroup: %w", err)
 	}
 	err := h.handle(id).Destroy()
 	if err == nil {

@@ -232,30 +232,6 @@ func TestParseControllers(t *testing.T) {
 	}
 }
 
-func TestValidID(t *testing.T) {
-	tests := []struct {
-		id string
-		ok bool
-	}{
-		{"run-123", true},
-		{"ABCxyz09", true},
-		{"", false},
-		{"..", false},
-		{".", false},
-		{"a/b", false},
-		{"../escape", false},
-		{"a.b", false},
-		{"a b", false},
-		{"a\x00b", false},
-		{string(make([]byte, 65)), false},
-	}
-	for _, tc := range tests {
-		if err := validID(tc.id); (err == nil) != tc.ok {
-			t.Errorf("validID(%q) = %v, want ok=%v", tc.id, err, tc.ok)
-		}
-	}
-}
-
 func FuzzParseMountinfo(f *testing.F) {
 	for _, s := range []string{mountinfoHybrid, mountinfoComounted, mountinfoV2, mountinfoV2Container, `1 2 0:1 / /a\04 rw - cgroup2 x rw`} {
 		f.Add([]byte(s))

@@ -626,4 +626,3 @@ func targetPort(hostport string, def int) (string, int, error) {
 	}
 	return h, def, nil
 }
-

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/internal/runid"
 )
 
 // Run directories, and who may remove them.
@@ -168,7 +170,7 @@ func (e *Engine) deadRuns() ([]deadRun, error) {
 	var errs []error
 	for _, ent := range ents {
 		id := strings.TrimPrefix(ent.Name(), legacyClaimPrefix)
-		if !ent.IsDir() || !validRunID(id) {
+		if !ent.IsDir() || runid.Check(id) != nil {
 			continue
 		}
 		dir := filepath.Join(runs, ent.Name())
@@ -186,18 +188,6 @@ func (e *Engine) deadRuns() ([]deadRun, error) {
 		dead = append(dead, deadRun{id: id, dir: dir, lock: f})
 	}
 	return dead, errors.Join(errs...)
-}
-
-func validRunID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // RunAlive reports whether dir, a run directory (runs/<id>) under any

@@ -27,10 +27,6 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
-	"github.com/moat-sandbox/moat/tier/gvisor"
-	"github.com/moat-sandbox/moat/tier/microvm"
-	"github.com/moat-sandbox/moat/tier/native"
-	"github.com/moat-sandbox/moat/tier/wasm"
 	"github.com/moat-sandbox/moat/workspace"
 )
 
@@ -136,46 +132,28 @@ func (e *Engine) Guest() string { return e.guestWhy }
 // Home is the engine's state directory.
 func (e *Engine) Home() string { return e.opts.Home }
 
-// Tier returns the named tier, initialising it on first use.
+// tierConfig is how this engine's tiers are built (moat doctor builds
+// them through Tier too, so both agree).
+func (e *Engine) tierConfig() tier.Config {
+	return tier.Config{Home: e.opts.Home, Exe: e.opts.Exe, Moat: e.opts.Moat}
+}
+
+// Tier returns the named tier, initialising it on first use: the tier
+// registered under that name (tier.Register; cmd/moat imports the four
+// tiers), built with this engine's home and binaries.
 func (e *Engine) Tier(name string) (tier.Tier, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if t, ok := e.tiers[name]; ok {
 		return t, nil
 	}
-	var t tier.Tier
-	switch name {
-	case native.Name:
-		n, err := native.New(native.Options{Exe: e.opts.Exe})
-		if err != nil {
-			return nil, err
-		}
-		t = n
-	case gvisor.Name:
-		g, err := gvisor.New(gvisor.Options{Guest: e.opts.Exe})
-		if err != nil {
-			return nil, err
-		}
-		t = g
-	case microvm.Name:
-		exe := e.opts.Exe
-		if exe == "" {
-			exe = "/proc/self/exe"
-		}
-		// The moat binary is also the guest's agent and the VMM's jailer.
-		v, err := microvm.New(microvm.Options{Home: e.opts.Home, Agent: exe, Jailer: e.opts.Moat})
-		if err != nil {
-			return nil, err
-		}
-		t = v
-	case wasm.Name:
-		w, err := wasm.New(wasm.Options{})
-		if err != nil {
-			return nil, err
-		}
-		t = w
-	default:
-		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: native, gvisor, microvm, wasm"}
+	newTier, err := tier.Lookup(name)
+	if err != nil {
+		return nil, &manifest.FieldError{Field: "tier", Value: name, Problem: "is not implemented yet; available: " + strings.Join(tier.List(), ", ")}
+	}
+	t, err := newTier(e.tierConfig())
+	if err != nil {
+		return nil, err
 	}
 	e.tiers[name] = t
 	return t, nil

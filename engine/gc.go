@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/tier/native"
+	"github.com/moat-sandbox/moat/tier"
 )
 
 // GCReport lists what GC removed.
@@ -51,14 +51,10 @@ func (e *Engine) GC() (GCReport, error) {
 func (e *Engine) collect(dead []deadRun, rep *GCReport, errs *[]error) {
 	// Every tier that confines a run in a cgroup (native, gvisor, and the
 	// microvm tier's VMM) names it moat/<run id>, so one host's orphans
-	// are every tier's. The native tier's view is used when it is there;
-	// otherwise (user namespaces off, say) the host's cgroups directly.
-	var cg *cgroup.Host
-	if t, err := e.Tier(native.Name); err == nil {
-		if n, ok := t.(*native.Native); ok {
-			cg = n.Cgroups()
-		}
-	}
+	// are every tier's. The view of a tier this engine has built is used
+	// when there is one (tier.OrphanCollector); otherwise the host's
+	// cgroups directly: GC does not start tiers to find out.
+	cg := e.orphanCollector()
 	if cg == nil {
 		cg, _ = cgroup.Detect()
 	}
@@ -160,4 +156,22 @@ func (e *Engine) LiveRuns() map[string]bool {
 		}
 	}
 	return live
+}
+
+// orphanCollector returns the cgroups of the first tier, by name, that
+// this engine has built and that collects orphans, or nil.
+func (e *Engine) orphanCollector() *cgroup.Host {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	names := make([]string, 0, len(e.tiers))
+	for n := range e.tiers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if oc, ok := e.tiers[n].(tier.OrphanCollector); ok {
+			return oc.Cgroups()
+		}
+	}
+	return nil
 }

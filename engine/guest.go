@@ -9,7 +9,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/moat-sandbox/moat/guest"
+	"github.com/moat-sandbox/moat/internal/sourceid"
 )
 
 // DefaultGuest is where scripts/setup installs moat-guest (cmd/moat-guest),
@@ -24,7 +24,7 @@ const DefaultGuest = "/usr/local/lib/moat/moat-guest"
 // (docs/RATIONALE.md).
 //
 // Built from exactly the same source means: scripts/setup stamped both
-// with the same source ID (guest.SourceID, a digest of the tree's files)
+// with the same source ID (sourceid.ID, a digest of the tree's files)
 // and both were built by the same Go version. Any other build (go build
 // by hand, go install, a test) has no ID and uses itself, so an outdated
 // moat-guest is never run. moat-guest must be a regular file owned by
@@ -39,10 +39,10 @@ func GuestBinary() (path, why string) {
 	if !ok {
 		return "/proc/self/exe", "this moat binary (it records no build information)"
 	}
-	if err := checkGuest(p, guest.SourceID, self.GoVersion); err != nil {
+	if err := checkGuest(p, sourceid.ID, self.GoVersion); err != nil {
 		return "/proc/self/exe", "this moat binary (" + err.Error() + ")"
 	}
-	return p, p + " (built from the same source, " + guest.SourceID + ")"
+	return p, p + " (built from the same source, " + sourceid.ID + ")"
 }
 
 // checkGuest says why the binary at p may not stand in for the guest half
@@ -85,7 +85,7 @@ func checkGuest(p, id, goVersion string) error {
 }
 
 // sourceIDFlag is how scripts/setup passes the source ID to the linker.
-const sourceIDFlag = "-X github.com/moat-sandbox/moat/guest.SourceID="
+const sourceIDFlag = "-X github.com/moat-sandbox/moat/internal/sourceid.ID="
 
 // sameSource is nil when other was built by Go goVersion with source id.
 func sameSource(id, goVersion string, other *debug.BuildInfo) error {

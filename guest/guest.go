@@ -16,15 +16,9 @@ import (
 
 	"github.com/moat-sandbox/moat/guest/gvinit"
 	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/guest/vmagent"
 )
-
-// SourceID identifies the source tree this binary was built from, set at
-// build time by scripts/setup for moat and moat-guest alike (-ldflags
-// "-X github.com/moat-sandbox/moat/guest.SourceID=..."): moat runs
-// moat-guest only when both carry the same non-empty ID
-// (engine.GuestBinary). Empty in any other build.
-var SourceID string
 
 // Dispatch becomes the guest role this process was started as, by its
 // hidden argument (or, for the microvm agent, by being the VM's /init),
@@ -33,7 +27,7 @@ var SourceID string
 func Dispatch() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case nsinit.Arg:
+		case nswire.Arg:
 			nsinit.Main()
 		case gvinit.Arg:
 			gvinit.Main()

@@ -37,14 +37,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/guest/gvinit/gvwire"
 	"github.com/moat-sandbox/moat/guest/relay"
 )
 
-// Arg is the hidden first argument that makes the moat binary this guest.
-const Arg = "__moat_gvisor_guest"
-
-// Ready is the line init writes on its stdout once it serves.
-const Ready = "ready"
+// Arg is the hidden first argument that makes the moat binary this guest
+// (gvwire.Arg: the host's side names it there).
+const Arg = gvwire.Arg
 
 // Main runs the guest. It never returns.
 func Main() {
@@ -91,7 +90,7 @@ func initMain(args []string) {
 	// init lets go of its standard descriptors, the only host files it
 	// had: the program can list /proc/1/fd (gVisor shows it to other
 	// users), and must find nothing of the host there.
-	os.Stdout.WriteString(Ready + "\n")
+	os.Stdout.WriteString(gvwire.Ready + "\n")
 	os.Stdin.Close()
 	os.Stdout.Close()
 	os.Stderr.Close()
@@ -123,19 +122,6 @@ var rlimits = map[string]int{
 	"fsize":  unix.RLIMIT_FSIZE,
 	"nproc":  unix.RLIMIT_NPROC,
 	"cpu":    unix.RLIMIT_CPU,
-}
-
-// ExecArgs is the guest command line that starts argv with the given
-// rlimits (name: soft limit; cpu's hard limit is one second more, so
-// SIGXCPU comes first).
-func ExecArgs(guest string, lim map[string]uint64, argv []string) []string {
-	out := []string{guest, Arg, "exec"}
-	for _, name := range []string{"core", "nofile", "fsize", "nproc", "cpu"} {
-		if v, ok := lim[name]; ok {
-			out = append(out, name+"="+strconv.FormatUint(v, 10))
-		}
-	}
-	return append(append(out, "--"), argv...)
 }
 
 // execMain: exec NAME=VALUE... -- ARGV...

@@ -3,7 +3,6 @@ package gvinit
 import (
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -14,14 +13,6 @@ func TestMain(m *testing.M) {
 		Main()
 	}
 	os.Exit(m.Run())
-}
-
-func TestExecArgs(t *testing.T) {
-	got := ExecArgs("/g", map[string]uint64{"cpu": 5, "nofile": 64, "core": 0}, []string{"sh", "-c", "x"})
-	want := []string{"/g", Arg, "exec", "core=0", "nofile=64", "cpu=5", "--", "sh", "-c", "x"}
-	if !slices.Equal(got, want) {
-		t.Errorf("ExecArgs = %q, want %q", got, want)
-	}
 }
 
 // guest runs this test binary as the guest with args.

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/guest/relay"
 	"github.com/moat-sandbox/moat/internal/fsrules"
 	"github.com/moat-sandbox/moat/internal/loopback"
@@ -30,7 +31,7 @@ func init() {
 	// unshare(CLONE_NEWCGROUP) affects only the calling thread; keeping
 	// main on one OS thread makes the program (started from main) inherit
 	// the namespace.
-	if len(os.Args) > 1 && os.Args[1] == Arg {
+	if len(os.Args) > 1 && os.Args[1] == nswire.Arg {
 		runtime.LockOSThread()
 	}
 }
@@ -41,15 +42,15 @@ func Main() {
 	// with its pipes on fds 3-5. Anyone else typing the hidden argument
 	// gets an explanation, not a half-built sandbox.
 	if os.Getpid() != 1 {
-		fmt.Fprintln(os.Stderr, "moat: "+Arg+" is Moat's internal sandbox init; use 'moat run'")
+		fmt.Fprintln(os.Stderr, "moat: "+nswire.Arg+" is Moat's internal sandbox init; use 'moat run'")
 		os.Exit(2)
 	}
 	absorbSignals()
-	status := os.NewFile(StatusFD, "status")
+	status := os.NewFile(nswire.StatusFD, "status")
 	st := &reporter{w: status}
 	code, err := run(st)
 	if err != nil {
-		st.send(Status{Error: err.Error()})
+		st.send(nswire.Status{Error: err.Error()})
 		os.Exit(1)
 	}
 	os.Exit(code)
@@ -79,7 +80,7 @@ type reporter struct {
 	w  *os.File
 }
 
-func (r *reporter) send(s Status) {
+func (r *reporter) send(s nswire.Status) {
 	b, _ := json.Marshal(s)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -87,9 +88,9 @@ func (r *reporter) send(s Status) {
 }
 
 func run(st *reporter) (int, error) {
-	cfgPipe := os.NewFile(ConfigFD, "config")
-	cfg := &Config{}
-	if err := ReadFrame(cfgPipe, &cfg.Setup); err != nil {
+	cfgPipe := os.NewFile(nswire.ConfigFD, "config")
+	cfg := &nswire.Config{}
+	if err := nswire.ReadFrame(cfgPipe, &cfg.Setup); err != nil {
 		return 1, fmt.Errorf("read setup: %w", err)
 	}
 	// Into the run's cgroup first (v1): this thread, the process's leader,
@@ -103,7 +104,7 @@ func run(st *reporter) (int, error) {
 		}
 		fds := make([]int, n)
 		for i := range fds {
-			fds[i] = CgroupFD + i
+			fds[i] = nswire.CgroupFD + i
 		}
 		if err := cgroup.Join(fds); err != nil {
 			return 1, err
@@ -132,8 +133,8 @@ func run(st *reporter) (int, error) {
 	// Wait for the start frame. The host sends it once we are inside the
 	// run's cgroup; a closed pipe means the sandbox is being destroyed
 	// unused.
-	var start Start
-	if err := ReadFrame(cfgPipe, &start); err != nil {
+	var start nswire.Start
+	if err := nswire.ReadFrame(cfgPipe, &start); err != nil {
 		return 1, fmt.Errorf("read start: %w", err)
 	}
 
@@ -170,7 +171,7 @@ func run(st *reporter) (int, error) {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
 	}
 	if egress != nil {
-		go relay.Serve(egress, fmt.Sprintf("/proc/self/fd/%d", EgressFD), bridgeLimit(cfg.Rlimits.NoFile))
+		go relay.Serve(egress, fmt.Sprintf("/proc/self/fd/%d", nswire.EgressFD), bridgeLimit(cfg.Rlimits.NoFile))
 	}
 	if start.Serve {
 		// From here on init is exactly as confined as the commands it
@@ -179,8 +180,8 @@ func run(st *reporter) (int, error) {
 		return serve(st, degraded)
 	}
 
-	st.send(Status{Ready: true})
-	if err := ReadFrame(cfgPipe, &cfg.Command); err != nil {
+	st.send(nswire.Status{Ready: true})
+	if err := nswire.ReadFrame(cfgPipe, &cfg.Command); err != nil {
 		return 1, fmt.Errorf("read command: %w", err)
 	}
 	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
@@ -189,14 +190,14 @@ func run(st *reporter) (int, error) {
 	path, lookErr := lookPath(cfg.Argv[0], cfg.Dir, cfg.Env)
 
 	if lookErr != nil {
-		st.send(Status{Started: true, Degraded: degraded})
+		st.send(nswire.Status{Started: true, Degraded: degraded})
 		fmt.Fprintf(os.Stderr, "moat: %v\n", lookErr)
 		var nf *notFoundError
 		if errors.As(lookErr, &nf) && nf.exists {
-			st.send(Status{Exited: true, Exit: 126, NotExecutable: true})
+			st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
 			return 0, nil
 		}
-		st.send(Status{Exited: true, Exit: 127, NotFound: true})
+		st.send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
 		return 0, nil
 	}
 
@@ -210,12 +211,12 @@ func run(st *reporter) (int, error) {
 		Sys: &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		st.send(Status{Started: true, Degraded: degraded})
+		st.send(nswire.Status{Started: true, Degraded: degraded})
 		fmt.Fprintf(os.Stderr, "moat: cannot execute %s: %v\n", cfg.Argv[0], err)
-		st.send(Status{Exited: true, Exit: 126, NotExecutable: true})
+		st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
 		return 0, nil
 	}
-	st.send(Status{Started: true, Degraded: degraded})
+	st.send(nswire.Status{Started: true, Degraded: degraded})
 
 	// The program is running; nothing needs this thread's namespaces any
 	// more. Unlocking lets the few goroutines below share it instead of
@@ -227,7 +228,7 @@ func run(st *reporter) (int, error) {
 	// while the program already runs.
 	go forwardSignals(cfgPipe, pid)
 	ws := reap(pid)
-	s := Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
+	s := nswire.Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 	switch {
 	case ws.Exited():
 		s.Exit = ws.ExitStatus()
@@ -245,11 +246,11 @@ func run(st *reporter) (int, error) {
 // program's process group, until the host closes the pipe.
 func forwardSignals(cfg io.Reader, pid int) {
 	for {
-		var f Signal
-		if err := ReadFrame(cfg, &f); err != nil {
+		var f nswire.Signal
+		if err := nswire.ReadFrame(cfg, &f); err != nil {
 			return
 		}
-		if sig := unix.Signal(f.Signal); slices.Contains(Forwarded, sig) {
+		if sig := unix.Signal(f.Signal); slices.Contains(nswire.Forwarded, sig) {
 			unix.Kill(-pid, sig)
 		}
 	}
@@ -272,7 +273,7 @@ func reap(pid int) unix.WaitStatus {
 	}
 }
 
-func setRlimits(r Rlimits) error {
+func setRlimits(r nswire.Rlimits) error {
 	set := []struct {
 		name     string
 		resource int
@@ -300,7 +301,7 @@ func setRlimits(r Rlimits) error {
 
 // dropPrivileges turns init from root of the user namespace into the
 // unprivileged sandbox user, on every thread of this Go process.
-func dropPrivileges(cfg *Config) (degraded []string, err error) {
+func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 	lastCap, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err != nil {
 		return nil, fmt.Errorf("read cap_last_cap: %w", err)
@@ -433,7 +434,7 @@ func checkExec(name, p string) error {
 // hostGone reports whether the host end of the status pipe is closed: the
 // moat process died.
 func hostGone() bool {
-	fds := []unix.PollFd{{Fd: StatusFD, Events: 0}}
+	fds := []unix.PollFd{{Fd: nswire.StatusFD, Events: 0}}
 	n, err := unix.Poll(fds, 0)
 	return err == nil && n > 0 && fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
 }

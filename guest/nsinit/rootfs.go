@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/internal/rootfs"
 )
 
@@ -66,7 +67,7 @@ var devices = []string{"null", "zero", "full", "random", "urandom"}
 // namespace that is still a copy of the host's. Order matters: everything
 // that needs a host path (/dev/null to mask with, the image directory) is
 // done before pivot_root, after which the host tree is detached.
-func buildRoot(cfg *Config) error {
+func buildRoot(cfg *nswire.Config) error {
 	root := cfg.Root
 
 	// Stop every mount event from propagating back to the host (and from
@@ -119,10 +120,10 @@ func buildRoot(cfg *Config) error {
 	// killed run leaves no mount on the host. Its size and inode limits
 	// were set by the host; this namespace cannot remount it (its
 	// superblock belongs to the host's user namespace).
-	if err := unix.MoveMount(WorkspaceFD, "", unix.AT_FDCWD, filepath.Join(root, "workspace"), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+	if err := unix.MoveMount(nswire.WorkspaceFD, "", unix.AT_FDCWD, filepath.Join(root, "workspace"), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attach /workspace: %w", err)
 	}
-	unix.Close(WorkspaceFD)
+	unix.Close(nswire.WorkspaceFD)
 
 	// Into the image, the host's tree detached.
 	return rootfs.PivotInto(root)

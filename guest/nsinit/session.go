@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,12 +24,12 @@ func serve(st *reporter, degraded []string) (int, error) {
 	sigchld := make(chan os.Signal, 64)
 	signal.Notify(sigchld, unix.SIGCHLD)
 	go s.reap(sigchld)
-	st.send(Status{Started: true, Degraded: degraded})
+	st.send(nswire.Status{Started: true, Degraded: degraded})
 
-	buf := make([]byte, MaxRequestBytes)
+	buf := make([]byte, nswire.MaxRequestBytes)
 	oob := make([]byte, unix.CmsgSpace(3*4))
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(SessionFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, _, _, err := unix.Recvmsg(nswire.SessionFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if err == unix.EINTR {
 			continue
 		}
@@ -38,7 +39,7 @@ func serve(st *reporter, degraded []string) (int, error) {
 			return 0, nil
 		}
 		fds := rights(oob[:oobn])
-		var req Request
+		var req nswire.Request
 		if json.Unmarshal(buf[:n], &req) == nil {
 			s.handle(&req, fds)
 		}
@@ -59,11 +60,11 @@ type server struct {
 	forked map[int]time.Time
 }
 
-func (s *server) handle(req *Request, fds []int) {
+func (s *server) handle(req *nswire.Request, fds []int) {
 	switch req.Op {
-	case OpExec:
+	case nswire.OpExec:
 		s.exec(req, fds)
-	case OpSignal:
+	case nswire.OpSignal:
 		s.mu.Lock()
 		pid, ok := s.pids[req.Proc]
 		s.mu.Unlock()
@@ -75,9 +76,9 @@ func (s *server) handle(req *Request, fds []int) {
 	}
 }
 
-func (s *server) exec(req *Request, fds []int) {
+func (s *server) exec(req *nswire.Request, fds []int) {
 	if len(fds) != 3 || req.Proc <= 0 || len(req.Argv) == 0 || req.Argv[0] == "" {
-		s.st.send(Status{Proc: req.Proc, Exited: true, Exit: 125, Error: "malformed exec request"})
+		s.st.send(nswire.Status{Proc: req.Proc, Exited: true, Exit: 125, Error: "malformed exec request"})
 		return
 	}
 	// The descriptors belong to serve, which closes them after this
@@ -88,8 +89,8 @@ func (s *server) exec(req *Request, fds []int) {
 	// egress connection was closed unread (the proxy logged bad-request).
 	fail := func(exit int, notFound bool, format string, a ...any) {
 		writeAll(fds[2], fmt.Sprintf("moat: "+format+"\n", a...))
-		s.st.send(Status{Proc: req.Proc, Started: true})
-		s.st.send(Status{Proc: req.Proc, Exited: true, Exit: exit, NotFound: notFound, NotExecutable: !notFound})
+		s.st.send(nswire.Status{Proc: req.Proc, Started: true})
+		s.st.send(nswire.Status{Proc: req.Proc, Exited: true, Exit: exit, NotFound: notFound, NotExecutable: !notFound})
 	}
 	path, err := lookPath(req.Argv[0], req.Dir, req.Env)
 	if err != nil {
@@ -113,7 +114,7 @@ func (s *server) exec(req *Request, fds []int) {
 		s.pids[req.Proc] = pid
 		s.procs[pid] = req.Proc
 		s.forked[pid] = forked
-		s.st.send(Status{Proc: req.Proc, Started: true})
+		s.st.send(nswire.Status{Proc: req.Proc, Started: true})
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -146,7 +147,7 @@ func (s *server) reap(sigchld <-chan os.Signal) {
 			if !ok {
 				continue
 			}
-			st := Status{Proc: proc, Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
+			st := nswire.Status{Proc: proc, Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 			switch {
 			case ws.Exited():
 				st.Exit = ws.ExitStatus()

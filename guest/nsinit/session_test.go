@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,7 +50,7 @@ func TestExecLeavesDescriptorsToServe(t *testing.T) {
 				}
 				sent = append(sent, d)
 			}
-			s.exec(&Request{Op: OpExec, Proc: 1, Argv: tc.argv, Env: []string{"PATH=/moat-no-such-dir"}, Dir: "/"}, sent)
+			s.exec(&nswire.Request{Op: nswire.OpExec, Proc: 1, Argv: tc.argv, Env: []string{"PATH=/moat-no-such-dir"}, Dir: "/"}, sent)
 			// What serve does after exec returns.
 			for _, fd := range sent {
 				unix.Close(fd)
@@ -59,10 +60,10 @@ func TestExecLeavesDescriptorsToServe(t *testing.T) {
 				t.Errorf("stderr %q, want %q", stderr, tc.stderr)
 			}
 			statusW.Close()
-			var got []Status
+			var got []nswire.Status
 			sc := bufio.NewScanner(statusR)
 			for sc.Scan() {
-				var st Status
+				var st nswire.Status
 				if err := json.Unmarshal(sc.Bytes(), &st); err != nil {
 					t.Fatalf("status %q: %v", sc.Text(), err)
 				}

@@ -10,51 +10,14 @@ package vmagent
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"strconv"
-	"time"
 
 	"github.com/hashicorp/yamux"
 
 	"github.com/moat-sandbox/moat/guest/relay"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 )
-
-// EgressPortName is the virtio-serial port that carries egress streams.
-const EgressPortName = "moat-egress"
-
-// EgressMaxConns bounds concurrent egress connections at both ends of the
-// port: the bound every tier's in-sandbox relay applies.
-const EgressMaxConns = relay.MaxConns
-
-// EgressBacklog is how many opened streams may wait for the host to take
-// them (the host takes each at once), and how many streams beyond the
-// relay limit the guest may hold open before the host ends its session.
-const EgressBacklog = 16
-
-// EgressWindow is the largest receive window of a stream: the most either
-// end buffers for a stream nobody reads (yamux's minimum).
-const EgressWindow = 256 << 10
-
-// EgressConfig is the yamux configuration of both ends. No keepalive (the
-// port cannot silently drop, and a ping is a frame the host would have to
-// answer), no logging (what a hostile guest makes yamux print must not
-// reach the host's stderr), a small backlog, the minimum window, no
-// timeout on opening (on one, yamux tears the whole session down; the
-// host acknowledges every stream at once anyway), a bounded wait for a
-// peer that stops taking writes or never finishes closing a stream.
-func EgressConfig() *yamux.Config {
-	return &yamux.Config{
-		AcceptBacklog:          EgressBacklog,
-		EnableKeepAlive:        false,
-		KeepAliveInterval:      time.Minute, // unused; yamux wants it set
-		ConnectionWriteTimeout: 10 * time.Second,
-		MaxStreamWindowSize:    EgressWindow,
-		StreamOpenTimeout:      0,
-		StreamCloseTimeout:     30 * time.Second,
-		LogOutput:              io.Discard,
-	}
-}
 
 // startEgress serves 127.0.0.1:port (loopback is up already), each
 // connection a stream over the egress port. It fails rather than start
@@ -63,11 +26,11 @@ func startEgress(port int) error {
 	if port <= 0 || port > 65535 {
 		return fmt.Errorf("egress: bad port %d", port)
 	}
-	f, err := openPort(EgressPortName)
+	f, err := openPort(vmwire.EgressPortName)
 	if err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
-	sess, err := yamux.Client(f, EgressConfig())
+	sess, err := yamux.Client(f, vmwire.EgressConfig())
 	if err != nil {
 		f.Close()
 		return fmt.Errorf("egress: %w", err)
@@ -85,7 +48,7 @@ func startEgress(port int) error {
 			return nil, err
 		}
 		return halfClosing{st}, nil
-	}, EgressMaxConns)
+	}, vmwire.EgressMaxConns)
 	return nil
 }
 

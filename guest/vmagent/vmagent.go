@@ -32,6 +32,7 @@ import (
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/internal/fsrules"
 	"github.com/moat-sandbox/moat/internal/loopback"
 	"github.com/moat-sandbox/moat/seccomp"
@@ -66,13 +67,13 @@ func Main() {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "moat vmagent: %v\n", err)
 		if port != nil {
-			WriteFrame(port, FrameFail, []byte(err.Error()))
+			vmwire.WriteFrame(port, vmwire.FrameFail, []byte(err.Error()))
 		}
 		powerOff()
 	}
 	a := &agent{port: port}
 	if err := a.serve(); err != nil {
-		a.send(FrameFail, []byte(err.Error()))
+		a.send(vmwire.FrameFail, []byte(err.Error()))
 	}
 	// The host kills the VM once it has read the result. Powering off at
 	// once would drop what still sits in the port's queue, not yet passed
@@ -134,8 +135,8 @@ func setup() (*os.File, error) {
 	}
 	var uts unix.Utsname
 	unix.Uname(&uts)
-	hello, _ := json.Marshal(Hello{Kernel: unix.ByteSliceToString(uts.Release[:])})
-	return port, WriteFrame(port, FrameHello, hello)
+	hello, _ := json.Marshal(vmwire.Hello{Kernel: unix.ByteSliceToString(uts.Release[:])})
+	return port, vmwire.WriteFrame(port, vmwire.FrameHello, hello)
 }
 
 func loadModule(path string) error {
@@ -187,19 +188,19 @@ type agent struct {
 func (a *agent) send(typ byte, p []byte) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return WriteFrame(a.port, typ, p)
+	return vmwire.WriteFrame(a.port, typ, p)
 }
 
 func (a *agent) serve() error {
 	r := bufio.NewReaderSize(a.port, 1<<20)
-	typ, payload, err := ReadFrame(r)
+	typ, payload, err := vmwire.ReadFrame(r)
 	if err != nil {
 		return err
 	}
-	if typ != FrameRequest {
+	if typ != vmwire.FrameRequest {
 		return fmt.Errorf("expected a request, got frame %q", typ)
 	}
-	var req Request
+	var req vmwire.Request
 	if err := json.Unmarshal(payload, &req); err != nil {
 		return fmt.Errorf("request: %w", err)
 	}
@@ -235,16 +236,16 @@ func (a *agent) serve() error {
 	done := make(chan error, 1)
 	go func() { done <- extract(pr, filepath.Join(newRoot, "workspace"), req.UID) }()
 	for {
-		typ, payload, err := ReadFrame(r)
+		typ, payload, err := vmwire.ReadFrame(r)
 		if err != nil {
 			pw.CloseWithError(err)
 			return err
 		}
-		if typ == FrameWorkspaceEnd {
+		if typ == vmwire.FrameWorkspaceEnd {
 			pw.Close()
 			break
 		}
-		if typ != FrameWorkspace {
+		if typ != vmwire.FrameWorkspace {
 			return fmt.Errorf("expected workspace, got frame %q", typ)
 		}
 		pw.Write(payload)
@@ -257,11 +258,11 @@ func (a *agent) serve() error {
 		return fmt.Errorf("workspace out: %w", err)
 	}
 	b, _ := json.Marshal(res)
-	return a.send(FrameResult, b)
+	return a.send(vmwire.FrameResult, b)
 }
 
 // mountRun gives the image root its writable and virtual file systems.
-func mountRun(req *Request) error {
+func mountRun(req *vmwire.Request) error {
 	uid := strconv.Itoa(req.UID)
 	for _, m := range []struct {
 		dst, typ string
@@ -337,10 +338,10 @@ func mountRun(req *Request) error {
 	return nil
 }
 
-func (a *agent) run(req *Request, r io.Reader) *Result {
+func (a *agent) run(req *vmwire.Request, r io.Reader) *vmwire.Result {
 	cg, err := os.Open(runCG)
 	if err != nil {
-		return &Result{Error: err.Error()}
+		return &vmwire.Result{Error: err.Error()}
 	}
 	defer cg.Close()
 	// Landlock, as on the native tier, wherever the guest kernel has it;
@@ -349,13 +350,13 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	useLandlock := true
 	if abi, err := ll.LandlockGetABIVersion(); err != nil || abi < 1 {
 		if !req.AllowNoLandlock {
-			return &Result{Error: fmt.Sprintf("landlock is not available in the guest kernel (abi %d: %v); the manifest can accept running without it with security.allow_missing: [landlock]", abi, err)}
+			return &vmwire.Result{Error: fmt.Sprintf("landlock is not available in the guest kernel (abi %d: %v); the manifest can accept running without it with security.allow_missing: [landlock]", abi, err)}
 		}
 		useLandlock, degraded = false, []string{"landlock"}
 	}
 	// Only what execCommand applies, not the command's argv and
 	// environment again: one argument string is bounded (MAX_ARG_STRLEN).
-	lim, _ := json.Marshal(Request{UID: req.UID, OpenFiles: req.OpenFiles, FileSizeBytes: req.FileSizeBytes, CPUTime: req.CPUTime, Seccomp: req.Seccomp, Landlock: useLandlock})
+	lim, _ := json.Marshal(vmwire.Request{UID: req.UID, OpenFiles: req.OpenFiles, FileSizeBytes: req.FileSizeBytes, CPUTime: req.CPUTime, Seccomp: req.Seccomp, Landlock: useLandlock})
 	cmd := exec.Command("/proc/self/exe", append([]string{ExecArg, string(lim)}, req.Argv...)...)
 	cmd.Args[0] = "/init"
 	cmd.Env = req.Env
@@ -369,7 +370,7 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	for i := 0; i < 6; i += 2 {
 		if pipes[i], pipes[i+1], err = os.Pipe(); err != nil {
 			closeAll(pipes[:])
-			return &Result{Error: "stdio pipes: " + err.Error()}
+			return &vmwire.Result{Error: "stdio pipes: " + err.Error()}
 		}
 	}
 	stdin := pipes[1]
@@ -377,18 +378,18 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	for _, f := range []*os.File{pipes[0], pipes[3], pipes[5]} {
 		if err := f.Chown(req.UID, req.UID); err != nil {
 			closeAll(pipes[:])
-			return &Result{Error: "give the command its standard streams: " + err.Error()}
+			return &vmwire.Result{Error: "give the command its standard streams: " + err.Error()}
 		}
 	}
 	var copies sync.WaitGroup
 	for _, o := range []struct {
 		r   *os.File
 		typ byte
-	}{{pipes[2], FrameStdout}, {pipes[4], FrameStderr}} {
+	}{{pipes[2], vmwire.FrameStdout}, {pipes[4], vmwire.FrameStderr}} {
 		copies.Add(1)
 		go func() {
 			defer copies.Done()
-			io.Copy(&FrameWriter{W: a.send, Typ: o.typ}, o.r)
+			io.Copy(&vmwire.FrameWriter{W: a.send, Typ: o.typ}, o.r)
 			o.r.Close()
 		}()
 	}
@@ -406,16 +407,16 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	if err != nil {
 		stdin.Close()
 		copies.Wait()
-		return &Result{Error: "start: " + err.Error()}
+		return &vmwire.Result{Error: "start: " + err.Error()}
 	}
 	go func() {
 		for {
-			typ, p, err := ReadFrame(r)
-			if err != nil || typ == FrameStdinEnd {
+			typ, p, err := vmwire.ReadFrame(r)
+			if err != nil || typ == vmwire.FrameStdinEnd {
 				stdin.Close()
 				return
 			}
-			if typ == FrameStdin {
+			if typ == vmwire.FrameStdin {
 				stdin.Write(p)
 			}
 		}
@@ -435,7 +436,7 @@ func (a *agent) run(req *Request, r io.Reader) *Result {
 	// Then the rest of the output: what is in the pipes, up to EOF, which
 	// comes once the killed processes are gone.
 	copies.Wait()
-	res := &Result{TimedOut: timedOut.Load(), Degraded: degraded}
+	res := &vmwire.Result{TimedOut: timedOut.Load(), Degraded: degraded}
 	if ps := cmd.ProcessState; ps != nil {
 		ws := ps.Sys().(syscall.WaitStatus)
 		if ws.Signaled() {
@@ -494,7 +495,7 @@ func execCommand(args []string) {
 	if len(args) < 2 {
 		os.Exit(127)
 	}
-	var req Request
+	var req vmwire.Request
 	if err := json.Unmarshal([]byte(args[0]), &req); err != nil || req.UID <= 0 {
 		os.Exit(127)
 	}
@@ -612,7 +613,7 @@ func extract(r io.Reader, dir string, uid int) error {
 // sendWorkspace streams the workspace back as a tar: directories, regular
 // files and symlinks, never following a link.
 func (a *agent) sendWorkspace(dir string) error {
-	tw := tar.NewWriter(&FrameWriter{W: a.send, Typ: FrameTar})
+	tw := tar.NewWriter(&vmwire.FrameWriter{W: a.send, Typ: vmwire.FrameTar})
 	var dirs []string
 	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err != nil || p == dir {
@@ -653,7 +654,7 @@ func (a *agent) sendWorkspace(dir string) error {
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	return a.send(FrameTarEnd, nil)
+	return a.send(vmwire.FrameTarEnd, nil)
 }
 
 // The random(4) ioctls (linux/random.h).
@@ -669,7 +670,7 @@ const (
 // adding entropy alone changes /dev/urandom's output only at the next
 // scheduled reseed. A request with entropy that cannot be applied fails:
 // the command must not run with an RNG shared with other VMs.
-func freshen(req *Request) error {
+func freshen(req *vmwire.Request) error {
 	if req.Time > 0 {
 		ts := unix.NsecToTimespec(req.Time)
 		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/moat-sandbox/moat/guest/gvinit"
+	"github.com/moat-sandbox/moat/guest/gvinit/gvwire"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -199,7 +199,7 @@ func bundleSpec(spec *tier.Spec, guest, workspace, tmp, cgroupsPath string, host
 // initArgs is the sandbox's first process: the guest's init, relaying to
 // the egress proxy when the run has a grant.
 func initArgs(spec *tier.Spec) []string {
-	args := []string{guestPath, gvinit.Arg, "init"}
+	args := gvwire.InitArgs(guestPath)
 	if spec.EgressSocket != "" {
 		args = append(args, egressPath, strconv.Itoa(tier.EgressPort))
 	}

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/internal/runid"
 )
 
 // cgroupRoot is where runsc looks for cgroup hierarchies: it builds every
@@ -143,7 +144,7 @@ func pruneForeignAt(root string, v cgroup.Version) {
 			// removed after it ended: without it, this one is an orphan
 			// (or one its Destroy is about to remove: rmdir never
 			// removes a cgroup that holds a task).
-			if e.IsDir() && validID(e.Name()) && !exists(filepath.Join(root, "freezer", "moat", e.Name())) {
+			if e.IsDir() && runid.Check(e.Name()) == nil && !exists(filepath.Join(root, "freezer", "moat", e.Name())) {
 				unix.Rmdir(filepath.Join(parent, e.Name()))
 			}
 		}

@@ -113,7 +113,7 @@ type Options struct {
 	Runsc string
 	// Guest is the moat binary that runs inside the sandbox as its init
 	// and at the start of every command (package gvinit): statically
-	// linked, dispatching gvinit.Arg. Default: the running executable.
+	// linked, dispatching gvwire.Arg. Default: the running executable.
 	Guest string
 }
 
@@ -258,20 +258,6 @@ func runscVersion(path string) (string, error) {
 		return "", fmt.Errorf("%w: runsc %s is %s, older than %s (Debian's runsc from 2022 fails every stat in the sandbox); %s", tier.ErrUnavailable, path, version, minRelease, fix)
 	}
 	return version + " (" + platform + ")", nil
-}
-
-// validID accepts ^[a-z0-9][a-z0-9-]{0,63}$: the id names a cgroup
-// directory and runsc's container.
-func validID(id string) bool {
-	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // findGuest resolves Options.Guest and checks that it can run inside the

@@ -174,7 +174,11 @@ func residue() []string {
 func TestConformance(t *testing.T) {
 	g := need(t)
 	e := newEngine(t, g)
-	tiertest.Run(t, e, gvisor.Name, leftovers(e.Home()))
+	img, err := e.Images().Lookup("python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiertest.Run(t, tiertest.Target{Tier: g, ImageRoot: img.Root, ImageEnv: img.Env, ImageDigest: img.Digest, Leftovers: leftovers(e.Home())})
 }
 
 // run runs argv on the gvisor tier with the default manifest, adjusted by

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/gvinit"
+	"github.com/moat-sandbox/moat/guest/gvinit/gvwire"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -110,7 +110,7 @@ func (s *sandbox) start(c *tier.Command, timeout time.Duration) (*process, error
 	procFile := filepath.Join(s.logs, fmt.Sprintf("exec-%d.json", n))
 	b, _ := json.Marshal(&ociProcessFile{
 		User:            ociUser{UID: SandboxUID, GID: SandboxGID, AdditionalGids: []uint32{}},
-		Args:            gvinit.ExecArgs(guestPath, commandRlimits(s.spec.Limits, s.hostPids), c.Argv),
+		Args:            gvwire.ExecArgs(guestPath, commandRlimits(s.spec.Limits, s.hostPids), c.Argv),
 		Env:             append([]string{}, c.Env...),
 		Cwd:             dir,
 		Capabilities:    ociCaps{Bounding: empty, Effective: empty, Inheritable: empty, Permitted: empty, Ambient: empty},
@@ -251,8 +251,9 @@ func (p *process) Signal(sig syscall.Signal) error {
 			return errors.New("the command's process is not known yet")
 		}
 	}
-	out, err := p.s.runsc("exec", "--user", fmt.Sprintf("%d:%d", SandboxUID, SandboxGID), "--cwd", "/",
-		p.s.spec.ID, guestPath, gvinit.Arg, "kill", strconv.Itoa(int(sig)), strconv.Itoa(pid))
+	args := append([]string{"exec", "--user", fmt.Sprintf("%d:%d", SandboxUID, SandboxGID), "--cwd", "/", p.s.spec.ID},
+		gvwire.KillArgs(guestPath, int(sig), pid)...)
+	out, err := p.s.runsc(args...)
 	if err == nil {
 		return nil
 	}

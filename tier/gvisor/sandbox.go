@@ -16,7 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/gvinit"
+	"github.com/moat-sandbox/moat/guest/gvinit/gvwire"
+	"github.com/moat-sandbox/moat/internal/runid"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -119,8 +120,8 @@ func (s *sandbox) RuntimeProcs() ([]int, error) {
 // it boots; WaitReady, Exec and Start wait for init to serve. On any
 // failure everything created so far is undone.
 func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
-	if !validID(spec.ID) {
-		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
+	if err := runid.Check(spec.ID); err != nil {
+		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
 	if err := checkSpec(spec); err != nil {
 		return nil, err
@@ -232,7 +233,7 @@ func (s *sandbox) startBoot() error {
 		defer out.Close()
 		// Init is inside the sandbox: one bounded line, nothing else.
 		line, _ := bufio.NewReaderSize(io.LimitReader(out, 64), 64).ReadString('\n')
-		if line != gvinit.Ready+"\n" {
+		if line != gvwire.Ready+"\n" {
 			msg := runscError(filepath.Join(s.logs, "errors.json"))
 			if msg == "" {
 				msg = clean(string(readTail(filepath.Join(s.logs, "boot.stderr"), 4096)))

@@ -46,7 +46,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 )
 
 // egressChannel is the host end of one VM's egress port.
@@ -66,13 +66,13 @@ type egressChannel struct {
 // once.
 func newEgressChannel(conn net.Conn, proxy string, limit int) (*egressChannel, error) {
 	frames := &guestFrames{Conn: conn, open: map[uint32]bool{}}
-	sess, err := yamux.Server(frames, vmagent.EgressConfig())
+	sess, err := yamux.Server(frames, vmwire.EgressConfig())
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	e := &egressChannel{sess: sess, proxy: proxy, limit: max(1, limit), ups: map[net.Conn]struct{}{}}
-	frames.maxOpen = e.limit + vmagent.EgressBacklog
+	frames.maxOpen = e.limit + vmwire.EgressBacklog
 	e.wg.Add(1)
 	go e.accept()
 	return e, nil
@@ -255,7 +255,7 @@ func (g *guestFrames) check() error {
 		return fmt.Errorf("%w: frame type %d", errGuestFrame, typ)
 	case flags&^yamuxFlags != 0:
 		return fmt.Errorf("%w: flags %#x", errGuestFrame, flags)
-	case typ == yamuxData && length > vmagent.EgressWindow:
+	case typ == yamuxData && length > vmwire.EgressWindow:
 		return fmt.Errorf("%w: a %d-byte data frame", errGuestFrame, length)
 	}
 	if (typ == yamuxData || typ == yamuxWindowUpdate) && flags&yamuxSYN != 0 {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/internal/guestkernel"
 )
 
@@ -53,12 +53,12 @@ func TestQEMUArgsEgress(t *testing.T) {
 	}{
 		{"no grant: one port", cfg("a", false),
 			[]string{"virtio-serial-device,max_ports=2", "virtserialport,chardev=agent,name=moat"},
-			[]string{vmagent.EgressPortName, "egress", "max_ports=3"}},
+			[]string{vmwire.EgressPortName, "egress", "max_ports=3"}},
 		{"grant: a second port to the egress socket", cfg("a", true),
 			[]string{"virtio-serial-device,max_ports=3", "virtserialport,chardev=agent,name=moat",
 				// The jail's view of the run directory (jailRunDir).
 				"socket,id=egress,path=" + jailRunDir + "/egress.sock,server=on,wait=off",
-				"virtserialport,chardev=egress,name=" + vmagent.EgressPortName},
+				"virtserialport,chardev=egress,name=" + vmwire.EgressPortName},
 			[]string{"/runs/a/egress.sock", "/runs/a/microvm"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -251,11 +251,11 @@ func TestEgressRelay(t *testing.T) {
 	base := runtime.NumGoroutine()
 	p := newFakeProxy(t, echo)
 	host, guest := socketPair(t)
-	ch, err := newEgressChannel(host, p.path, vmagent.EgressMaxConns)
+	ch, err := newEgressChannel(host, p.path, vmwire.EgressMaxConns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := yamux.Client(guest, vmagent.EgressConfig())
+	cl, err := yamux.Client(guest, vmwire.EgressConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestEgressHostileGuest(t *testing.T) {
 		{"more data than the windows granted", stall, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
 			// The proxy reads nothing, so the host can grant at most one
 			// window plus what the socket to the proxy absorbs.
-			chunk := bytes.Repeat([]byte("d"), vmagent.EgressWindow)
+			chunk := bytes.Repeat([]byte("d"), vmwire.EgressWindow)
 			g.Write(yamuxFrame(yamuxData, yamuxSYN, 1, uint32(len(chunk)), chunk))
 			for i := 0; i < 15; i++ {
 				if _, err := g.Write(yamuxFrame(yamuxData, 0, 1, uint32(len(chunk)), chunk)); err != nil {
@@ -345,7 +345,7 @@ func TestEgressHostileGuest(t *testing.T) {
 			}
 		}},
 		{"a yamux client keeping more streams open than the limit", hold, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
-			cfg := vmagent.EgressConfig()
+			cfg := vmwire.EgressConfig()
 			cfg.AcceptBacklog = 4096 // a hostile guest ignores the shared backlog
 			cl, err := yamux.Client(g, cfg)
 			if err != nil {
@@ -358,8 +358,8 @@ func TestEgressHostileGuest(t *testing.T) {
 					break
 				}
 				st.Write([]byte("x"))
-				if n := ch.sess.NumStreams(); n > 2*limit+vmagent.EgressBacklog {
-					t.Errorf("the host holds %d streams, more than limit+backlog+limit %d", n, 2*limit+vmagent.EgressBacklog)
+				if n := ch.sess.NumStreams(); n > 2*limit+vmwire.EgressBacklog {
+					t.Errorf("the host holds %d streams, more than limit+backlog+limit %d", n, 2*limit+vmwire.EgressBacklog)
 				}
 			}
 			wantBroken(t, ch)
@@ -385,13 +385,13 @@ func TestEgressHostileGuest(t *testing.T) {
 			// different moments), each closed by the guest when its
 			// program gives up. None may wait for a slot, and once they
 			// are closed a new one is relayed.
-			cl, err := yamux.Client(g, vmagent.EgressConfig())
+			cl, err := yamux.Client(g, vmwire.EgressConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer cl.Close()
 			var sts []*yamux.Stream
-			for i := 0; i < limit+vmagent.EgressBacklog; i++ {
+			for i := 0; i < limit+vmwire.EgressBacklog; i++ {
 				st, err := cl.OpenStream()
 				if err != nil {
 					t.Fatal(err)
@@ -407,8 +407,8 @@ func TestEgressHostileGuest(t *testing.T) {
 					ended++
 				}
 			}
-			if ended != vmagent.EgressBacklog {
-				t.Errorf("%d of %d streams over the limit were closed at once", ended, vmagent.EgressBacklog)
+			if ended != vmwire.EgressBacklog {
+				t.Errorf("%d of %d streams over the limit were closed at once", ended, vmwire.EgressBacklog)
 			}
 			for wait := time.Now().Add(2 * time.Second); p.most.Load() < limit && time.Now().Before(wait); {
 				time.Sleep(10 * time.Millisecond) // the relays dial the proxy
@@ -439,7 +439,7 @@ func TestEgressHostileGuest(t *testing.T) {
 			st.Close()
 		}},
 		{"a stream that never reads while the proxy floods it", flood, func(t *testing.T, g net.Conn, ch *egressChannel, p *fakeProxy) {
-			cl, err := yamux.Client(g, vmagent.EgressConfig())
+			cl, err := yamux.Client(g, vmwire.EgressConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -454,7 +454,7 @@ func TestEgressHostileGuest(t *testing.T) {
 			time.Sleep(time.Second)
 			// Per stream: one window in the guest, the relay's copy
 			// buffer, and the socket buffers between proxy and host.
-			if w := p.wrote.Load(); w > limit*(vmagent.EgressWindow+2<<20) {
+			if w := p.wrote.Load(); w > limit*(vmwire.EgressWindow+2<<20) {
 				t.Errorf("the proxy could write %d bytes into streams nobody reads", w)
 			}
 		}},
@@ -463,7 +463,7 @@ func TestEgressHostileGuest(t *testing.T) {
 				g.Write(yamuxFrame(yamuxData, yamuxSYN, id, 3, []byte("GET")))
 			}
 			time.Sleep(time.Second)
-			if w := p.wrote.Load(); w > limit*(vmagent.EgressWindow+2<<20) {
+			if w := p.wrote.Load(); w > limit*(vmwire.EgressWindow+2<<20) {
 				t.Errorf("the proxy could write %d bytes towards a guest that reads nothing", w)
 			}
 		}},

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -27,25 +27,25 @@ func TestRequestFreshness(t *testing.T) {
 		s.vm.conn, s.vm.r = host, bufio.NewReader(host)
 		s.ready = make(chan struct{})
 		close(s.ready)
-		got := make(chan vmagent.Request, 1)
+		got := make(chan vmwire.Request, 1)
 		go func() {
 			r := bufio.NewReader(guest)
-			var req vmagent.Request
+			var req vmwire.Request
 			for {
-				typ, p, err := vmagent.ReadFrame(r)
+				typ, p, err := vmwire.ReadFrame(r)
 				if err != nil {
 					return
 				}
-				if typ == vmagent.FrameRequest {
+				if typ == vmwire.FrameRequest {
 					json.Unmarshal(p, &req)
 				}
-				if typ == vmagent.FrameStdinEnd {
+				if typ == vmwire.FrameStdinEnd {
 					break
 				}
 			}
 			got <- req
-			res, _ := json.Marshal(vmagent.Result{})
-			vmagent.WriteFrame(guest, vmagent.FrameResult, res)
+			res, _ := json.Marshal(vmwire.Result{})
+			vmwire.WriteFrame(guest, vmwire.FrameResult, res)
 		}()
 		before := time.Now()
 		out, err := s.Exec(context.Background(), &tier.Command{Argv: []string{"true"}})

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -33,7 +33,7 @@ func fakeGuest(t *testing.T, stream []byte, maxOut int64) *Sandbox {
 
 func frame(typ byte, p []byte) []byte {
 	var b bytes.Buffer
-	vmagent.WriteFrame(&b, typ, p)
+	vmwire.WriteFrame(&b, typ, p)
 	return b.Bytes()
 }
 
@@ -55,12 +55,12 @@ func tarOf(t *testing.T, entries ...*tar.Header) []byte {
 
 func TestHostileGuest(t *testing.T) {
 	oversize := make([]byte, 5)
-	oversize[0] = vmagent.FrameStdout
-	binary.BigEndian.PutUint32(oversize[1:], vmagent.MaxFrame+1)
+	oversize[0] = vmwire.FrameStdout
+	binary.BigEndian.PutUint32(oversize[1:], vmwire.MaxFrame+1)
 	big := bytes.Repeat([]byte("y"), 60<<10)
 	var flood []byte
 	for i := 0; i < 40; i++ {
-		flood = append(flood, frame(vmagent.FrameStdout, big)...)
+		flood = append(flood, frame(vmwire.FrameStdout, big)...)
 	}
 	escape := tarOf(t, &tar.Header{Name: "../escaped", Typeflag: tar.TypeReg, Size: 3, Mode: 0o644})
 	tooMany := tarOf(t, func() []*tar.Header {
@@ -73,7 +73,7 @@ func TestHostileGuest(t *testing.T) {
 	throughLink := tarOf(t,
 		&tar.Header{Name: "out", Typeflag: tar.TypeSymlink, Linkname: "/etc", Mode: 0o777},
 		&tar.Header{Name: "out/moat-escaped", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644})
-	res := frame(vmagent.FrameResult, []byte(`{"exit_code":0}`))
+	res := frame(vmwire.FrameResult, []byte(`{"exit_code":0}`))
 	tests := []struct {
 		name    string
 		stream  []byte
@@ -84,11 +84,11 @@ func TestHostileGuest(t *testing.T) {
 		{"output flood", flood, result.OutputLimit, "more than"},
 		{"unknown frame", frame('Z', nil), result.InfraError, "unknown frame"},
 		{"silent after boot (channel closes)", nil, result.InfraError, "channel"},
-		{"bad result JSON", frame(vmagent.FrameResult, []byte("{")), result.InfraError, "guest result"},
-		{"agent failure message is sanitised", frame(vmagent.FrameFail, []byte("bad\x1b[2Jthing")), result.InfraError, "bad?[2Jthing"},
-		{"tar entry escaping the workspace", append(append(frame(vmagent.FrameTar, escape), frame(vmagent.FrameTarEnd, nil)...), res...), result.InfraError, "outside the workspace"},
-		{"tar through a symlink", append(append(frame(vmagent.FrameTar, throughLink), frame(vmagent.FrameTarEnd, nil)...), res...), result.InfraError, "workspace from the guest"},
-		{"tar over the file limit", append(append(frame(vmagent.FrameTar, tooMany), frame(vmagent.FrameTarEnd, nil)...), res...), result.DiskLimit, ""},
+		{"bad result JSON", frame(vmwire.FrameResult, []byte("{")), result.InfraError, "guest result"},
+		{"agent failure message is sanitised", frame(vmwire.FrameFail, []byte("bad\x1b[2Jthing")), result.InfraError, "bad?[2Jthing"},
+		{"tar entry escaping the workspace", append(append(frame(vmwire.FrameTar, escape), frame(vmwire.FrameTarEnd, nil)...), res...), result.InfraError, "outside the workspace"},
+		{"tar through a symlink", append(append(frame(vmwire.FrameTar, throughLink), frame(vmwire.FrameTarEnd, nil)...), res...), result.InfraError, "workspace from the guest"},
+		{"tar over the file limit", append(append(frame(vmwire.FrameTar, tooMany), frame(vmwire.FrameTarEnd, nil)...), res...), result.DiskLimit, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

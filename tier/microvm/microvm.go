@@ -90,7 +90,7 @@ type MicroVM struct {
 	vmmPids  int
 
 	// filter is the native tier's seccomp policy, compiled once: the
-	// agent installs it on every command (vmagent.Request.Seccomp), and
+	// agent installs it on every command (vmwire.Request.Seccomp), and
 	// the jailer on the VMM (jail.Spec.Seccomp).
 	filter []unix.SockFilter
 

@@ -394,7 +394,12 @@ func clip(s string) string {
 func TestConformance(t *testing.T) {
 	v := need(t, microvm.Options{})
 	e := newEngine(t, v)
-	tiertest.Run(t, e, microvm.Name, func(id string) []string { return leftovers(e.Home(), id) })
+	img, err := e.Images().Lookup("python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiertest.Run(t, tiertest.Target{Tier: v, ImageRoot: img.Root, ImageEnv: img.Env, ImageDigest: img.Digest,
+		Leftovers: func(id string) []string { return leftovers(e.Home(), id) }})
 }
 
 // TestPool takes a VM booted before the request from a warm pool of one;

@@ -1,37 +1,28 @@
 package microvm
 
 import (
-	"archive/tar"
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/vmagent"
-	"github.com/moat-sandbox/moat/internal/guestkernel"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
-	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
+
+// This file is the sandbox: Prepare, Exec and Destroy of one VM that runs
+// one command (vm.go boots it, transfer.go moves its workspace).
 
 // timeoutGrace is how long past the wall timeout the host waits for the
 // agent's own timeout report before it kills the VMM.
@@ -39,275 +30,6 @@ const timeoutGrace = 5 * time.Second
 
 // guestUID is the unprivileged user the command runs as inside the VM.
 const guestUID = 1000
-
-// vmOverheadMiB is RAM the guest kernel, the initramfs and the agent need
-// beyond the command's memory limit.
-const vmOverheadMiB = 192
-
-// vm is one running VMM process and the host end of its agent port (and
-// of its egress port, when it has one).
-type vm struct {
-	cmd         *exec.Cmd
-	socket      string
-	qmp         string // QMP socket path, when the VMM has one
-	egressSock  string // the egress port's socket, when the VM has one
-	egressProxy string // where the egress port's streams are relayed
-	stderr      *boundedBuffer
-
-	killOnce sync.Once
-	exited   chan struct{}
-	conn     net.Conn
-	r        *bufio.Reader
-
-	mu     sync.Mutex // guards egress and killed against a kill during connect
-	egress *egressChannel
-	killed bool
-}
-
-// boot starts a VM whose files live in dir, in moat's own cgroup (the
-// accelerator's boot test).
-func (m *MicroVM) boot(dir, disk, accel string, memMiB int64, vcpus int) (*vm, error) {
-	cfg, err := m.config(dir, disk, accel, memMiB, vcpus)
-	if err != nil {
-		return nil, err
-	}
-	return m.startVMM(cfg, nil)
-}
-
-// config is the VM for one sandbox. Its VMM's files live in dir: the run
-// directory dir/vmm (its sockets, the one place it may write) and the
-// empty dir/jail on which its jail's root is mounted (in the jail's own
-// mount namespace).
-func (m *MicroVM) config(dir, disk, accel string, memMiB int64, vcpus int) (*VMConfig, error) {
-	initrd, err := m.assets()
-	if err != nil {
-		return nil, err
-	}
-	run := filepath.Join(dir, "vmm")
-	for _, d := range []string{run, jailRoot(dir)} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
-		}
-	}
-	cfg := &VMConfig{
-		Kernel: m.kernel.vmlinuz, Initramfs: initrd, Cmdline: m.cmdline, RootDisk: disk, RunDir: run,
-		Socket: filepath.Join(run, "agent.sock"), MemoryMiB: memMiB, VCPUs: vcpus, Accel: accel, Prealloc: m.prealloc,
-	}
-	if m.opts.Console != "" {
-		cfg.Cmdline = guestkernel.Cmdline(true)
-		cfg.Console = filepath.Join(m.opts.Console, filepath.Base(filepath.Dir(dir))+".console")
-	}
-	return cfg, nil
-}
-
-// jailRoot is where a VM's jail root is mounted, for VM files in dir.
-func jailRoot(dir string) string { return filepath.Join(dir, "jail") }
-
-// startVMM starts the VMM for cfg in its jail (package jail), in the run's
-// cgroup cg (nil: moat's own, for the boot test only). A jail that cannot
-// be built is an error: no VMM ever runs unconfined.
-func (m *MicroVM) startVMM(cfg *VMConfig, cg *cgroup.Cgroup) (*vm, error) {
-	v := &vm{socket: cfg.Socket, qmp: cfg.QMP, egressSock: cfg.Egress, egressProxy: cfg.EgressProxy, stderr: &boundedBuffer{max: 8 << 10}, exited: make(chan struct{})}
-	spec, err := m.vmm.Jail(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
-	}
-	defer func() {
-		for _, f := range spec.Files {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
-	spec.Root = jailRoot(filepath.Dir(cfg.RunDir))
-	spec.Stderr = v.stderr
-	// The VMM runs under the native tier's filter too, beneath its own
-	// (QEMU's -sandbox is a denylist that leaves keyctl, bpf, io_uring,
-	// perf_event_open and ptrace open): see docs/THREATS.md.
-	spec.Seccomp = m.filter
-	// The VMM gets stdio and its own descriptors, nothing else: the jailer
-	// marks everything else close-on-exec before it execs QEMU, and a
-	// descriptor Moat's process holds without close-on-exec (one a library
-	// or an embedding program opened without it) does not even reach the
-	// jailer.
-	if err := closeOnExec(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
-	}
-	cmd, err := jail.Start(m.opts.Jailer, spec, cg)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", m.vmm.Name(), err)
-	}
-	v.cmd = cmd
-	go func() { cmd.Wait(); close(v.exited) }()
-	return v, nil
-}
-
-// waitHello connects to the agent port and waits for the agent's hello.
-func (v *vm) waitHello(ctx context.Context) (*vmagent.Hello, error) {
-	type res struct {
-		h   *vmagent.Hello
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		h, err := v.hello()
-		ch <- res{h, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			// Say why the VMM ended, when it did.
-			select {
-			case <-v.exited:
-				r.err = fmt.Errorf("%w; VMM: %s", r.err, v.stderr.String())
-			case <-time.After(200 * time.Millisecond):
-			}
-			v.kill()
-		}
-		return r.h, r.err
-	case <-ctx.Done():
-		v.kill()
-		return nil, fmt.Errorf("guest did not boot: %w", ctx.Err())
-	case <-v.exited:
-		v.kill()
-		return nil, fmt.Errorf("VMM exited during boot: %s", v.stderr.String())
-	}
-}
-
-func (v *vm) hello() (*vmagent.Hello, error) {
-	if err := v.connect(); err != nil {
-		return nil, err
-	}
-	typ, p, err := vmagent.ReadFrame(v.r)
-	if err != nil {
-		return nil, fmt.Errorf("agent hello: %w", err)
-	}
-	if typ == vmagent.FrameFail {
-		return nil, fmt.Errorf("guest agent failed: %s", sanitize(p))
-	}
-	if typ != vmagent.FrameHello {
-		return nil, fmt.Errorf("agent hello: unexpected frame %q", typ)
-	}
-	var h vmagent.Hello
-	if err := json.Unmarshal(p, &h); err != nil {
-		return nil, fmt.Errorf("agent hello: %w", err)
-	}
-	return &h, nil
-}
-
-// connect connects to the VMM's end of the agent port, and of the egress
-// port when the VM has one (whose host end then serves at once: the guest
-// sends nothing on it before its request grants egress).
-func (v *vm) connect() error {
-	conn, err := v.dial(v.socket)
-	if err != nil {
-		return fmt.Errorf("connect to the agent port: %w", err)
-	}
-	v.conn = conn
-	v.r = bufio.NewReaderSize(conn, 1<<20)
-	if v.egressSock == "" {
-		return nil
-	}
-	ec, err := v.dial(v.egressSock)
-	if err != nil {
-		return fmt.Errorf("connect to the egress port: %w", err)
-	}
-	ch, err := newEgressChannel(ec, v.egressProxy, vmagent.EgressMaxConns)
-	if err != nil {
-		return fmt.Errorf("egress port: %w", err)
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.killed {
-		ch.Close()
-		return errors.New("VMM killed")
-	}
-	v.egress = ch
-	return nil
-}
-
-// dial connects to one of the VMM's sockets, waiting for QEMU to create it.
-func (v *vm) dial(path string) (net.Conn, error) {
-	var conn net.Conn
-	var err error
-	for i := 0; i < 500; i++ {
-		if conn, err = net.Dial("unix", path); err == nil {
-			return conn, nil
-		}
-		select {
-		case <-v.exited:
-			return nil, errors.New("VMM exited")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return nil, err
-}
-
-// kill ends the VMM by its pid (and its process group) and waits for it.
-func (v *vm) kill() {
-	if v == nil { // the VMM never started
-		return
-	}
-	v.killOnce.Do(func() {
-		if v.cmd != nil && v.cmd.Process != nil {
-			syscall.Kill(-v.cmd.Process.Pid, syscall.SIGKILL)
-			v.cmd.Process.Kill()
-			<-v.exited
-		}
-		if v.conn != nil {
-			v.conn.Close()
-		}
-		v.mu.Lock()
-		v.killed = true
-		ch := v.egress
-		v.mu.Unlock()
-		if ch != nil {
-			ch.Close()
-		}
-		os.Remove(v.socket)
-		if v.qmp != "" {
-			os.Remove(v.qmp)
-		}
-		if v.egressSock != "" {
-			os.Remove(v.egressSock)
-		}
-	})
-}
-
-// boundedBuffer keeps the first max bytes written to it.
-type boundedBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf bytes.Buffer
-}
-
-func (b *boundedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.max - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (b *boundedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.TrimSpace(b.buf.String())
-}
-
-// sanitize makes a guest-supplied message safe to show: bounded, printable.
-func sanitize(p []byte) string {
-	if len(p) > 512 {
-		p = p[:512]
-	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return '?'
-		}
-		return r
-	}, string(bytes.ToValidUTF8(p, []byte("?"))))
-}
 
 // Sandbox is one VM, booting from Prepare and used for one command.
 type Sandbox struct {
@@ -320,7 +42,7 @@ type Sandbox struct {
 	accel  string
 	vm     *vm
 	ready  chan struct{}
-	hello  *vmagent.Hello
+	hello  *vmwire.Hello
 	bootE  error
 	booted time.Time
 	start  time.Time
@@ -401,7 +123,7 @@ func (s *Sandbox) startVM(cfg *VMConfig) {
 			rc := *cfg
 			rc.QMP = filepath.Join(cfg.RunDir, "qmp.sock")
 			if _, err = m.restore(ctx, &rc, s.cg, f, s.track); err == nil {
-				s.hello, s.how, s.booted = &vmagent.Hello{Kernel: meta.Kernel}, "restored", time.Now()
+				s.hello, s.how, s.booted = &vmwire.Hello{Kernel: meta.Kernel}, "restored", time.Now()
 				return
 			}
 			if s.destroyed() {
@@ -564,7 +286,7 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 			return s.infra(start, "the VMM's CPU limit: %v", err), nil
 		}
 	}
-	req := vmagent.Request{
+	req := vmwire.Request{
 		Argv: c.Argv, Env: c.Env, Dir: c.Dir, UID: guestUID,
 		MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUTime: int64(lim.CPUTime), OpenFiles: lim.OpenFiles,
 		FileSizeBytes: lim.FileSizeBytes, WorkspaceBytes: lim.WorkspaceBytes, WorkspaceFiles: lim.WorkspaceFiles, TmpBytes: lim.TmpBytes,
@@ -590,27 +312,27 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	send := func(typ byte, p []byte) error {
 		wmu.Lock()
 		defer wmu.Unlock()
-		return vmagent.WriteFrame(conn, typ, p)
+		return vmwire.WriteFrame(conn, typ, p)
 	}
-	if err := send(vmagent.FrameRequest, rb); err != nil {
+	if err := send(vmwire.FrameRequest, rb); err != nil {
 		return s.infra(start, "send request: %v", err), nil
 	}
-	if err := sendWorkspace(s.ws, &vmagent.FrameWriter{W: send, Typ: vmagent.FrameWorkspace}); err != nil {
+	if err := sendWorkspace(s.ws, &vmwire.FrameWriter{W: send, Typ: vmwire.FrameWorkspace}); err != nil {
 		return s.infra(start, "send workspace: %v", err), nil
 	}
-	if err := send(vmagent.FrameWorkspaceEnd, nil); err != nil {
+	if err := send(vmwire.FrameWorkspaceEnd, nil); err != nil {
 		return s.infra(start, "send workspace: %v", err), nil
 	}
 	go func() {
 		if c.Stdin != nil {
-			io.Copy(&vmagent.FrameWriter{W: send, Typ: vmagent.FrameStdin}, c.Stdin)
+			io.Copy(&vmwire.FrameWriter{W: send, Typ: vmwire.FrameStdin}, c.Stdin)
 		}
-		send(vmagent.FrameStdinEnd, nil)
+		send(vmwire.FrameStdinEnd, nil)
 	}()
 
 	type collected struct {
 		out  *tier.Outcome
-		res  *vmagent.Result
+		res  *vmwire.Result
 		disk bool
 	}
 	done := make(chan collected, 1)
@@ -697,7 +419,7 @@ func accepted(degraded []string, allowNoLandlock bool) ([]string, error) {
 
 // classify fills out from what the guest reported (nil when it was
 // killed first), through the taxonomy all tiers share.
-func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r *vmagent.Result) {
+func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r *vmwire.Result) {
 	obs := tier.Observed{Exit: exit, TimedOut: timedOut, Lost: "the guest agent did not report the program's status"}
 	if r != nil {
 		// The guest's counters are its own word: bounded to sane values.
@@ -714,8 +436,8 @@ func (s *Sandbox) classify(out *tier.Outcome, exit *tier.Exit, timedOut bool, r 
 // collect reads the guest's frames until its result. Every frame is
 // hostile: sizes are bounded by ReadFrame, totals here, and anything out
 // of protocol ends the VM.
-func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool) {
-	fail := func(term result.Termination, format string, args ...any) (*tier.Outcome, *vmagent.Result, bool) {
+func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmwire.Result, bool) {
+	fail := func(term result.Termination, format string, args ...any) (*tier.Outcome, *vmwire.Result, bool) {
 		s.vm.kill()
 		return &tier.Outcome{Termination: term, Error: fmt.Sprintf(format, args...)}, nil, false
 	}
@@ -725,7 +447,7 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 	var diskHit bool
 	lim := s.spec.Limits
 	for {
-		typ, p, err := vmagent.ReadFrame(s.vm.r)
+		typ, p, err := vmwire.ReadFrame(s.vm.r)
 		if err != nil {
 			if tarPipe != nil {
 				tarPipe.CloseWithError(err)
@@ -739,19 +461,19 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 			return fail(result.InfraError, "guest agent channel: %v", err)
 		}
 		switch typ {
-		case vmagent.FrameStdout, vmagent.FrameStderr:
+		case vmwire.FrameStdout, vmwire.FrameStderr:
 			outBytes += int64(len(p))
 			if outBytes > s.m.opts.MaxOutputBytes {
 				return fail(result.OutputLimit, "the guest sent more than %d bytes of output; the VM was killed", s.m.opts.MaxOutputBytes)
 			}
 			w := c.Stdout
-			if typ == vmagent.FrameStderr {
+			if typ == vmwire.FrameStderr {
 				w = c.Stderr
 			}
 			if w != nil {
 				w.Write(p)
 			}
-		case vmagent.FrameTar:
+		case vmwire.FrameTar:
 			if tarPipe == nil {
 				var pr *io.PipeReader
 				pr, tarPipe = io.Pipe()
@@ -763,7 +485,7 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 				}()
 			}
 			tarPipe.Write(p)
-		case vmagent.FrameTarEnd:
+		case vmwire.FrameTarEnd:
 			if tarPipe != nil {
 				tarPipe.Close()
 				err := <-tarDone
@@ -774,136 +496,16 @@ func (s *Sandbox) collect(c *tier.Command) (*tier.Outcome, *vmagent.Result, bool
 					return fail(result.InfraError, "workspace from the guest: %v", err)
 				}
 			}
-		case vmagent.FrameResult:
-			var r vmagent.Result
+		case vmwire.FrameResult:
+			var r vmwire.Result
 			if err := json.Unmarshal(p, &r); err != nil {
 				return fail(result.InfraError, "guest result: %v", err)
 			}
 			return nil, &r, diskHit
-		case vmagent.FrameFail:
+		case vmwire.FrameFail:
 			return fail(result.InfraError, "guest agent failed: %s", sanitize(p))
 		default:
 			return fail(result.InfraError, "guest agent sent an unknown frame %q", typ)
-		}
-	}
-}
-
-// sendWorkspace tars the host workspace (the engine's copied inputs).
-func sendWorkspace(dir string, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = root.Readlink(p); err != nil {
-				return err
-			}
-		} else if !fi.Mode().IsRegular() && !fi.IsDir() {
-			return nil
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = p, 0, 0, "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := root.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.CopyN(tw, f, fi.Size())
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
-}
-
-var errWorkspaceLimit = errors.New("workspace over its limit")
-
-// extractWorkspace replaces the host workspace with the guest's tar,
-// resolving every path inside dir (os.Root: no .., no symlink escapes),
-// creating only directories, regular files and symlinks, and stopping at
-// the workspace limits (the engine's diff then reports what is there).
-func extractWorkspace(r io.Reader, dir string, lim tier.Limits) error {
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	maxBytes, maxFiles := lim.WorkspaceBytes, lim.WorkspaceFiles
-	if maxBytes <= 0 {
-		maxBytes = 1 << 30
-	}
-	if maxFiles <= 0 {
-		maxFiles = 100000
-	}
-	var total int64
-	var files int
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		name := filepath.Clean(h.Name)
-		if !filepath.IsLocal(name) {
-			return fmt.Errorf("entry %q is outside the workspace", sanitize([]byte(h.Name)))
-		}
-		files++
-		if files > maxFiles+1 || h.Size > maxBytes-total {
-			return errWorkspaceLimit
-		}
-		perm := fs.FileMode(h.Mode) & 0o777
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return err
-			}
-			root.Chmod(name, perm|0o700)
-		case tar.TypeReg:
-			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
-			if err != nil {
-				return err
-			}
-			n, err := io.Copy(f, io.LimitReader(tr, h.Size))
-			f.Close()
-			total += n
-			if err != nil {
-				return err
-			}
-			root.Chtimes(name, h.ModTime, h.ModTime)
-		case tar.TypeSymlink:
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return err
-			}
 		}
 	}
 }
@@ -966,29 +568,4 @@ func (s *Sandbox) RuntimeProcs() ([]int, error) {
 		return nil, nil // exited
 	}
 	return []int{pid}, nil
-}
-
-// VMMBinary is the host path of the VMM executable.
-func (m *MicroVM) VMMBinary() string { return m.opts.QEMU }
-
-// closeOnExec marks every descriptor of this process above stderr
-// close-on-exec. exec.Cmd still passes ExtraFiles (the child dup2s them
-// into place, which clears the flag on the copy).
-func closeOnExec() error {
-	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
-	if err == nil {
-		return nil
-	}
-	// Kernels before 5.11: each open descriptor by name.
-	ents, rerr := os.ReadDir("/proc/self/fd")
-	if rerr != nil {
-		return fmt.Errorf("mark descriptors close-on-exec: %v; list them: %w", err, rerr)
-	}
-	for _, e := range ents {
-		fd, _ := strconv.Atoi(e.Name())
-		if fd > 2 {
-			unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
-		}
-	}
-	return nil
 }

@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"golang.org/x/sys/unix"
 )
 
@@ -279,7 +279,7 @@ var errPaused = errors.New("the VM could not be resumed")
 
 // save pauses v (booted from cfg, its agent waiting for a request),
 // migrates its state into the snapshot for key and resumes it.
-func (m *MicroVM) save(ctx context.Context, v *vm, cfg *VMConfig, key string, h *vmagent.Hello) (err error) {
+func (m *MicroVM) save(ctx context.Context, v *vm, cfg *VMConfig, key string, h *vmwire.Hello) (err error) {
 	q, err := dialQMP(ctx, cfg.QMP, v.exited)
 	if err != nil {
 		return err

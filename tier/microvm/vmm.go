@@ -10,7 +10,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/moat-sandbox/moat/guest/vmagent"
+	"github.com/moat-sandbox/moat/guest/vmagent/vmwire"
 	"github.com/moat-sandbox/moat/internal/guestkernel"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
@@ -178,7 +178,7 @@ func (q *QEMU) Args(cfg *VMConfig) []string {
 	if cfg.Egress != "" {
 		args = append(args,
 			"-chardev", "socket,id=egress,path="+jailRunDir+"/"+filepath.Base(cfg.Egress)+",server=on,wait=off",
-			"-device", "virtserialport,chardev=egress,name="+vmagent.EgressPortName)
+			"-device", "virtserialport,chardev=egress,name="+vmwire.EgressPortName)
 	}
 	if cfg.Console != "" {
 		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", consoleFD, consoleFD))

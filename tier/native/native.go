@@ -26,7 +26,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
+	"github.com/moat-sandbox/moat/internal/runid"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/seccomp"
 	"github.com/moat-sandbox/moat/tier"
@@ -105,20 +106,6 @@ func (n *Native) Capabilities() tier.Capabilities { return n.caps }
 // Cgroups exposes the cgroup host for garbage collection of orphans.
 func (n *Native) Cgroups() *cgroup.Host { return n.cg }
 
-// validID accepts ^[a-z0-9][a-z0-9-]{0,63}$: the id names a cgroup
-// directory.
-func validID(id string) bool {
-	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // sandbox is one prepared native sandbox.
 type sandbox struct {
 	spec    *tier.Spec
@@ -134,7 +121,7 @@ type sandbox struct {
 	ran     bool
 	// statuses carries init's reports in one-shot mode; ready is closed
 	// when init is confined and waits for the command (or is gone).
-	statuses chan nsinit.Status
+	statuses chan nswire.Status
 	ready    chan struct{}
 	notReady string // why ready was closed without init being ready
 	// sess is set in session mode (Spec.Session).
@@ -149,8 +136,8 @@ type sandbox struct {
 // Prepare implements tier.Tier: cgroup, workspace and init, waiting for a
 // command. On any failure everything created so far is undone.
 func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
-	if !validID(spec.ID) {
-		return nil, fmt.Errorf("sandbox id %q: want lower-case letters, digits and dashes", spec.ID)
+	if err := runid.Check(spec.ID); err != nil {
+		return nil, fmt.Errorf("sandbox id: %w", err)
 	}
 	if !n.caps.Landlock && !slices.Contains(spec.AllowMissing, "landlock") {
 		return nil, fmt.Errorf("%w: landlock is not available on this kernel; the manifest can accept running without it with security.allow_missing: [landlock]", tier.ErrUnavailable)
@@ -241,7 +228,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	}
 	childEnds = append(childEnds, joins...)
 	if len(joins) > 0 {
-		for len(extra) < nsinit.CgroupFD-3 {
+		for len(extra) < nswire.CgroupFD-3 {
 			extra = append(extra, nil) // fds 6, 7 stay closed when unused
 		}
 		extra = append(extra, joins...)
@@ -249,7 +236,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: s.ids.base(), Size: idRange}}
 	cmd := &exec.Cmd{
 		Path: n.exe,
-		Args: []string{"moat-init", nsinit.Arg},
+		Args: []string{"moat-init", nswire.Arg},
 		// init's own environment: nothing from the host. It runs few
 		// goroutines; one P keeps its thread count (which the pids limit
 		// counts) low.
@@ -281,7 +268,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	s.init = cmd
 	// The sandbox's shape goes first: init builds its root while we move it
 	// into the cgroup.
-	setup := nsinit.Setup{
+	setup := nswire.Setup{
 		Root:            spec.ImageRoot,
 		Hostname:        "moat",
 		UID:             SandboxUID,
@@ -291,7 +278,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		Seccomp:         n.filter,
 		RequireLandlock: !slices.Contains(spec.AllowMissing, "landlock"),
 		EgressPort:      egressPort(spec),
-		Rlimits: nsinit.Rlimits{
+		Rlimits: nswire.Rlimits{
 			NoFile:     uint64(lim.OpenFiles),
 			FSize:      uint64(lim.FileSizeBytes),
 			NProc:      uint64(lim.Pids) + 64,
@@ -299,21 +286,21 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		},
 	}
 	setup.CgroupFDs = len(joins)
-	if err = nsinit.WriteFrame(s.cfgW, &setup); err != nil {
+	if err = nswire.WriteFrame(s.cfgW, &setup); err != nil {
 		return nil, fmt.Errorf("send init setup: %w", err)
 	}
 	// Init is inside the cgroup before it reads this frame (born there on
 	// v2, moved itself on v1 right after the Setup frame): it may confine
 	// itself now, while the caller copies the inputs in (or while the
 	// sandbox waits in a pool).
-	if err = nsinit.WriteFrame(s.cfgW, &nsinit.Start{Serve: s.sess != nil}); err != nil {
+	if err = nswire.WriteFrame(s.cfgW, &nswire.Start{Serve: s.sess != nil}); err != nil {
 		return nil, fmt.Errorf("send start to init: %w", err)
 	}
 	if s.sess == nil {
 		// One-shot: init's reports are read from now on, so that a
 		// pool can wait for it to be confined (WaitReady).
-		raw := make(chan nsinit.Status, 4)
-		s.statuses = make(chan nsinit.Status, 4)
+		raw := make(chan nswire.Status, 4)
+		s.statuses = make(chan nswire.Status, 4)
 		s.ready = make(chan struct{})
 		go readStatus(s.statusR, raw)
 		go func() {
@@ -427,7 +414,7 @@ var _ tier.ProcessLister = (*sandbox)(nil)
 // failure means init is gone or going, and the run ends anyway; the
 // caller's grace period kills the cgroup regardless.
 func (s *sandbox) forward(sig unix.Signal) {
-	nsinit.WriteFrame(s.cfgW, &nsinit.Signal{Signal: int(sig)})
+	nswire.WriteFrame(s.cfgW, &nswire.Signal{Signal: int(sig)})
 }
 
 // Exec implements tier.Sandbox.
@@ -468,8 +455,8 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 
 	start := time.Now()
 	// The config pipe stays open after the command: a cancelled run's
-	// SIGTERM goes to init through it (nsinit.Signal). Destroy closes it.
-	err := nsinit.WriteFrame(s.cfgW, &nsinit.Command{Argv: c.Argv, Env: c.Env, Dir: c.Dir})
+	// SIGTERM goes to init through it (nswire.Signal). Destroy closes it.
+	err := nswire.WriteFrame(s.cfgW, &nswire.Command{Argv: c.Argv, Env: c.Env, Dir: c.Dir})
 	if err != nil {
 		return nil, fmt.Errorf("send command to init: %w", err)
 	}
@@ -479,7 +466,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 
 	out := &tier.Outcome{}
 	var (
-		final     *nsinit.Status
+		final     *nswire.Status
 		started   time.Time
 		ended     time.Time
 		timedOut  bool
@@ -489,7 +476,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		startWait <-chan time.Time
 		setupErr  string
 	)
-	handle := func(st nsinit.Status) {
+	handle := func(st nswire.Status) {
 		switch {
 		case st.Error != "":
 			setupErr = st.Error
@@ -612,7 +599,7 @@ loop:
 
 // classify turns what was observed into the closed termination taxonomy
 // (tier.Classify, shared with the other tiers).
-func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.Stats, lim tier.Limits) {
+func classify(out *tier.Outcome, final *nswire.Status, timedOut bool, st cgroup.Stats, lim tier.Limits) {
 	obs := tier.Observed{
 		TimedOut: timedOut,
 		Stats:    st,
@@ -629,7 +616,7 @@ func classify(out *tier.Outcome, final *nsinit.Status, timedOut bool, st cgroup.
 // the command (sent) to reading its end; otherwise the time between the
 // host reading the start and the end reports (from sent when no start
 // was read).
-func programDuration(final *nsinit.Status, sent, started, ended time.Time) time.Duration {
+func programDuration(final *nswire.Status, sent, started, ended time.Time) time.Duration {
 	if final != nil && final.DurationNS > 0 {
 		if d := time.Duration(final.DurationNS); d <= ended.Sub(sent) {
 			return d
@@ -665,12 +652,12 @@ func limitFor(kind string, lim tier.Limits) string {
 
 // readStatus decodes init's messages, bounded in size: init runs in the
 // sandbox, so its output is hostile until parsed.
-func readStatus(r io.Reader, out chan<- nsinit.Status) {
+func readStatus(r io.Reader, out chan<- nswire.Status) {
 	defer close(out)
-	sc := bufio.NewScanner(io.LimitReader(r, nsinit.MaxStatusBytes))
-	sc.Buffer(make([]byte, 4096), nsinit.MaxStatusBytes)
+	sc := bufio.NewScanner(io.LimitReader(r, nswire.MaxStatusBytes))
+	sc.Buffer(make([]byte, 4096), nswire.MaxStatusBytes)
 	for sc.Scan() {
-		var st nsinit.Status
+		var st nswire.Status
 		if json.Unmarshal(sc.Bytes(), &st) != nil {
 			continue
 		}

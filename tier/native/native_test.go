@@ -213,11 +213,8 @@ func runOfParent(ppid int) string {
 
 func TestConformance(t *testing.T) {
 	needRoot(t)
-	e, err := newEngine()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tiertest.Run(t, e, "native", leftovers(e.Home()))
+	n, img, home := nativeTier(t)
+	tiertest.Run(t, tiertest.Target{Tier: n, ImageRoot: img.Root, ImageEnv: img.Env, ImageDigest: img.Digest, Leftovers: leftovers(home)})
 }
 
 // runCLI runs the moat binary and returns its exit status and the decoded

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
-	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -27,7 +27,7 @@ const drainGrace = 200 * time.Millisecond
 
 // session is the host's state of a session-mode sandbox (Spec.Session).
 type session struct {
-	sock     *os.File      // host end of nsinit.SessionFD
+	sock     *os.File      // host end of nswire.SessionFD
 	initDone chan struct{} // closed when init has been reaped
 	ready    chan string   // init's first report: "" when serving, else its error
 
@@ -99,7 +99,7 @@ func (s *sandbox) readSessionStatus() {
 	sc := bufio.NewScanner(s.statusR)
 	sc.Buffer(make([]byte, 4096), 8192)
 	for sc.Scan() {
-		var st nsinit.Status
+		var st nswire.Status
 		if json.Unmarshal(sc.Bytes(), &st) != nil || !plausible(&st) {
 			continue
 		}
@@ -145,7 +145,7 @@ func (s *sandbox) readSessionStatus() {
 	}
 }
 
-func plausible(st *nsinit.Status) bool {
+func plausible(st *nswire.Status) bool {
 	return st.Proc >= 0 && st.Exit >= 0 && st.Exit <= 255 && st.Signal >= 0 && st.Signal <= 64 &&
 		len(st.Error) <= 4096 && len(st.Degraded) <= 8
 }
@@ -217,7 +217,7 @@ func (s *sandbox) Start(ctx context.Context, c *tier.Command) (tier.Process, err
 	ss.procs[p.n] = p
 	ss.mu.Unlock()
 
-	msg, _ := json.Marshal(&nsinit.Request{Op: nsinit.OpExec, Proc: p.n, Argv: c.Argv, Env: c.Env, Dir: c.Dir})
+	msg, _ := json.Marshal(&nswire.Request{Op: nswire.OpExec, Proc: p.n, Argv: c.Argv, Env: c.Env, Dir: c.Dir})
 	err = unix.Sendmsg(int(ss.sock.Fd()), msg, unix.UnixRights(int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd())), nil, 0)
 	// Init has its copies now (or never will): ours must go, so that EOF
 	// on stdout and stderr means every writer is gone.
@@ -276,7 +276,7 @@ type process struct {
 	mu       sync.Mutex
 	started  time.Time
 	ended    time.Time
-	final    *nsinit.Status
+	final    *nswire.Status
 	timedOut bool
 	exited   chan struct{}
 	once     sync.Once
@@ -295,7 +295,7 @@ func (p *process) markStarted() {
 }
 
 // exit records the command's end; st nil means init died first.
-func (p *process) exit(st *nsinit.Status) {
+func (p *process) exit(st *nswire.Status) {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.final = st
@@ -316,7 +316,7 @@ func (p *process) Signal(sig syscall.Signal) error {
 		return errors.New("the command has ended")
 	default:
 	}
-	msg, _ := json.Marshal(&nsinit.Request{Op: nsinit.OpSignal, Proc: p.n, Signal: int(sig)})
+	msg, _ := json.Marshal(&nswire.Request{Op: nswire.OpSignal, Proc: p.n, Signal: int(sig)})
 	if err := unix.Sendmsg(int(p.s.sess.sock.Fd()), msg, nil, nil, 0); err != nil {
 		return fmt.Errorf("signal command: %w", err)
 	}

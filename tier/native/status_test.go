@@ -5,18 +5,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moat-sandbox/moat/guest/nsinit"
+	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 )
 
 func TestReadStatus(t *testing.T) {
 	tests := []struct {
 		name string
 		in   string
-		want []nsinit.Status
+		want []nswire.Status
 	}{
 		{"started then exited", `{"started":true}` + "\n" + `{"exited":true,"exit":3}` + "\n",
-			[]nsinit.Status{{Started: true}, {Exited: true, Exit: 3}}},
-		{"garbage lines are skipped", "not json\n{\"exited\":true,\"exit\":0}\n", []nsinit.Status{{Exited: true}}},
+			[]nswire.Status{{Started: true}, {Exited: true, Exit: 3}}},
+		{"garbage lines are skipped", "not json\n{\"exited\":true,\"exit\":0}\n", []nswire.Status{{Exited: true}}},
 		{"out of range exit is dropped", `{"exited":true,"exit":70000}` + "\n", nil},
 		{"negative signal is dropped", `{"exited":true,"signal":-1}` + "\n", nil},
 		{"too many degradations are dropped", `{"started":true,"degraded":["a","b","c","d","e","f","g","h","i"]}` + "\n", nil},
@@ -24,9 +24,9 @@ func TestReadStatus(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ch := make(chan nsinit.Status, 16)
+			ch := make(chan nswire.Status, 16)
 			readStatus(strings.NewReader(tc.in), ch)
-			var got []nsinit.Status
+			var got []nswire.Status
 			for s := range ch {
 				got = append(got, s)
 			}
@@ -47,11 +47,11 @@ func TestReadStatus(t *testing.T) {
 func TestReadStatusBounded(t *testing.T) {
 	flood := bytes.Repeat([]byte(`{"started":true}`+"\n"), 1<<20)
 	r := bytes.NewReader(flood)
-	ch := make(chan nsinit.Status, 1<<20)
+	ch := make(chan nswire.Status, 1<<20)
 	readStatus(r, ch)
 	read := len(flood) - r.Len()
-	if read > nsinit.MaxStatusBytes+4096 {
-		t.Errorf("read %d bytes of init status, bound is %d", read, nsinit.MaxStatusBytes)
+	if read > nswire.MaxStatusBytes+4096 {
+		t.Errorf("read %d bytes of init status, bound is %d", read, nswire.MaxStatusBytes)
 	}
 }
 
@@ -68,7 +68,7 @@ func FuzzReadStatus(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		out := make(chan nsinit.Status, 1024)
+		out := make(chan nswire.Status, 1024)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)

@@ -1,4 +1,4 @@
-package vmagent
+package vmwire
 
 import (
 	"bytes"

@@ -1,4 +1,9 @@
-package vmagent
+// Package vmwire is the wire protocol between the microvm tier's host
+// side (tier/microvm) and its guest agent (guest/vmagent): the frames on
+// the agent's virtio-serial port and the yamux configuration of the egress
+// port. It holds types and framing only, so that the host can speak to
+// the agent without importing the agent, which runs only as a VM's init.
+package vmwire
 
 import (
 	"encoding/binary"
