@@ -25,7 +25,6 @@ import (
 
 var (
 	skipReason string
-	newErr     error
 	agentBin   string
 	home       string
 )
