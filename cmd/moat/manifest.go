@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/tier"
 )
 
 func cmdManifest(args []string) int {
@@ -44,7 +46,7 @@ func cmdManifest(args []string) int {
 		return 0
 	}
 	fmt.Printf("%s: valid (digest %s)\n", fs.Arg(0), m.Digest())
-	if m.Tier != "native" && m.Tier != "gvisor" && m.Tier != "microvm" && m.Tier != "wasm" {
+	if !slices.Contains(tier.List(), m.Tier) {
 		fmt.Fprintf(os.Stderr, "note: tier %q is valid in a manifest but not implemented in this version of moat; 'moat run' will refuse it\n", m.Tier)
 	}
 	return 0
