@@ -408,6 +408,11 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 	for i := range argv {
 		argv[i] = expand(argv[i], en.vars)
 	}
+	if r.inProcess && c.Python != "" {
+		// The pauses the cases take so the host can sample the run must
+		// last on the wasm guest too, whose WASI has no sleep.
+		argv[len(argv)-1] = guestSleepPrelude + argv[len(argv)-1]
+	}
 	if en.canary != "" {
 		// A careless host keeps secrets in its environment; moat's own
 		// environment must never reach the program.
@@ -507,3 +512,21 @@ func missing(req string) string {
 	}
 	return ""
 }
+
+// guestSleepPrelude makes time.sleep wait on a guest whose WASI lacks it
+// (CPython on wasm32-wasi raises OSError ENOTSUP): a case's
+// time.sleep(0.2), there so that the host samples its processes while it
+// runs, would otherwise end the program at once, and whether the host
+// sampled it at all became luck (the case was judged an error). The wait
+// is a busy loop on the monotonic clock, which the guest has.
+const guestSleepPrelude = `import time as _moat_time
+def _moat_sleep(s, _sleep=_moat_time.sleep):
+    try:
+        _sleep(s)
+    except OSError:
+        end = _moat_time.monotonic() + s
+        while _moat_time.monotonic() < end:
+            pass
+_moat_time.sleep = _moat_sleep
+del _moat_sleep
+`
