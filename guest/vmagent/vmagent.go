@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -436,6 +437,11 @@ func (a *agent) run(req *vmwire.Request, r io.Reader) *vmwire.Result {
 	// Then the rest of the output: what is in the pipes, up to EOF, which
 	// comes once the killed processes are gone.
 	copies.Wait()
+	// A killed process with no pipe of ours (a detached loop writing to
+	// /dev/null) may still finish the system call it was in (a rename)
+	// after EOF: the workspace is sent only once the cgroup is empty, so
+	// that nothing changes it while it is walked.
+	waitEmpty(runCG, 5*time.Second)
 	res := &vmwire.Result{TimedOut: timedOut.Load(), Degraded: degraded}
 	if ps := cmd.ProcessState; ps != nil {
 		ws := ps.Sys().(syscall.WaitStatus)
@@ -470,6 +476,16 @@ func closeAll(files []*os.File) {
 		if f != nil {
 			f.Close()
 		}
+	}
+}
+
+// waitEmpty waits until no process is left in cgroup cg (cgroup.events
+// says "populated 0"), for at most d: a process stuck in the kernel must
+// not hang the run, and copy-out checks every path on its own anyway.
+func waitEmpty(cg string, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for eventCount(cg+"/cgroup.events", "populated") != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -616,6 +632,10 @@ func (a *agent) sendWorkspace(dir string) error {
 	tw := tar.NewWriter(&vmwire.FrameWriter{W: a.send, Typ: vmwire.FrameTar})
 	var dirs []string
 	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil && p != dir && errors.Is(err, fs.ErrNotExist) {
+			// Gone since its directory was read: nothing to send.
+			return nil
+		}
 		if err != nil || p == dir {
 			return err
 		}
