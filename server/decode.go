@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/service"
@@ -149,10 +148,10 @@ func checkUploads(files []upload, maxFiles int, m *manifest.Manifest) *Error {
 	return nil
 }
 
-func engineFiles(files []upload) []engine.File {
-	out := make([]engine.File, len(files))
+func engineFiles(files []upload) []service.File {
+	out := make([]service.File, len(files))
 	for i, f := range files {
-		out[i] = engine.File{Path: f.path, Mode: f.mode, Data: bytes.NewReader(f.data)}
+		out[i] = service.File{Path: f.path, Mode: f.mode, Data: bytes.NewReader(f.data)}
 	}
 	return out
 }

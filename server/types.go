@@ -3,7 +3,6 @@ package server
 import (
 	"encoding/json"
 
-	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -128,7 +127,7 @@ type OutputEvent struct {
 // DirListing is the answer to GET …/files for a directory.
 type DirListing struct {
 	Path    string            `json:"path"`
-	Entries []engine.FileInfo `json:"entries"`
+	Entries []service.FileInfo `json:"entries"`
 }
 
 // Health is the answer to GET /v1/health.

@@ -13,6 +13,19 @@ import (
 // Sandbox, Exec) carry the JSON tags of docs/API.md: the HTTP API encodes
 // them as they are.
 
+// The engine's file types and its closed-sandbox error, under the names
+// the front doors use: they speak to the service only.
+type (
+	// File is one file a request puts in a new sandbox's workspace.
+	File = engine.File
+	// FileInfo describes a file in a sandbox's workspace.
+	FileInfo = engine.FileInfo
+)
+
+// ErrSessionClosed is wrapped in the errors of a sandbox that has been
+// destroyed (service.Classify: Conflict).
+var ErrSessionClosed = engine.ErrSessionClosed
+
 // RunArgs is a one-shot run: a decoded, validated request.
 type RunArgs struct {
 	Manifest *manifest.Manifest

@@ -18,7 +18,6 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/moat-sandbox/moat/engine"
 	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
 	"github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/moat-sandbox/moat/service"
@@ -31,7 +30,7 @@ type filesystemService struct{}
 
 var _ filesystemconnect.FilesystemHandler = filesystemService{}
 
-func entryOf(fi engine.FileInfo) *pb.EntryInfo {
+func entryOf(fi service.FileInfo) *pb.EntryInfo {
 	mode, _ := strconv.ParseUint(fi.Mode, 8, 32)
 	e := &pb.EntryInfo{Name: fi.Name, Path: e2bPath(fi.Path), Size: fi.Size, Mode: uint32(mode),
 		Permissions: fs.FileMode(mode).String(), Owner: "user", Group: "user", ModifiedTime: timestamppb.New(fi.ModTime)}
@@ -59,7 +58,7 @@ func fsError(err error, p string) *connect.Error {
 		return rpcErr(connect.CodeNotFound, "path '%s' does not exist", p)
 	case errors.Is(err, fs.ErrExist):
 		return rpcErr(connect.CodeAlreadyExists, "path '%s' already exists", p)
-	case errors.Is(err, engine.ErrSessionClosed):
+	case errors.Is(err, service.ErrSessionClosed):
 		return rpcErr(connect.CodeUnavailable, "the sandbox was destroyed")
 	}
 	var se *service.Error
