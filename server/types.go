@@ -126,7 +126,7 @@ type OutputEvent struct {
 
 // DirListing is the answer to GET …/files for a directory.
 type DirListing struct {
-	Path    string            `json:"path"`
+	Path    string             `json:"path"`
 	Entries []service.FileInfo `json:"entries"`
 }
 
