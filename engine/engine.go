@@ -18,7 +18,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 
@@ -350,29 +349,9 @@ func limits(m *manifest.Manifest) tier.Limits {
 	return l
 }
 
-// environment is the program's whole environment: the image's defaults,
-// HOME, and what the manifest names (then any later layer, e.g. the egress
-// proxy's variables). Nothing comes from the host.
+// environment is the program's whole environment (tier.Environment).
 func environment(imageEnv []string, layers ...map[string]string) []string {
-	vars := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-	for _, kv := range imageEnv {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			vars[k] = v
-		}
-	}
-	vars["HOME"] = "/workspace"
-	vars["USER"] = "sandbox"
-	for _, env := range layers {
-		for k, v := range env {
-			vars[k] = v
-		}
-	}
-	out := make([]string, 0, len(vars))
-	for k, v := range vars {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
+	return tier.Environment(imageEnv, layers...)
 }
 
 func newID() string {

@@ -133,28 +133,6 @@ func DefaultLimits() tier.Limits {
 	}
 }
 
-// Environment is the program's whole environment as the engine gives it:
-// a default PATH and LANG, the image's variables, HOME and USER, then
-// extra. Nothing comes from the host.
-func Environment(imageEnv []string, extra map[string]string) []string {
-	vars := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-	for _, kv := range imageEnv {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			vars[k] = v
-		}
-	}
-	vars["HOME"] = "/workspace"
-	vars["USER"] = "sandbox"
-	for k, v := range extra {
-		vars[k] = v
-	}
-	out := make([]string, 0, len(vars))
-	for k, v := range vars {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
-
 // maxOutput is what a case keeps of each stream (the default manifest's
 // cap); the writer accepts the rest and drops it, so that the program is
 // never blocked by the host.
@@ -250,7 +228,7 @@ func runOne(t *testing.T, tg Target, lim tier.Limits, argv []string, extra map[s
 		}
 	}()
 	stdout, stderr := &capture{}, &capture{}
-	cmd := &tier.Command{Argv: argv, Env: Environment(tg.ImageEnv, extra), Dir: "/workspace", Stdout: stdout, Stderr: stderr}
+	cmd := &tier.Command{Argv: argv, Env: tier.Environment(tg.ImageEnv, extra), Dir: "/workspace", Stdout: stdout, Stderr: stderr}
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
