@@ -66,6 +66,25 @@ type Image struct {
 	Definition string `json:"definition"`
 	// Current reports whether this is the build that Lookup returns.
 	Current bool `json:"-"`
+
+	// The fields below are set for imported images (Store.Import) only.
+
+	// Source is the import SOURCE, e.g. "oci-archive:app.tar".
+	Source string `json:"source,omitempty"`
+	// SourceDigest is the source's own identity beside Moat's content
+	// Digest: the OCI manifest digest, a docker-archive's config digest
+	// (its image ID), or the sha256 of a rootfs tar.
+	SourceDigest string `json:"source_digest,omitempty"`
+	// Entrypoint and Cmd come from the image config; a run with no
+	// command runs Entrypoint followed by Cmd.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	// WorkingDir is the config's working directory, recorded only: runs
+	// start in /workspace, where their files are.
+	WorkingDir string `json:"working_dir,omitempty"`
+	// User is the config's user, recorded only: every run uses the
+	// sandbox's unprivileged user, never root.
+	User string `json:"user,omitempty"`
 }
 
 // Store is a directory of built images, normally $MOAT_HOME/images.

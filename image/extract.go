@@ -1,0 +1,375 @@
+package image
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+)
+
+// This file applies one image layer (a tar stream) to a root tree. It is
+// Moat's own code, not a library's, because every line of it faces hostile
+// input: an imported image is whatever its author wanted it to be. The rules:
+//
+//   - Every path is resolved beneath the root through an os.Root, and every
+//     parent directory is lstat'ed first and must be a real directory: a
+//     symlink in a parent is refused, never followed, even when it would
+//     resolve inside the tree (CVE-2018-15664-style races and
+//     CVE-2019-14271 show what following in-tree links while writing leads
+//     to).
+//   - Names with a ".." component, absolute names and names with NUL are
+//     refused: there is no legitimate reason for them in a layer.
+//   - Hard links may only name an entry already extracted inside the root,
+//     and only a regular file.
+//   - An existing entry is removed before a new one is created (O_EXCL), so
+//     nothing is ever written through a link or into a hard-linked inode.
+//   - Device nodes, FIFOs and sockets are dropped; setuid, setgid and all
+//     xattrs (security.capability among them) are never applied.
+//   - Bytes are counted as they are written, not as headers declare, so a
+//     decompression bomb or a sparse file stops at the cap.
+
+// ErrBadImage marks an import refused because of its input: a malformed or
+// hostile archive, an entry that would escape the root, a cap exceeded.
+// Callers map it to "bad input" (the CLI's exit 2).
+var ErrBadImage = errors.New("image refused")
+
+// whiteout prefixes from the OCI image spec (layer.md, "Whiteouts").
+const (
+	whiteoutPrefix = ".wh."
+	opaqueWhiteout = ".wh..wh..opq"
+)
+
+// extractBudget is what the whole import may still write. It is shared by
+// all layers: the caps are on the image, not per layer.
+type extractBudget struct {
+	bytesLeft int64
+	filesLeft int64
+	maxBytes  int64
+	maxFiles  int64
+}
+
+// layerState is what one layer's application needs to remember.
+type layerState struct {
+	root    *os.Root
+	label   string // names the layer in errors, e.g. "layer 2 (sha256:ab…)"
+	budget  *extractBudget
+	written map[string]bool // paths this layer created; opaque dirs keep them
+	// dirModes are the modes directories get once all layers are applied:
+	// while extracting, directories stay writable by their owner so a
+	// later entry (or layer) can land in a directory the image marks 0555.
+	dirModes map[string]fs.FileMode
+	dropped  int // special files dropped
+}
+
+// entryError names the layer and the entry, as the issue asks, and marks
+// the error as bad input.
+func (l *layerState) entryError(name, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: entry %q: %s", ErrBadImage, l.label, name, fmt.Sprintf(format, args...))
+}
+
+// extractLayer applies the tar stream r to root. dirModes collects the
+// final directory modes across layers (see applyDirModes).
+func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode) (dropped int, err error) {
+	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes}
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return l.dropped, nil
+		}
+		if err != nil {
+			return l.dropped, fmt.Errorf("%w: %s: read tar: %v", ErrBadImage, label, err)
+		}
+		if err := l.apply(hdr, tr); err != nil {
+			return l.dropped, err
+		}
+	}
+}
+
+// cleanName turns a tar entry name into a slash-separated path relative to
+// the root, "" for the root itself, or an error for names that try to leave
+// it.
+func cleanName(name string) (string, error) {
+	if strings.IndexByte(name, 0) >= 0 {
+		return "", errors.New("name contains NUL")
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", errors.New("absolute name; layer entries must be relative to the image root")
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == ".." {
+			return "", errors.New(`name has a ".." component, which would leave the image root`)
+		}
+	}
+	p := path.Clean(name)
+	if p == "." {
+		return "", nil
+	}
+	return p, nil
+}
+
+// apply applies one tar entry.
+func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
+	name, err := cleanName(hdr.Name)
+	if err != nil {
+		return l.entryError(hdr.Name, "%v", err)
+	}
+	if name == "" {
+		return nil // the root itself ("./"): its mode is finalize's business
+	}
+	dir, base := path.Split(name)
+	dir = strings.TrimSuffix(dir, "/")
+
+	// Whiteouts delete what lower layers put there; they are not files.
+	if base == opaqueWhiteout {
+		if err := l.parents(hdr.Name, name); err != nil {
+			return err
+		}
+		return l.opaque(hdr.Name, dir)
+	}
+	if strings.HasPrefix(base, whiteoutPrefix) {
+		if err := l.parents(hdr.Name, name); err != nil {
+			return err
+		}
+		hidden := strings.TrimPrefix(base, whiteoutPrefix)
+		if hidden == "" || hidden == "." || hidden == ".." {
+			return l.entryError(hdr.Name, "whiteout names no entry")
+		}
+		victim := path.Join(dir, hidden)
+		if err := l.root.RemoveAll(victim); err != nil {
+			return l.entryError(hdr.Name, "apply whiteout: %v", err)
+		}
+		return nil
+	}
+
+	switch hdr.Typeflag {
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		// An image is files; the sandbox brings its own /dev.
+		l.dropped++
+		return nil
+	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
+	default:
+		// Sockets cannot be archived by tar; anything else (GNU volume
+		// headers, unknown vendor types) has no place in a layer.
+		return l.entryError(hdr.Name, "unsupported tar entry type %q", hdr.Typeflag)
+	}
+	if l.budget.filesLeft <= 0 {
+		return l.entryError(hdr.Name, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
+	}
+	l.budget.filesLeft--
+	if err := l.parents(hdr.Name, name); err != nil {
+		return err
+	}
+
+	// Only the permission bits and the sticky bit: setuid and setgid are
+	// privileges an imported image does not get to grant.
+	mode := fs.FileMode(hdr.Mode) & fs.ModePerm
+	if hdr.Mode&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+
+	if hdr.Typeflag == tar.TypeDir {
+		fi, err := l.root.Lstat(name)
+		switch {
+		case err == nil && fi.IsDir():
+			// Merge into the existing directory, as layers do.
+		case err == nil || !errors.Is(err, fs.ErrNotExist):
+			if err := l.replace(hdr.Name, name); err != nil {
+				return err
+			}
+			fallthrough
+		default:
+			if err := l.root.Mkdir(name, 0o700); err != nil {
+				return l.entryError(hdr.Name, "mkdir: %v", err)
+			}
+		}
+		if err := l.root.Chmod(name, mode|0o700); err != nil {
+			return l.entryError(hdr.Name, "chmod: %v", err)
+		}
+		l.dirModes[name] = mode
+		l.written[name] = true
+		return l.chown(hdr, name)
+	}
+
+	if err := l.replace(hdr.Name, name); err != nil {
+		return err
+	}
+	l.written[name] = true
+	switch hdr.Typeflag {
+	case tar.TypeSymlink:
+		// The target is only a string stored in the tree: absolute or not,
+		// it is resolved inside the sandbox's own root at run time, and
+		// this code never writes through it.
+		if err := l.root.Symlink(hdr.Linkname, name); err != nil {
+			return l.entryError(hdr.Name, "symlink: %v", err)
+		}
+		return l.chown(hdr, name)
+	case tar.TypeLink:
+		target, err := cleanName(hdr.Linkname)
+		if err != nil || target == "" {
+			return l.entryError(hdr.Name, "hard link to %q: outside the image root or not a file", hdr.Linkname)
+		}
+		if err := l.parents(hdr.Name, target); err != nil {
+			return err
+		}
+		fi, err := l.root.Lstat(target)
+		if err != nil || !fi.Mode().IsRegular() {
+			return l.entryError(hdr.Name, "hard link to %q: the target must be a regular file extracted earlier in the image", hdr.Linkname)
+		}
+		if err := l.root.Link(target, name); err != nil {
+			return l.entryError(hdr.Name, "hard link: %v", err)
+		}
+		return nil
+	}
+
+	// A regular file. 0600 while writing; the real mode after.
+	f, err := l.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return l.entryError(hdr.Name, "create: %v", err)
+	}
+	// Read one byte more than the budget allows: if it arrives, the cap is
+	// exceeded, whatever the header claimed.
+	n, err := io.Copy(f, io.LimitReader(body, l.budget.bytesLeft+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	l.budget.bytesLeft -= n
+	if l.budget.bytesLeft < 0 {
+		return l.entryError(hdr.Name, "image is larger than %d bytes extracted; raise the cap (ImportOptions.MaxBytes, --max-bytes) if it is genuine", l.budget.maxBytes)
+	}
+	if err != nil {
+		return l.entryError(hdr.Name, "write: %v", err)
+	}
+	if err := l.root.Chmod(name, mode); err != nil {
+		return l.entryError(hdr.Name, "chmod: %v", err)
+	}
+	return l.chown(hdr, name)
+}
+
+// parents makes sure every directory above name exists as a real directory
+// (creating missing ones, 0755 as OCI runtimes do) and that none is a
+// symlink. os.Root would already keep a resolution inside the tree; this
+// check is stricter: the image decides where its links point, so a link in
+// a parent is refused rather than followed.
+func (l *layerState) parents(entry, name string) error {
+	parts := strings.Split(name, "/")
+	cur := ""
+	for _, p := range parts[:len(parts)-1] {
+		cur = path.Join(cur, p)
+		fi, err := l.root.Lstat(cur)
+		if errors.Is(err, fs.ErrNotExist) {
+			if l.budget.filesLeft <= 0 {
+				return l.entryError(entry, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
+			}
+			l.budget.filesLeft--
+			if err := l.root.Mkdir(cur, 0o755); err != nil {
+				return l.entryError(entry, "create parent %s: %v", cur, err)
+			}
+			continue
+		}
+		if err != nil {
+			return l.entryError(entry, "parent %s: %v", cur, err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return l.entryError(entry, "parent %s is a symlink; refusing to write through it", cur)
+		}
+		if !fi.IsDir() {
+			return l.entryError(entry, "parent %s is not a directory", cur)
+		}
+	}
+	return nil
+}
+
+// replace removes whatever is at name (a lower layer's file, link or
+// directory) so the new entry is created afresh. RemoveAll does not follow
+// a link in its last component.
+func (l *layerState) replace(entry, name string) error {
+	if _, err := l.root.Lstat(name); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := l.root.RemoveAll(name); err != nil {
+		return l.entryError(entry, "replace existing entry: %v", err)
+	}
+	return nil
+}
+
+// opaque removes everything in dir that this layer did not create: the
+// directory hides all lower-layer content (OCI's ".wh..wh..opq").
+func (l *layerState) opaque(entry, dir string) error {
+	target := dir
+	if target == "" {
+		target = "."
+	}
+	fi, err := l.root.Lstat(target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil || !fi.IsDir() {
+		return l.entryError(entry, "opaque whiteout in %q, which is not a directory", dir)
+	}
+	d, err := l.root.Open(target)
+	if err != nil {
+		return l.entryError(entry, "opaque whiteout: %v", err)
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return l.entryError(entry, "opaque whiteout: %v", err)
+	}
+	for _, n := range names {
+		p := path.Join(dir, n)
+		if !l.written[p] {
+			if err := l.root.RemoveAll(p); err != nil {
+				return l.entryError(entry, "opaque whiteout: %v", err)
+			}
+			continue
+		}
+		if fi, err := l.root.Lstat(p); err == nil && fi.IsDir() {
+			// Written by this layer, but a lower layer may have put
+			// entries inside it before this layer merged into it.
+			if err := l.opaque(entry, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// chown gives the entry the owner the layer names, when we can (root). The
+// image is mounted read-only and runs as the sandbox user, so ownership
+// grants nothing; it is kept so tools that check it (ssh, sudo-like
+// programs) see what the image's author intended.
+func (l *layerState) chown(hdr *tar.Header, name string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 1<<31-2 || hdr.Gid > 1<<31-2 {
+		return l.entryError(hdr.Name, "owner %d:%d out of range", hdr.Uid, hdr.Gid)
+	}
+	if err := l.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+		return l.entryError(hdr.Name, "chown: %v", err)
+	}
+	return nil
+}
+
+// applyDirModes gives directories their final modes once every layer is
+// applied. Directories a later layer removed are skipped.
+func applyDirModes(root *os.Root, dirModes map[string]fs.FileMode) error {
+	for name, mode := range dirModes {
+		fi, err := root.Lstat(name)
+		if errors.Is(err, fs.ErrNotExist) || (err == nil && !fi.IsDir()) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("directory mode of %s: %w", name, err)
+		}
+		if err := root.Chmod(name, mode); err != nil {
+			return fmt.Errorf("directory mode of %s: %w", name, err)
+		}
+	}
+	return nil
+}

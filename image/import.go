@@ -1,0 +1,294 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// ImportOptions configure Import. The zero value uses the default caps and
+// discards progress.
+type ImportOptions struct {
+	// Progress receives one line per layer (index, digest, bytes) and the
+	// phases. nil discards it.
+	Progress io.Writer
+	// MaxBytes caps the bytes extracted from all layers together, counted
+	// as written. 0 means DefaultImportMaxBytes.
+	MaxBytes int64
+	// MaxFiles caps the entries extracted from all layers together. 0
+	// means DefaultImportMaxFiles.
+	MaxFiles int64
+}
+
+// The default import caps: larger than any image a sandbox should run on,
+// small enough that a hostile archive cannot fill the host's disk.
+const (
+	DefaultImportMaxBytes = 8 << 30
+	DefaultImportMaxFiles = 1_000_000
+)
+
+// defaultImportPath is the PATH an imported image gets when its config
+// sets none: Debian's and the OCI convention's default.
+const defaultImportPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Import unpacks an existing image from src into the store under name,
+// makes it current and returns it. The source is untrusted: see extract.go
+// for what is refused or neutralised. The tree then gets the same
+// finalisation as a built image (own passwd and group, the sandbox user,
+// no host files, no setuid bits or device nodes) and is stored by its
+// content digest. A refused or failed import leaves the store as it was.
+func (s *Store) Import(ctx context.Context, name string, src Source, opts ImportOptions) (*Image, error) {
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultImportMaxBytes
+	}
+	if opts.MaxFiles <= 0 {
+		opts.MaxFiles = DefaultImportMaxFiles
+	}
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("import image: %w: %w", ErrBadImage, err)
+	}
+	if _, err := definition(name); err == nil {
+		// Lookup checks a built-in name against its definition; an
+		// imported tree under that name would read as a stale build.
+		return nil, fmt.Errorf("import image %s: %w: %q is a built-in image definition; import under another name", name, ErrBadImage, name)
+	}
+	// Read the source's manifest and config before touching the store, so
+	// a bad source costs nothing.
+	rs, err := resolve(src)
+	if err != nil {
+		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
+	}
+	defer rs.blobs.Close()
+	if err := rs.config.checkPlatform(); err != nil {
+		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
+	}
+	env, err := importEnv(rs.config.Config.Env)
+	if err != nil {
+		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
+	}
+
+	storeExisted := exists(s.Dir)
+	nameExisted := exists(filepath.Join(s.Dir, name))
+	nameDir, err := s.prepareDirs(name)
+	if err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	lockPath := filepath.Join(nameDir, lockName)
+	lock, err := lockWait(ctx, lockPath, progress)
+	if err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	defer lock.Close()
+	tmp, err := os.MkdirTemp(nameDir, buildPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	published, succeeded := false, false
+	defer func() {
+		if !published {
+			if err := removeTree(tmp); err != nil {
+				fmt.Fprintf(progress, "warning: could not clean up %s: %v (run `moat image gc`)\n", tmp, err)
+				return
+			}
+		}
+		// Leave the store as we found it: a refused import of a new
+		// name must not leave its directory (and lock) behind. Remove
+		// only what is empty, in case another import started meanwhile.
+		if !succeeded && !nameExisted {
+			os.Remove(lockPath)
+			os.Remove(nameDir)
+			if !storeExisted {
+				os.Remove(s.Dir)
+			}
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+
+	start := time.Now()
+	phase := func(format string, args ...any) {
+		fmt.Fprintf(progress, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	rootfs := filepath.Join(tmp, rootfsDir)
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	if err := extractLayers(ctx, rootfs, rs, opts, phase); err != nil {
+		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
+	}
+	if err := ensureEtc(rootfs); err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	phase("finalizing: own /etc/passwd, empty mount points, no setuid bits")
+	if err := finalize(rootfs); err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	phase("hashing tree")
+	digest, size, err := TreeDigest(rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	cfg := rs.config.Config
+	img := &Image{
+		Name:         name,
+		Digest:       digest,
+		Env:          env,
+		Built:        time.Now().UTC().Truncate(time.Second),
+		Size:         size,
+		BuiltWith:    "moat image import",
+		Source:       src.String(),
+		SourceDigest: rs.digest,
+		Entrypoint:   cfg.Entrypoint,
+		Cmd:          cfg.Cmd,
+		WorkingDir:   cfg.WorkingDir,
+		User:         cfg.User,
+	}
+	hexDigest := strings.TrimPrefix(digest, digestPrefix)
+	final := filepath.Join(nameDir, hexDigest)
+	if _, err := os.Lstat(final); err == nil {
+		// The same tree is already stored (and may be mounted): keep it,
+		// but let it answer to this import's metadata.
+		phase("identical image %s already stored", digest)
+		if err := writeMetadata(final, img); err != nil {
+			return nil, fmt.Errorf("import image %s: %w", name, err)
+		}
+	} else {
+		if err := writeMetadata(tmp, img); err != nil {
+			return nil, fmt.Errorf("import image %s: %w", name, err)
+		}
+		if err := syncFS(tmp); err != nil {
+			return nil, fmt.Errorf("import image %s: %w", name, err)
+		}
+		if err := os.Rename(tmp, final); err != nil {
+			return nil, fmt.Errorf("import image %s: publish: %w", name, err)
+		}
+		published = true
+	}
+	if err := setCurrent(nameDir, hexDigest); err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	succeeded = true
+	root, err := filepath.Abs(filepath.Join(final, rootfsDir))
+	if err != nil {
+		return nil, fmt.Errorf("import image %s: %w", name, err)
+	}
+	img.Root = root
+	img.Current = true
+	phase("stored %s (%.0f MB) at %s", digest, float64(size)/1e6, final)
+	return img, nil
+}
+
+// extractLayers applies every layer of rs to rootfs, in order.
+func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts ImportOptions, phase func(string, ...any)) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	budget := &extractBudget{bytesLeft: opts.MaxBytes, filesLeft: opts.MaxFiles, maxBytes: opts.MaxBytes, maxFiles: opts.MaxFiles}
+	dirModes := map[string]fs.FileMode{}
+	for i, ref := range rs.layers {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		label := fmt.Sprintf("layer %d of %d (%s)", i+1, len(rs.layers), ref.file)
+		if ref.digest != "" {
+			label = fmt.Sprintf("layer %d of %d (%s)", i+1, len(rs.layers), ref.digest)
+		}
+		lr, err := openLayer(rs.blobs, ref)
+		if err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+		before := budget.bytesLeft
+		dropped, err := extractLayer(root, ctxReader{ctx, lr}, label, budget, dirModes)
+		if err != nil {
+			lr.Close()
+			return err
+		}
+		sum, err := lr.finish(ref)
+		lr.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+		if len(rs.layers) == 1 && rs.digest == "" {
+			rs.digest = sum // a rootfs tar is known by its own bytes
+		}
+		msg := fmt.Sprintf("%s: %d bytes stored, %d bytes extracted", label, lr.counted.n, before-budget.bytesLeft)
+		if dropped > 0 {
+			msg += fmt.Sprintf(", %d device nodes/FIFOs dropped", dropped)
+		}
+		phase("%s", msg)
+	}
+	return applyDirModes(root, dirModes)
+}
+
+// ctxReader stops a long extraction when ctx is cancelled.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// importEnv checks the config's Env and adds a PATH when it has none.
+func importEnv(env []string) ([]string, error) {
+	var out []string
+	hasPath := false
+	for i, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(kv, "\x00") {
+			return nil, fmt.Errorf("%w: config Env[%d] %q is not NAME=VALUE", ErrBadImage, i, kv)
+		}
+		hasPath = hasPath || k == "PATH"
+		out = append(out, kv)
+	}
+	if !hasPath {
+		out = append([]string{defaultImportPath}, out...)
+	}
+	return out, nil
+}
+
+// ensureEtc makes /etc a real directory before finalize writes the
+// image's own passwd and group into it: a minimal image (one static binary)
+// may have none, and a hostile one may have made it a symlink, which
+// finalize must not write through even inside the tree.
+func ensureEtc(rootfs string) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if fi, err := root.Lstat("etc"); err == nil && !fi.IsDir() {
+		if err := root.Remove("etc"); err != nil {
+			return fmt.Errorf("replace /etc: %w", err)
+		}
+	}
+	if err := root.Mkdir("etc", 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create /etc: %w", err)
+	}
+	return nil
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}

@@ -1,0 +1,577 @@
+package image
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// tarEntry is one entry of a test layer.
+type tarEntry struct {
+	name string
+	typ  byte
+	body string
+	mode int64
+	link string
+	pax  map[string]string
+}
+
+func dir(name string) tarEntry         { return tarEntry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func file(name, body string) tarEntry  { return tarEntry{name: name, typ: tar.TypeReg, body: body, mode: 0o644} }
+func symlink(name, to string) tarEntry { return tarEntry{name: name, typ: tar.TypeSymlink, link: to} }
+
+// makeTar writes entries as a tar stream.
+func makeTar(t testing.TB, entries ...tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Size: int64(len(e.body)), PAXRecords: e.pax, Format: tar.FormatPAX}
+		if e.typ != tar.TypeReg {
+			hdr.Size = 0
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatalf("tar header %s: %v", e.name, err)
+		}
+		if hdr.Size > 0 {
+			if _, err := tw.Write([]byte(e.body)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func gzipped(t testing.TB, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write(b)
+	zw.Close()
+	return buf.Bytes()
+}
+
+func zstded(t testing.TB, b []byte) []byte {
+	t.Helper()
+	zw, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zw.Close()
+	return zw.EncodeAll(b, nil)
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// The normal two-layer image: the second layer deletes a file with a
+// whiteout and hides a directory's lower content with an opaque whiteout.
+func normalLayers(t testing.TB) [][]byte {
+	l1 := makeTar(t,
+		dir("etc/"), file("etc/os-release", "ID=test\n"),
+		dir("app/"), file("app/keep", "kept"), file("app/gone", "deleted by layer 2"),
+		dir("opq/"), file("opq/lower", "hidden by layer 2"),
+		tarEntry{name: "bin/tool", typ: tar.TypeReg, body: "#!/bin/sh\n", mode: 0o755},
+		symlink("bin/tool-link", "tool"),
+		tarEntry{name: "bin/tool-hard", typ: tar.TypeLink, link: "bin/tool"},
+	)
+	l2 := makeTar(t,
+		file("app/.wh.gone", ""),
+		dir("opq/"), file("opq/.wh..wh..opq", ""), file("opq/upper", "new"),
+		file("app/added", "layer 2"),
+	)
+	return [][]byte{l1, l2}
+}
+
+var normalConfig = map[string]any{
+	"architecture": runtime.GOARCH, "os": "linux",
+	"config": map[string]any{
+		"Env":        []string{"PATH=/usr/bin:/bin", "APP=1"},
+		"Entrypoint": []string{"/bin/tool"},
+		"Cmd":        []string{"--serve"},
+		"WorkingDir": "/app",
+		"User":       "root",
+	},
+}
+
+// writeOCILayout writes an OCI image layout with the layers (the first
+// gzip-compressed, the rest plain) tagged "v1" and returns its manifest
+// digest.
+func writeOCILayout(t testing.TB, dst string, layers [][]byte, config any) string {
+	t.Helper()
+	blob := func(b []byte) string {
+		h := sha(b)
+		p := filepath.Join(dst, "blobs", "sha256", h)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return "sha256:" + h
+	}
+	cfg, _ := json.Marshal(config)
+	m := map[string]any{"schemaVersion": 2, "config": map[string]any{"digest": blob(cfg), "size": len(cfg)}}
+	var ls []map[string]any
+	for i, l := range layers {
+		if i == 0 {
+			l = gzipped(t, l)
+		}
+		ls = append(ls, map[string]any{"digest": blob(l), "size": len(l)})
+	}
+	m["layers"] = ls
+	mb, _ := json.Marshal(m)
+	md := blob(mb)
+	idx, _ := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []map[string]any{{
+		"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": len(mb),
+		"annotations": map[string]string{refNameAnnotation: "v1"},
+	}}})
+	os.WriteFile(filepath.Join(dst, "index.json"), idx, 0o644)
+	os.WriteFile(filepath.Join(dst, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644)
+	return md
+}
+
+// tarDir packs a directory's regular files into a tar file.
+func tarDir(t testing.TB, src, dst string) {
+	t.Helper()
+	var entries []tarEntry
+	filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, _ := os.ReadFile(p)
+		rel, _ := filepath.Rel(src, p)
+		entries = append(entries, file(filepath.ToSlash(rel), string(b)))
+		return nil
+	})
+	if err := os.WriteFile(dst, makeTar(t, entries...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeDockerArchive writes what `docker save` (before Docker 25) writes.
+func writeDockerArchive(t testing.TB, dst string, layers [][]byte, config any) string {
+	t.Helper()
+	cfg, _ := json.Marshal(config)
+	entries := []tarEntry{file(sha(cfg)+".json", string(cfg))}
+	var names []string
+	for i, l := range layers {
+		n := fmt.Sprintf("%d/layer.tar", i)
+		names = append(names, n)
+		entries = append(entries, dir(fmt.Sprintf("%d/", i)), file(n, string(l)))
+	}
+	mf, _ := json.Marshal([]map[string]any{{"Config": sha(cfg) + ".json", "RepoTags": []string{"app:latest"}, "Layers": names}})
+	entries = append(entries, file("manifest.json", string(mf)))
+	if err := os.WriteFile(dst, makeTar(t, entries...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return "sha256:" + sha(cfg)
+}
+
+// storeListing is every path in the store with its type, for comparing a
+// store before and after a refused import.
+func storeListing(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		out = append(out, fmt.Sprintf("%s %v", p, d.Type()))
+		return nil
+	})
+	return out
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: import chowns entries and finalize writes a root-owned tree")
+	}
+}
+
+func TestImportFormats(t *testing.T) {
+	needRoot(t)
+	layers := normalLayers(t)
+	tests := []struct {
+		name string
+		// make writes the source into dir and returns it and the
+		// expected source digest ("" to compute from the file).
+		make      func(t *testing.T, dir string) (string, string)
+		whiteouts bool // layer 2 applied
+		config    bool
+	}{
+		{"oci layout with tag", func(t *testing.T, d string) (string, string) {
+			md := writeOCILayout(t, filepath.Join(d, "layout"), layers, normalConfig)
+			return "oci:" + filepath.Join(d, "layout") + ":v1", md
+		}, true, true},
+		{"oci layout untagged", func(t *testing.T, d string) (string, string) {
+			md := writeOCILayout(t, filepath.Join(d, "layout"), layers, normalConfig)
+			return "oci:" + filepath.Join(d, "layout"), md
+		}, true, true},
+		{"oci archive", func(t *testing.T, d string) (string, string) {
+			md := writeOCILayout(t, filepath.Join(d, "layout"), layers, normalConfig)
+			tarDir(t, filepath.Join(d, "layout"), filepath.Join(d, "img.tar"))
+			return "oci-archive:" + filepath.Join(d, "img.tar"), md
+		}, true, true},
+		{"docker archive", func(t *testing.T, d string) (string, string) {
+			id := writeDockerArchive(t, filepath.Join(d, "img.tar"), layers, normalConfig)
+			return "docker-archive:" + filepath.Join(d, "img.tar"), id
+		}, true, true},
+		{"rootfs tar", func(t *testing.T, d string) (string, string) {
+			os.WriteFile(filepath.Join(d, "r.tar"), layers[0], 0o644)
+			return "rootfs:" + filepath.Join(d, "r.tar"), "sha256:" + sha(layers[0])
+		}, false, false},
+		{"rootfs tar.gz", func(t *testing.T, d string) (string, string) {
+			b := gzipped(t, layers[0])
+			os.WriteFile(filepath.Join(d, "r.tar.gz"), b, 0o644)
+			return "rootfs:" + filepath.Join(d, "r.tar.gz"), "sha256:" + sha(b)
+		}, false, false},
+		{"rootfs tar.zst", func(t *testing.T, d string) (string, string) {
+			b := zstded(t, layers[0])
+			os.WriteFile(filepath.Join(d, "r.tar.zst"), b, 0o644)
+			return "rootfs:" + filepath.Join(d, "r.tar.zst"), "sha256:" + sha(b)
+		}, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := t.TempDir()
+			srcStr, wantSrcDigest := tc.make(t, d)
+			src, err := ParseSource(srcStr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := NewStore(filepath.Join(d, "store"))
+			var progress bytes.Buffer
+			img, err := s.Import(context.Background(), "app", src, ImportOptions{Progress: &progress})
+			if err != nil {
+				t.Fatalf("Import: %v\n%s", err, progress.String())
+			}
+			if !strings.Contains(progress.String(), "layer 1 of") {
+				t.Errorf("progress names no layer:\n%s", progress.String())
+			}
+			got, err := s.Lookup("app")
+			if err != nil {
+				t.Fatalf("Lookup after import: %v", err)
+			}
+			if got.Digest != img.Digest || got.SourceDigest != wantSrcDigest || got.Source != srcStr {
+				t.Errorf("stored digest %s source %s %s; want %s, %s %s", got.Digest, got.Source, got.SourceDigest, img.Digest, srcStr, wantSrcDigest)
+			}
+			r := got.Root
+			read := func(p string) string { b, _ := os.ReadFile(filepath.Join(r, p)); return string(b) }
+			if read("app/keep") != "kept" || read("etc/os-release") != "ID=test\n" {
+				t.Errorf("layer 1 content missing")
+			}
+			if read("etc/passwd") != imagePasswd {
+				t.Errorf("etc/passwd not finalised: %q", read("etc/passwd"))
+			}
+			if l, _ := os.Readlink(filepath.Join(r, "bin/tool-link")); l != "tool" {
+				t.Errorf("symlink = %q", l)
+			}
+			if read("bin/tool-hard") != "#!/bin/sh\n" {
+				t.Errorf("hard link content = %q", read("bin/tool-hard"))
+			}
+			absent := func(p string) bool { _, err := os.Lstat(filepath.Join(r, p)); return errors.Is(err, fs.ErrNotExist) }
+			if tc.whiteouts {
+				if !absent("app/gone") || !absent("opq/lower") || !absent("app/.wh.gone") || !absent("opq/.wh..wh..opq") {
+					t.Errorf("whiteouts not applied (or written as files)")
+				}
+				if read("opq/upper") != "new" || read("app/added") != "layer 2" {
+					t.Errorf("layer 2 content missing")
+				}
+			}
+			if tc.config {
+				if !slices.Equal(got.Entrypoint, []string{"/bin/tool"}) || !slices.Equal(got.Cmd, []string{"--serve"}) ||
+					got.WorkingDir != "/app" || got.User != "root" || !slices.Equal(got.Env, []string{"PATH=/usr/bin:/bin", "APP=1"}) {
+					t.Errorf("config not recorded: %+v", got)
+				}
+			} else if !slices.Equal(got.Env, []string{defaultImportPath}) {
+				t.Errorf("Env = %q, want the default PATH", got.Env)
+			}
+			// The same source again stores the same content digest.
+			again, err := s.Import(context.Background(), "app", src, ImportOptions{})
+			if err != nil || again.Digest != img.Digest {
+				t.Errorf("re-import: %v, digest %s vs %s", err, again.Digest, img.Digest)
+			}
+		})
+	}
+}
+
+// zeroBomb is a gzip-compressed tar holding one file of size bytes of
+// zeros, generated as it is read: the test never holds it in memory or on
+// disk, and an extractor that honours its cap reads only a little of it.
+type zeroBomb struct{ size int64 }
+
+func (z zeroBomb) reader() io.Reader {
+	pr, pw := io.Pipe()
+	go func() {
+		zw, _ := gzip.NewWriterLevel(pw, gzip.BestSpeed)
+		tw := tar.NewWriter(zw)
+		err := tw.WriteHeader(&tar.Header{Name: "zeros", Typeflag: tar.TypeReg, Mode: 0o644, Size: z.size})
+		zeros := make([]byte, 1<<20)
+		for left := z.size; err == nil && left > 0; left -= int64(len(zeros)) {
+			n := min(left, int64(len(zeros)))
+			_, err = tw.Write(zeros[:n])
+		}
+		if err == nil {
+			err = tw.Close()
+		}
+		if err == nil {
+			err = zw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr
+}
+
+func TestImportHostile(t *testing.T) {
+	needRoot(t)
+	outside := t.TempDir() // what an escape would write into
+	manyFiles := []tarEntry{dir("many/")}
+	for i := range 300 {
+		manyFiles = append(manyFiles, file(fmt.Sprintf("many/f%d", i), ""))
+	}
+	capXattr := map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"}
+	tests := []struct {
+		name    string
+		layers  [][]byte // an OCI layout is written from these
+		rootfs  func(t *testing.T, path string)
+		opts    ImportOptions
+		wantErr string // "" means neutralised: the import succeeds
+		check   func(t *testing.T, root string)
+	}{
+		{name: "dot-dot entry", layers: [][]byte{makeTar(t, file("ok", "x"), file("../../../../"+outside+"/escaped", "x"))},
+			wantErr: `layer 1 of 1 (sha256:`},
+		{name: "dot-dot inside a path", layers: [][]byte{makeTar(t, file("a/../../escaped", "x"))}, wantErr: `".." component`},
+		{name: "absolute name", layers: [][]byte{makeTar(t, file(outside+"/abs", "x"))}, wantErr: "absolute name"},
+		{name: "absolute symlink then a file through it",
+			layers:  [][]byte{makeTar(t, symlink("lnk", outside), file("lnk/pwned", "x"))},
+			wantErr: `entry "lnk/pwned": parent lnk is a symlink`},
+		{name: "relative symlink escaping, in a lower layer, then a file through it",
+			layers:  [][]byte{makeTar(t, symlink("up", "../../../../../../../../"+outside)), makeTar(t, file("up/pwned", "x"))},
+			wantErr: `layer 2 of 2`},
+		{name: "hard link to /etc/shadow", layers: [][]byte{makeTar(t, tarEntry{name: "shadow", typ: tar.TypeLink, link: "/etc/shadow"})},
+			wantErr: `entry "shadow": hard link to "/etc/shadow"`},
+		{name: "hard link up and out", layers: [][]byte{makeTar(t, tarEntry{name: "shadow", typ: tar.TypeLink, link: "../../../../etc/shadow"})},
+			wantErr: `hard link to`},
+		{name: "hard link through a symlink", layers: [][]byte{makeTar(t, symlink("etc2", "/etc"), tarEntry{name: "shadow", typ: tar.TypeLink, link: "etc2/shadow"})},
+			wantErr: `parent etc2 is a symlink`},
+		{name: "too many files", layers: [][]byte{makeTar(t, manyFiles...)}, opts: ImportOptions{MaxFiles: 100},
+			wantErr: "more than 100 files"},
+		{name: "whiteout naming nothing", layers: [][]byte{makeTar(t, file(".wh.", ""))}, wantErr: "whiteout names no entry"},
+		{name: "zero bomb, 10 GiB of zeros in a gzip rootfs", opts: ImportOptions{MaxBytes: 4 << 20},
+			rootfs: func(t *testing.T, p string) {
+				f, _ := os.Create(p)
+				defer f.Close()
+				// Only the first 64 MiB of the 10 GiB stream is
+				// written to the file (about 64 KiB compressed):
+				// the cap must stop extraction long before, counting
+				// bytes as they come out, not as the header says.
+				io.Copy(f, io.LimitReader(zeroBomb{10 << 30}.reader(), 64<<20))
+			},
+			wantErr: `entry "zeros": image is larger than 4194304 bytes extracted`},
+		{name: "device node and fifo dropped",
+			layers: [][]byte{makeTar(t, dir("home/"), tarEntry{name: "home/null", typ: tar.TypeChar, mode: 0o666},
+				tarEntry{name: "home/sda", typ: tar.TypeBlock, mode: 0o666}, tarEntry{name: "home/fifo", typ: tar.TypeFifo, mode: 0o666})},
+			check: func(t *testing.T, root string) {
+				for _, p := range []string{"home/null", "home/sda", "home/fifo"} {
+					if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, fs.ErrNotExist) {
+						t.Errorf("%s exists (err %v); special files must be dropped", p, err)
+					}
+				}
+			}},
+		{name: "setuid and setgid stripped, capability xattr not applied",
+			layers: [][]byte{makeTar(t, dir("bin/"),
+				tarEntry{name: "bin/su", typ: tar.TypeReg, body: "x", mode: 0o4755, pax: capXattr},
+				tarEntry{name: "bin/sg", typ: tar.TypeReg, body: "x", mode: 0o2755},
+				tarEntry{name: "sdir", typ: tar.TypeDir, mode: 0o2775})},
+			check: func(t *testing.T, root string) {
+				for _, p := range []string{"bin/su", "bin/sg", "sdir"} {
+					fi, err := os.Lstat(filepath.Join(root, p))
+					if err != nil || fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+						t.Errorf("%s: mode %v err %v; setuid/setgid must be stripped", p, fi.Mode(), err)
+					}
+				}
+				if _, err := syscall.Getxattr(filepath.Join(root, "bin/su"), "security.capability", make([]byte, 64)); !errors.Is(err, syscall.ENODATA) {
+					t.Errorf("bin/su has security.capability (err %v)", err)
+				}
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := t.TempDir()
+			s := NewStore(filepath.Join(d, "store"))
+			// A store that already holds an image, so "unchanged" means
+			// more than "still empty".
+			os.WriteFile(filepath.Join(d, "seed.tar"), makeTar(t, file("seed", "x")), 0o644)
+			if _, err := s.Import(context.Background(), "seed", Source{Kind: SourceRootfs, Path: filepath.Join(d, "seed.tar")}, ImportOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var src Source
+			if tc.rootfs != nil {
+				p := filepath.Join(d, "bomb.tar.gz")
+				tc.rootfs(t, p)
+				src = Source{Kind: SourceRootfs, Path: p}
+			} else {
+				writeOCILayout(t, filepath.Join(d, "layout"), tc.layers, normalConfig)
+				src = Source{Kind: SourceOCILayout, Path: filepath.Join(d, "layout")}
+			}
+			before := storeListing(t, s.Dir)
+			start := time.Now()
+			img, err := s.Import(context.Background(), "evil", src, tc.opts)
+			if elapsed := time.Since(start); elapsed > 20*time.Second {
+				t.Errorf("import took %v; a cap must stop a hostile image quickly", elapsed)
+			}
+			if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+				t.Fatalf("something landed outside the root: %v", entries)
+			}
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Import: %v", err)
+				}
+				tc.check(t, img.Root)
+				return
+			}
+			if err == nil {
+				t.Fatalf("Import succeeded; want an error containing %q", tc.wantErr)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrBadImage) {
+				t.Errorf("error %q; want ErrBadImage containing %q", err, tc.wantErr)
+			}
+			if after := storeListing(t, s.Dir); !slices.Equal(before, after) {
+				t.Errorf("store changed by a refused import:\nbefore %q\nafter  %q", before, after)
+			}
+		})
+	}
+}
+
+func TestImportRefusesBadSources(t *testing.T) {
+	d := t.TempDir()
+	wrongArch := map[string]any{"architecture": "s390x-not-this", "os": "linux"}
+	writeOCILayout(t, filepath.Join(d, "arch"), normalLayers(t), wrongArch)
+	writeOCILayout(t, filepath.Join(d, "ok"), normalLayers(t), normalConfig)
+	// A layout whose layer blob was swapped after the manifest was written.
+	writeOCILayout(t, filepath.Join(d, "tampered"), [][]byte{makeTar(t, file("a", "x"))}, normalConfig)
+	blobs, _ := filepath.Glob(filepath.Join(d, "tampered", "blobs", "sha256", "*"))
+	for _, b := range blobs {
+		if data, _ := os.ReadFile(b); data[0] == 0x1f {
+			os.WriteFile(b, gzipped(t, makeTar(t, file("a", "y"))), 0o644)
+		}
+	}
+	tests := []struct {
+		name, src, wantErr string
+	}{
+		{"no prefix", "image.tar", "no format prefix"},
+		{"unknown format", "docker-daemon:app", `unknown format "docker-daemon"`},
+		{"missing file", "rootfs:" + filepath.Join(d, "nope.tar"), "open source: image refused: open nope.tar"},
+		{"unknown tag", "oci:" + filepath.Join(d, "ok") + ":v2", `tag "v2" not in`},
+		{"other architecture", "oci:" + filepath.Join(d, "arch"), `architecture "s390x-not-this"`},
+		{"tampered layer", "oci:" + filepath.Join(d, "tampered"), "the source is corrupt or tampered with"},
+		{"built-in name", "oci:" + filepath.Join(d, "ok"), "built-in image definition"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore(filepath.Join(d, "store-"+strings.ReplaceAll(tc.name, " ", "-")))
+			name := "app"
+			if tc.name == "built-in name" {
+				name = "python"
+			}
+			src, err := ParseSource(tc.src)
+			if err == nil {
+				_, err = s.Import(context.Background(), name, src, ImportOptions{})
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrBadImage) {
+				t.Fatalf("got %v; want ErrBadImage containing %q", err, tc.wantErr)
+			}
+			if _, err := os.Lstat(s.Dir); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a refused import left the store directory %s behind", s.Dir)
+			}
+		})
+	}
+}
+
+func TestParseSource(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Source
+	}{
+		{"docker-archive:a.tar", Source{Kind: SourceDockerArchive, Path: "a.tar"}},
+		{"oci-archive:/x/a.tar", Source{Kind: SourceOCIArchive, Path: "/x/a.tar"}},
+		{"oci:/x/layout", Source{Kind: SourceOCILayout, Path: "/x/layout"}},
+		{"oci:/x/layout:v1.2", Source{Kind: SourceOCILayout, Path: "/x/layout", Tag: "v1.2"}},
+		{"oci:/x:y/layout", Source{Kind: SourceOCILayout, Path: "/x:y/layout"}},
+		{"rootfs:py.tar.zst", Source{Kind: SourceRootfs, Path: "py.tar.zst"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseSource(tc.in)
+			if err != nil || got != tc.want {
+				t.Fatalf("ParseSource(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+			}
+			if got.String() != tc.in {
+				t.Errorf("String() = %q", got.String())
+			}
+		})
+	}
+}
+
+// FuzzExtractLayer feeds arbitrary bytes to the layer extractor as a tar
+// stream and checks that nothing is ever created outside the root, however
+// the stream is formed.
+func FuzzExtractLayer(f *testing.F) {
+	for _, l := range normalLayers(f) {
+		f.Add(l)
+	}
+	f.Add(makeTar(f, file("../escaped", "x")))
+	f.Add(makeTar(f, symlink("lnk", "/tmp"), file("lnk/pwned", "x")))
+	f.Add(makeTar(f, symlink("up", ".."), file("up/pwned", "x")))
+	f.Add(makeTar(f, tarEntry{name: "shadow", typ: tar.TypeLink, link: "/etc/shadow"}))
+	f.Add(makeTar(f, tarEntry{name: "dev/null", typ: tar.TypeChar, mode: 0o666}))
+	f.Add(makeTar(f, dir("d/"), file("d/.wh..wh..opq", ""), file(".wh.d", "")))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		base := t.TempDir()
+		rootPath := filepath.Join(base, "root")
+		os.Mkdir(rootPath, 0o755)
+		root, err := os.OpenRoot(rootPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 1000, maxBytes: 1 << 20, maxFiles: 1000}
+		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", budget, map[string]fs.FileMode{})
+		entries, err := os.ReadDir(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 || entries[0].Name() != "root" {
+			t.Fatalf("extraction created %v beside the root", entries)
+		}
+		if _, err := os.Lstat("/tmp/pwned"); err == nil {
+			t.Fatalf("extraction wrote /tmp/pwned")
+		}
+	})
+}
