@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,10 +17,12 @@ import (
 )
 
 func cmdImage(args []string) int {
-	const usage = "Usage:\n  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n  moat image list                      list built images\n\nFlags:\n"
+	const usage = "Usage:\n  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n  moat image import NAME SOURCE        import an image; SOURCE is docker-archive:FILE, oci-archive:FILE,\n                                       oci:DIR[:TAG] or rootfs:FILE.tar[.gz|.zst]\n  moat image list                      list built images\n\nFlags:\n"
 	fs := newFlags("image", usage)
 	locked := fs.Bool("locked", false, "fail if the resolved package versions differ from the lockfile")
 	lockDir := fs.String("lockfile-dir", "", "`DIR` holding NAME.lock to record versions in (e.g. images/ in a checkout)")
+	maxBytes := fs.Int64("max-bytes", image.DefaultImportMaxBytes, "import: refuse an image that extracts to more than `N` bytes")
+	maxFiles := fs.Int64("max-files", image.DefaultImportMaxFiles, "import: refuse an image with more than `N` files")
 	if len(args) == 0 {
 		fs.Usage()
 		return exitUsage
@@ -51,6 +54,25 @@ func cmdImage(args []string) int {
 		}
 		fmt.Printf("%s %s (%d packages) at %s\n", img.Name, img.Digest, len(img.Packages), img.Root)
 		return 0
+	case "import":
+		if fs.NArg() != 2 {
+			return fail(usageError{fmt.Errorf("image import: want NAME SOURCE, got %d arguments; e.g. `moat image import mypy rootfs:py.tar`", fs.NArg())})
+		}
+		src, err := image.ParseSource(fs.Arg(1))
+		if err != nil {
+			return fail(usageError{err})
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
+		defer stop()
+		img, err := e.Images().Import(ctx, fs.Arg(0), src, image.ImportOptions{Progress: os.Stderr, MaxBytes: *maxBytes, MaxFiles: *maxFiles})
+		if errors.Is(err, image.ErrBadImage) {
+			return fail(usageError{err})
+		}
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Printf("%s %s (from %s %s) at %s\n", img.Name, img.Digest, img.Source, img.SourceDigest, img.Root)
+		return 0
 	case "list":
 		imgs, err := e.Images().List()
 		if err != nil {
@@ -63,6 +85,9 @@ func cmdImage(args []string) int {
 			cur := ""
 			if img.Current {
 				cur = " (current)"
+			}
+			if img.SourceDigest != "" {
+				cur += " imported from " + img.SourceDigest
 			}
 			fmt.Printf("%-10s %s %s%s\n", img.Name, img.Digest, img.Built.Format("2006-01-02 15:04"), cur)
 		}
