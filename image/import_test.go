@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -568,4 +569,36 @@ func FuzzExtractLayer(f *testing.F) {
 			t.Fatalf("extraction wrote /tmp/pwned")
 		}
 	})
+}
+
+// TestLockWaitAfterRefusedImport: a refused import of a new name removes
+// its lock file and directory; another import waiting for the same name
+// makes them again and takes a lock that is the file at the path.
+func TestLockWaitAfterRefusedImport(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "name")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, lockName)
+	first, err := lockNonBlocking(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a refused import does before its deferred Close.
+	os.Remove(path)
+	os.Remove(dir)
+	first.Close()
+	second, err := lockWait(t.Context(), path, io.Discard)
+	if err != nil {
+		t.Fatalf("lockWait after the directory went: %v", err)
+	}
+	defer second.Close()
+	held, _ := second.Stat()
+	now, err := os.Stat(path)
+	if err != nil || !os.SameFile(held, now) {
+		t.Fatalf("the lock held is not the file at %s (%v)", path, err)
+	}
+	if _, err := lockNonBlocking(path); !errors.Is(err, errLocked) {
+		t.Fatalf("a second lock of %s: %v, want errLocked", path, err)
+	}
 }

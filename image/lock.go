@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -29,6 +31,16 @@ func lockNonBlocking(path string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("flock %s: %w", path, err)
 	}
+	// A refused import of a new name removes its lock file before it
+	// releases it: a lock taken on that unlinked file would be no lock
+	// at all for whoever creates the path next. Only the file at path
+	// counts.
+	held, err1 := f.Stat()
+	now, err2 := os.Stat(path)
+	if err1 != nil || err2 != nil || !os.SameFile(held, now) {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, errLocked)
+	}
 	return f, nil
 }
 
@@ -41,6 +53,14 @@ func lockWait(ctx context.Context, path string, progress io.Writer) (*os.File, e
 		f, err := lockNonBlocking(path)
 		if err == nil {
 			return f, nil
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			// The directory went with a refused import that held the
+			// lock before us: make it again and retry.
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return nil, fmt.Errorf("lock %s: %w", path, err)
+			}
+			continue
 		}
 		if !errors.Is(err, errLocked) {
 			return nil, err
