@@ -641,3 +641,99 @@ func TestGCUnmounts(t *testing.T) {
 		t.Errorf("a mount below %s is left", home)
 	}
 }
+
+// capsTier is a tier that only declares capabilities: enough for resolve.
+type capsTier struct{ tier.Tier }
+
+func (capsTier) Capabilities() tier.Capabilities { return tier.Capabilities{} }
+
+// TestResolveUnknownImage: a manifest image the store neither holds nor
+// can build is the caller's mistake, a FieldError on image that names the
+// images there are; it must not become an infra error (HTTP 500).
+func TestResolveUnknownImage(t *testing.T) {
+	e, err := New(Options{Home: t.TempDir(), NoAutoBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.tiers["caps"] = capsTier{}
+	tests := []struct{ name, image string }{
+		{"no such image", "cobol"},
+		{"reference the store cannot hold", "library/node:20"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := manifest.Default()
+			m.Tier, m.Image = "caps", tc.image
+			_, _, err := e.resolve(context.Background(), m, false)
+			var fe *manifest.FieldError
+			if !errors.As(err, &fe) || fe.Field != "image" || fe.Value != tc.image || !strings.Contains(fe.Problem, "python") {
+				t.Errorf("resolve(image %q) = %v, want a FieldError on image naming the known images", tc.image, err)
+			}
+		})
+	}
+}
+
+// idleTier prepares sandboxes that do nothing, so a test can hold one.
+type idleTier struct{ capsTier }
+
+type idleSandbox struct{ tier.Sandbox }
+
+func (idleSandbox) Destroy() error { return nil }
+
+func (idleTier) Prepare(context.Context, *tier.Spec) (tier.Sandbox, error) {
+	return idleSandbox{}, nil
+}
+
+// TestSandboxPinsItsImage: while a sandbox lives, `moat image rm` of its
+// image is refused (image.ErrInUse); once destroyed, it succeeds.
+func TestSandboxPinsItsImage(t *testing.T) {
+	e, err := New(Options{Home: t.TempDir(), NoAutoBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stored build as an import leaves it: rootfs, image.json, current.
+	rootfs := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "bin", "tool"), []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	digest, _, err := image.TreeDigest(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hexDigest := strings.TrimPrefix(digest, "sha256:")
+	dir := filepath.Join(e.Images().Dir, "tools", hexDigest)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(e.Images().Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(rootfs, filepath.Join(dir, "rootfs")); err != nil {
+		t.Fatal(err)
+	}
+	meta := fmt.Sprintf(`{"name":"tools","digest":%q}`, digest)
+	if err := os.WriteFile(filepath.Join(dir, "image.json"), []byte(meta), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(hexDigest, filepath.Join(e.Images().Dir, "tools", "current")); err != nil {
+		t.Fatal(err)
+	}
+	img, err := e.Images().Lookup("tools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.prepare(context.Background(), idleTier{}, img, manifest.Default(), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Images().RemoveName("tools"); !errors.Is(err, image.ErrInUse) {
+		t.Errorf("RemoveName while a sandbox uses the image = %v, want ErrInUse", err)
+	}
+	p.close()
+	if removed, err := e.Images().RemoveName("tools"); err != nil || len(removed) != 1 {
+		t.Errorf("RemoveName after the sandbox ended = %v, %v; want the one build", removed, err)
+	}
+}

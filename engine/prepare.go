@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/moat-sandbox/moat/egress"
@@ -64,7 +65,9 @@ func (e *Engine) resolve(ctx context.Context, m *manifest.Manifest, session bool
 	}
 	img, err := e.image(ctx, m.Image)
 	if errors.Is(err, image.ErrUnknown) {
-		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+		return nil, nil, &manifest.FieldError{Field: "image", Value: m.Image, Problem: fmt.Sprintf(
+			"is an unknown image: this host has or can build %s; import or build it first (`moat image list` shows the store)",
+			strings.Join(e.images.Names(), ", "))}
 	}
 	if err != nil {
 		return nil, nil, err
@@ -78,9 +81,20 @@ func (e *Engine) resolve(ctx context.Context, m *manifest.Manifest, session bool
 // run's directory stays for GC.
 func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool, res egress.Resolver) (_ *prepared, err error) {
 	id := newID()
-	release, err := e.claim(id)
+	claimed, err := e.claim(id)
 	if err != nil {
 		return nil, err
+	}
+	// The sandbox keeps its image's build from `moat image rm` and `gc`
+	// until it is destroyed (image.Store.Use).
+	unuse, err := e.images.Use(ctx, img)
+	if err != nil {
+		claimed(true)
+		return nil, err
+	}
+	release := func(clean bool) {
+		claimed(clean)
+		unuse()
 	}
 	p := &prepared{id: id, tier: t, img: img, lim: limits(m), release: release}
 	defer func() {

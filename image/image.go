@@ -33,7 +33,8 @@ import (
 // ErrNotBuilt means the named image has no current build in the store.
 var ErrNotBuilt = errors.New("image not built")
 
-// ErrUnknown means no definition exists for the image name.
+// ErrUnknown means the store neither holds the named image nor has a
+// definition to build it from (or the name is not one it could hold).
 var ErrUnknown = errors.New("unknown image")
 
 // Image is one built, immutable image.
@@ -117,13 +118,15 @@ const (
 // ErrNotBuilt that says how to build it.
 func (s *Store) Lookup(name string) (*Image, error) {
 	if err := validName(name); err != nil {
-		return nil, err
+		// A name the store cannot hold is not an image it has: callers
+		// branch on ErrUnknown to answer "no such image" rather than fail.
+		return nil, fmt.Errorf("look up image: %w: %w", ErrUnknown, err)
 	}
 	nameDir := filepath.Join(s.Dir, name)
 	target, err := os.Readlink(filepath.Join(nameDir, currentLink))
 	if errors.Is(err, os.ErrNotExist) {
 		if _, derr := definition(name); derr != nil {
-			return nil, fmt.Errorf("look up image: %w", derr)
+			return nil, fmt.Errorf("look up image: image %q: %w (known images: %s)", name, ErrUnknown, strings.Join(s.Names(), ", "))
 		}
 		return nil, fmt.Errorf("image %q in %s: %w; build it with `moat image build %s`", name, s.Dir, ErrNotBuilt, name)
 	}
@@ -149,6 +152,33 @@ func (s *Store) Lookup(name string) (*Image, error) {
 			name, s.Dir, def.Description, ErrNotBuilt, name)
 	}
 	return img, nil
+}
+
+// Names returns, sorted, every image name Lookup can resolve or Build can
+// make: the built-in definitions and every stored name with a current
+// build (an imported image has no definition). It is what an error about
+// an unknown image offers instead; a store that cannot be read adds
+// nothing to the built-in names.
+func (s *Store) Names() []string {
+	seen := map[string]bool{}
+	for _, d := range Definitions() {
+		seen[d.Name] = true
+	}
+	ents, _ := os.ReadDir(s.Dir)
+	for _, e := range ents {
+		if !e.IsDir() || validName(e.Name()) != nil {
+			continue
+		}
+		if t, err := os.Readlink(filepath.Join(s.Dir, e.Name(), currentLink)); err == nil && validHex(t) {
+			seen[e.Name()] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // List returns every stored image, sorted by name and then newest first.
@@ -193,9 +223,9 @@ func (s *Store) List() ([]*Image, error) {
 }
 
 // Remove deletes one stored build. It refuses to remove the current build,
-// which a run may be about to mount. The caller must make sure no running
-// sandbox still uses the build: a read-only bind mount does not stop files
-// being unlinked through the store path.
+// which a run may be about to mount, and a build a live sandbox uses
+// (Use; the error wraps ErrInUse): a read-only bind mount does not stop
+// files being unlinked through the store path.
 func (s *Store) Remove(name, digest string) error {
 	if err := validName(name); err != nil {
 		return err
@@ -217,9 +247,19 @@ func (s *Store) Remove(name, digest string) error {
 	if _, err := os.Lstat(dir); err != nil {
 		return fmt.Errorf("remove image %s@%s: %w", name, digest, err)
 	}
+	// A live sandbox holds the build's use lock (Use); remove.go has why.
+	use, err := lockNonBlocking(filepath.Join(nameDir, usePrefix+hexDigest))
+	if errors.Is(err, errLocked) {
+		return fmt.Errorf("remove image %s@%s: %w; stop the sandboxes using it and retry", name, digest, ErrInUse)
+	}
+	if err != nil {
+		return fmt.Errorf("remove image %s@%s: %w", name, digest, err)
+	}
+	defer use.Close()
 	if err := removeTree(dir); err != nil {
 		return fmt.Errorf("remove image %s@%s: %w", name, digest, err)
 	}
+	os.Remove(filepath.Join(nameDir, usePrefix+hexDigest))
 	return nil
 }
 

@@ -281,6 +281,11 @@ func assertStoreClean(t *testing.T, s *Store, name string, wantBuilds int) {
 		case validHex(e.Name()):
 			builds++
 		case e.Name() == lockName, e.Name() == currentLink && wantBuilds > 0:
+		case strings.HasPrefix(e.Name(), usePrefix) && validHex(strings.TrimPrefix(e.Name(), usePrefix)):
+			// A use lock (Use) belongs to a build that is still there.
+			if _, err := os.Lstat(filepath.Join(s.Dir, name, strings.TrimPrefix(e.Name(), usePrefix))); err != nil {
+				t.Errorf("use lock %s outlived its build", e.Name())
+			}
 		default:
 			t.Errorf("unexpected entry %s in store", e.Name())
 		}

@@ -1,7 +1,7 @@
 package main
 
-// moat image build and moat image list: the root images (package image,
-// through the engine's store).
+// moat image build, list, inspect, rm and gc: the root images (package
+// image, through the engine's store); image_store.go has all but build.
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -17,9 +18,18 @@ import (
 )
 
 func cmdImage(args []string) int {
-	const usage = "Usage:\n  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n  moat image import NAME SOURCE        import an image; SOURCE is docker-archive:FILE, oci-archive:FILE,\n                                       oci:DIR[:TAG] or rootfs:FILE.tar[.gz|.zst]\n  moat image list                      list built images\n\nFlags:\n"
+	const usage = "Usage:\n" +
+		"  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n" +
+		"  moat image import NAME SOURCE        import an image; SOURCE is docker-archive:FILE, oci-archive:FILE,\n" +
+		"                                       oci:DIR[:TAG] or rootfs:FILE.tar[.gz|.zst]\n" +
+		"  moat image list                      list stored builds: name, digest, size, created, current\n" +
+		"  moat image inspect NAME              print the current build of NAME as JSON\n" +
+		"  moat image rm [--force] NAME         remove every build of NAME (refused while a sandbox uses one;\n" +
+		"                                       the default image python needs --force)\n" +
+		"  moat image gc                        remove builds no name points to and no sandbox uses\n\nFlags:\n"
 	fs := newFlags("image", usage)
 	locked := fs.Bool("locked", false, "fail if the resolved package versions differ from the lockfile")
+	force := fs.Bool("force", false, "rm: remove the default image too")
 	lockDir := fs.String("lockfile-dir", "", "`DIR` holding NAME.lock to record versions in (e.g. images/ in a checkout)")
 	maxBytes := fs.Int64("max-bytes", image.DefaultImportMaxBytes, "import: refuse an image that extracts to more than `N` bytes")
 	maxFiles := fs.Int64("max-files", image.DefaultImportMaxFiles, "import: refuse an image with more than `N` files")
@@ -74,24 +84,18 @@ func cmdImage(args []string) int {
 		fmt.Printf("%s %s (from %s %s) at %s\n", img.Name, img.Digest, img.Source, img.SourceDigest, img.Root)
 		return 0
 	case "list":
-		imgs, err := e.Images().List()
-		if err != nil {
-			return fail(err)
+		return imageList(e.Images())
+	case "inspect", "rm":
+		if fs.NArg() != 1 {
+			fmt.Fprintf(os.Stderr, "moat image %s: name one image (stored: %s)\n", sub, strings.Join(e.Images().Names(), ", "))
+			return exitUsage
 		}
-		if len(imgs) == 0 {
-			fmt.Println("no images built yet; run: moat image build python")
+		if sub == "inspect" {
+			return imageInspect(e.Images(), fs.Arg(0), *lockDir)
 		}
-		for _, img := range imgs {
-			cur := ""
-			if img.Current {
-				cur = " (current)"
-			}
-			if img.SourceDigest != "" {
-				cur += " imported from " + img.SourceDigest
-			}
-			fmt.Printf("%-10s %s %s%s\n", img.Name, img.Digest, img.Built.Format("2006-01-02 15:04"), cur)
-		}
-		return 0
+		return imageRemove(e.Images(), fs.Arg(0), *force)
+	case "gc":
+		return imageGC(e.Images())
 	}
 	fmt.Fprintf(os.Stderr, "moat image: unknown subcommand %q\n", sub)
 	fs.Usage()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -94,18 +95,23 @@ func badField(field, format string, a ...any) *apiError {
 	return &apiError{http.StatusBadRequest, field + ": " + fmt.Sprintf(format, a...)}
 }
 
-// moatTemplates maps E2B templates onto Moat images. "base", E2B's
-// default, is Moat's default image.
-var moatTemplates = map[string]string{"base": "python", "python": "python"}
+// templateImage maps an E2B template onto the Moat image of the same name:
+// any image the host's store has or can build. "base", E2B's default, is
+// Moat's default image while the store has no image of that name. Whether
+// the image exists is the engine's to say (a FieldError on image, which
+// create answers as the unknown template it is).
+func templateImage(template string) string {
+	if template == "base" {
+		return manifest.Default().Image
+	}
+	return template
+}
 
 // sandboxManifest turns an E2B request into a Moat manifest and TTL, or
 // refuses a field Moat cannot honour.
 func sandboxManifest(req *newSandbox) (m map[string]any, template string, ttl time.Duration, e *apiError) {
 	template = cmp.Or(req.TemplateID, "base")
-	image, ok := moatTemplates[template]
-	if !ok {
-		return nil, "", 0, &apiError{http.StatusNotFound, fmt.Sprintf("template '%s' not found: this Moat server offers the templates \"base\" and \"python\" (Moat's default image)", template)}
-	}
+	image := templateImage(template)
 	ttl = 15 * time.Second // E2B's default
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
@@ -177,6 +183,18 @@ func sandboxManifest(req *newSandbox) (m map[string]any, template string, ttl ti
 	return m, template, ttl, nil
 }
 
+// unknownTemplate answers a refusal of the manifest's image (a name that
+// is not an image name, or no image this host has) as the unknown
+// template it is, with the reason (the engine's names the images there
+// are); nil for any other error.
+func unknownTemplate(template string, err error) *apiError {
+	var ie *service.Error
+	if errors.As(err, &ie) && ie != nil && ie.Kind == service.Invalid && ie.Field == service.ManifestField("image") {
+		return badField("templateID", "template '%s' not found: %s", template, ie.Message)
+	}
+	return nil
+}
+
 func decodeStrict(r *http.Request, v any) *apiError {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
 	dec.DisallowUnknownFields()
@@ -219,10 +237,16 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	mdata, _ := json.Marshal(m)
 	man, se := service.ParseManifest(mdata)
 	if se != nil {
+		if e := unknownTemplate(template, se); e != nil {
+			return e
+		}
 		return h.fromService(se)
 	}
 	h.sweep()
 	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: ttl, Metadata: req.Metadata})
+	if e := unknownTemplate(template, err); e != nil {
+		return e
+	}
 	if err != nil {
 		return h.fromService(err)
 	}

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"encoding/base64"
@@ -36,7 +37,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	b := &servicetest.Backend{Dir: t.TempDir()}
+	// The host's images: "base" is none of them, so it maps to python.
+	b := &servicetest.Backend{Dir: t.TempDir(), Images: []string{"node", "python"}}
 	au := servicetest.NewAuditor()
 	for token, k := range keys {
 		au.AddKey(token, k)
@@ -304,7 +306,7 @@ func TestControlPlane(t *testing.T) {
 			{"wrong key", "POST", "/v2/sandboxes", "moat_kx_nope", `{"templateID":"base"}`, 401},
 			{"unknown field", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","cpu":4}`, 400},
 			{"not json", "POST", "/v2/sandboxes", keyA, `templateID=base`, 400},
-			{"template", "POST", "/v2/sandboxes", keyA, `{"templateID":"desktop"}`, 404},
+			{"template", "POST", "/v2/sandboxes", keyA, `{"templateID":"desktop"}`, 400},
 			{"negative timeout", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":-1}`, 400},
 			{"ttl over Moat's max", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":999999999}`, 400},
 			{"internet", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","allow_internet_access":true}`, 400},
@@ -843,4 +845,50 @@ func TestRevokedKey(t *testing.T) {
 	e.keys.revoke("ka")
 	resp, body := e.do("POST", "/filesystem.Filesystem/Stat", hdr, strings.NewReader(`{"path":"."}`))
 	wantE2BError(t, "after revocation", resp.StatusCode, body, 401)
+}
+
+// TestTemplateIsImage: a template is the image of the same name the host
+// has; "base" is the default image; an unknown one is a 400 naming it and
+// the images there are.
+func TestTemplateIsImage(t *testing.T) {
+	tests := []struct {
+		template  string
+		status    int
+		wantImage string
+		wantMsg   []string
+	}{
+		{template: "node", status: http.StatusCreated, wantImage: "node"},
+		{template: "python", status: http.StatusCreated, wantImage: "python"},
+		{template: "base", status: http.StatusCreated, wantImage: "python"},
+		{template: "", status: http.StatusCreated, wantImage: "python"},
+		{template: "desktop", status: http.StatusBadRequest, wantMsg: []string{"templateID", "'desktop'", "node, python"}},
+		{template: "../etc", status: http.StatusBadRequest, wantMsg: []string{"'../etc'"}},
+	}
+	for _, tc := range tests {
+		t.Run(cmp.Or(tc.template, "default"), func(t *testing.T) {
+			e := newEnv(t)
+			body, _ := json.Marshal(map[string]string{"templateID": tc.template})
+			status, data := e.control("POST", "/v2/sandboxes", keyA, string(body))
+			if status != tc.status {
+				t.Fatalf("create template %q: %d %s, want %d", tc.template, status, data, tc.status)
+			}
+			for _, w := range tc.wantMsg {
+				if !strings.Contains(string(data), w) {
+					t.Errorf("answer %s does not mention %q", data, w)
+				}
+			}
+			if tc.wantImage == "" {
+				return
+			}
+			ss := e.b.Sessions()
+			if len(ss) != 1 || ss[0].Manifest().Image != tc.wantImage {
+				t.Errorf("template %q made sandboxes %v, want one on image %s", tc.template, ss, tc.wantImage)
+			}
+			var c created
+			json.Unmarshal(data, &c)
+			if c.TemplateID != cmp.Or(tc.template, "base") {
+				t.Errorf("templateID answered %q, want %q", c.TemplateID, cmp.Or(tc.template, "base"))
+			}
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,10 @@ var (
 // interpreter of the package doc. Its zero value is ready to use.
 type Backend struct {
 	Dir string // parent of the sessions' workspaces
+	// Images are the image names the fake has; a manifest naming another
+	// is refused as the engine refuses it (a FieldError on image naming
+	// them). Nil accepts every image.
+	Images []string
 
 	mu        sync.Mutex
 	live      int // sessions not yet closed
@@ -111,6 +116,9 @@ func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result,
 	if req.Manifest == nil || len(req.Argv) == 0 {
 		return nil, fmt.Errorf("%w: no manifest or argv", engine.ErrUsage)
 	}
+	if err := b.checkImage(req.Manifest); err != nil {
+		return nil, err
+	}
 	switch req.Argv[0] {
 	case "fail-usage":
 		return nil, fmt.Errorf("%w: no command given", engine.ErrUsage)
@@ -150,6 +158,9 @@ func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result,
 func (b *Backend) NewSession(ctx context.Context, req *engine.SessionRequest) (service.Session, error) {
 	if req.Manifest == nil {
 		return nil, fmt.Errorf("%w: no manifest", engine.ErrUsage)
+	}
+	if err := b.checkImage(req.Manifest); err != nil {
+		return nil, err
 	}
 	b.mu.Lock()
 	b.created++
@@ -460,4 +471,13 @@ func (p *Process) Result() *result.Result {
 	default:
 		return nil
 	}
+}
+
+// checkImage refuses an image the fake does not have, in the engine's terms.
+func (b *Backend) checkImage(m *manifest.Manifest) error {
+	if b.Images == nil || slices.Contains(b.Images, m.Image) {
+		return nil
+	}
+	return &manifest.FieldError{Field: "image", Value: m.Image,
+		Problem: "is an unknown image: this host has or can build " + strings.Join(b.Images, ", ")}
 }
