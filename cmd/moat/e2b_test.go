@@ -141,7 +141,7 @@ func TestServeE2BSDK(t *testing.T) {
 			{"unknown field", key, `{"templateID":"base","secureX":true}`, 400},
 			{"auto pause", key, `{"templateID":"base","autoPause":true}`, 400},
 			{"deny list", key, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
-			{"unknown template", key, `{"templateID":"gpu"}`, 404},
+			{"unknown template", key, `{"templateID":"gpu"}`, 400}, // issue 19: an unknown template is a bad request naming it
 		} {
 			status, body := e2bCall(t, s.url, tc.key, "POST", "/v2/sandboxes", tc.body)
 			if status != tc.status || !bytes.Contains(body, []byte(`"code":`)) {
