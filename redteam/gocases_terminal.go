@@ -22,7 +22,6 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -425,7 +424,7 @@ func termAuditHosts(ctx context.Context, r *runner) (string, string, int) {
 	if !r.termNet() {
 		return NotApplicable, "the tier has no egress proxy (network mode allowlist is refused), so no host name reaches a log", 0
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	m.Network.Mode, m.Network.Allow = "allowlist", []string{"moat-term.invalid"}
 	if err := m.Validate(); err != nil {
@@ -496,7 +495,7 @@ except OSError as e:
 `
 
 func exfilDiffNameCollision(ctx context.Context, r *runner) (string, string, int) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", exfilDiffNameCollisionProgram}})
 	if err != nil {
