@@ -731,7 +731,7 @@ func exfilTerminalEscapes(ctx context.Context, r *runner) (string, string, int) 
 	}()
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, exe, "run", "--tier", r.tier, "--no-build", "--", "sh", "-c", `printf '%s' "$1"; printf '%s' "$1" >&2`, "sh", exfilEscapes)
+	cmd := exec.CommandContext(cctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--", "sh", "-c", `printf '%s' "$1"; printf '%s' "$1" >&2`, "sh", exfilEscapes)
 	cmd.Stdout, cmd.Stderr = pts, pts
 	cmd.Env = append(os.Environ(), "TERM=xterm", "MOAT_HOME="+r.e.Home())
 	runErr := cmd.Run()

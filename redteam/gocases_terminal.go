@@ -220,7 +220,7 @@ func termCopyOutNames(ctx context.Context, r *runner) (string, string, int) {
 		return Error, err.Error(), 0
 	}
 	defer os.RemoveAll(dir)
-	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--no-build", "--output", filepath.Join(dir, "out"),
+	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--output", filepath.Join(dir, "out"),
 		"--", "python3", "-c", termNamesProgram)
 	if v, ev := termJudged("moat run", out, runErr, err); v != "" {
 		return v, ev, 1
@@ -289,7 +289,7 @@ func termJSONControls(ctx context.Context, r *runner) (string, string, int) {
 	if !ok {
 		return NotApplicable, why, 0
 	}
-	args := []string{"run", "--json", "--tier", r.tier, "--no-build"}
+	args := []string{"run", "--json", "--tier", r.tier, "--image", r.defaults().Image, "--no-build"}
 	if r.termNet() {
 		args = append(args, "--net", "allow=moat-term.invalid")
 	}
@@ -392,7 +392,7 @@ func termBareCR(ctx context.Context, r *runner) (string, string, int) {
 	if !ok {
 		return NotApplicable, why, 0
 	}
-	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--no-build", "--", "python3", "-c", termCRProgram)
+	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--", "python3", "-c", termCRProgram)
 	if v, ev := termJudged("moat run", out, runErr, err); v != "" {
 		return v, ev, 1
 	}
