@@ -164,7 +164,9 @@ type Request struct {
 	// server names runs before a sandbox is taken from a pool.)
 	ID       string
 	Manifest *manifest.Manifest
-	Argv     []string
+	// Argv is the command. Empty: the image config's Entrypoint followed
+	// by its Cmd (an imported image's); an error when it has neither.
+	Argv []string
 	// Stdin is the program's standard input; nil means empty.
 	Stdin io.Reader
 	// LiveStdout and LiveStderr, when set, receive the captured output as
@@ -211,8 +213,19 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if m == nil {
 		return nil, fmt.Errorf("%w: no manifest", ErrUsage)
 	}
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return nil, fmt.Errorf("%w: no command given (usage: moat run [flags] -- COMMAND [ARG...])", ErrUsage)
+	if len(req.Argv) > 0 && req.Argv[0] == "" {
+		return nil, fmt.Errorf("%w: no command given: the command name is empty (%s)", ErrUsage, usageHint)
+	}
+	if len(req.Argv) == 0 {
+		// The image's Entrypoint/Cmd stand in for the command. Refuse
+		// before preparing anything when there is none to use.
+		img, err := e.images.Lookup(m.Image)
+		if err != nil {
+			return nil, fmt.Errorf("%w: no command given (%s), and image %q has none to run instead: %w", ErrUsage, usageHint, m.Image, err)
+		}
+		if _, err := imageCommand(img, nil); err != nil {
+			return nil, err
+		}
 	}
 	if req.OutputDir != "" {
 		// Refuse before running anything, not after.
@@ -221,6 +234,10 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		}
 	}
 	t, img, err := e.resolve(ctx, m, req.Session)
+	if err != nil {
+		return nil, err
+	}
+	argv, err := imageCommand(img, req.Argv)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +260,11 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		}
 	}
 
+	dir, err := workDir(img, ws.Dir)
+	if err != nil {
+		return nil, err
+	}
+
 	if rl, ok := p.sb.(tier.RuntimeLister); ok && req.OnRuntime != nil {
 		req.OnRuntime(rl.RuntimeProcs)
 	}
@@ -260,8 +282,8 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	x, err := p.start(ctx, m, &execSpec{
 		mode:     mode,
 		id:       cmp.Or(req.ID, p.id),
-		argv:     req.Argv,
-		dir:      "/workspace",
+		argv:     argv,
+		dir:      dir,
 		stdin:    req.Stdin,
 		stdout:   req.LiveStdout,
 		stderr:   req.LiveStderr,

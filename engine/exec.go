@@ -128,7 +128,7 @@ func (p *prepared) start(ctx context.Context, m *manifest.Manifest, spec *execSp
 		Schema:    result.SchemaVersion,
 		ID:        spec.id,
 		Tier:      p.tier.Name(),
-		Image:     result.Image{Name: p.img.Name, Digest: p.img.Digest},
+		Image:     result.Image{Name: p.img.Name, Digest: p.img.Digest, Source: p.img.Source, SourceDigest: p.img.SourceDigest},
 		Manifest:  m.Digest(),
 		Command:   spec.argv,
 		Pooled:    p.pooled,

@@ -80,8 +80,9 @@ type Image struct {
 	// command runs Entrypoint followed by Cmd.
 	Entrypoint []string `json:"entrypoint,omitempty"`
 	Cmd        []string `json:"cmd,omitempty"`
-	// WorkingDir is the config's working directory, recorded only: runs
-	// start in /workspace, where their files are.
+	// WorkingDir is the config's working directory: runs start there
+	// when it exists in the image (or in the workspace), else they are
+	// refused (engine).
 	WorkingDir string `json:"working_dir,omitempty"`
 	// User is the config's user, recorded only: every run uses the
 	// sandbox's unprivileged user, never root.

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 )
 
 // registered holds the cases written in Go: those that need more than one
@@ -95,7 +94,7 @@ for _ in range(20):
         pass
     time.sleep(0.1)
 `
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier // Default() is valid; the tier is the one under attack
 	var wg sync.WaitGroup
 	var recvOut string

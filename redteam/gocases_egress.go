@@ -107,7 +107,7 @@ func registerEgressCases() {
 // egressRun runs argv with network mode allowlist, the given grants and
 // limits.
 func (r *runner) egressRun(ctx context.Context, allow, addrs []string, tune func(*manifest.Network), argv []string) (*result.Result, time.Duration, error) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Network.Mode = "allowlist"
 	m.Network.Allow = allow
 	m.Network.AllowAddresses = addrs

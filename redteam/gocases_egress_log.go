@@ -55,7 +55,7 @@ func registerEgressLogCases() {
 // egressLogRun runs argv with network mode allowlist; tune adjusts the
 // manifest, res resolves the proxy's names (nil: the host's resolver).
 func (r *runner) egressLogRun(ctx context.Context, allow []string, tune func(*manifest.Manifest), res egress.Resolver, argv []string) (*result.Result, error) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Network.Mode = "allowlist"
 	m.Network.Allow = allow
 	m.Network.AllowAddresses = []string{"127.0.0.1"}

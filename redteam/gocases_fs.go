@@ -179,7 +179,7 @@ func (w *pidWatch) verdict(ok string) (string, string) {
 
 // imageRoot is the host directory of the default image's root.
 func (r *runner) imageRoot() (string, error) {
-	img, err := r.e.Images().Lookup(manifest.Default().Image)
+	img, err := r.e.Images().Lookup(r.defaults().Image)
 	if err != nil {
 		return "", err
 	}
@@ -484,7 +484,7 @@ func ioInputSymlinkRefused(ctx context.Context, r *runner) (string, string, int)
 				return Error, "host setup: " + err.Error(), runs
 			}
 		}
-		m := manifest.Default()
+		m := r.defaults()
 		m.Inputs = []manifest.Input{{Src: src, Dst: "in"}}
 		if err := m.Validate(); err != nil {
 			os.RemoveAll(dir)

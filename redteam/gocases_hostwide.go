@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 )
 
 // Cases about what the kernel keeps per host user or for the whole host
@@ -76,7 +75,7 @@ time.sleep(3)
 // probe on the host five times over a second. It returns the probe
 // failures and what the program printed.
 func (r *runner) hold(ctx context.Context, program string, probe func() error) (failures []string, printed string, err error) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	live := &netLines{want: "held", seen: make(chan struct{})}
 	done := make(chan error, 1)
@@ -219,7 +218,7 @@ n = len(ctxs)`, max/16), probe)
 // pair runs a sender and a receiver concurrently and returns the
 // receiver's output.
 func (r *runner) pair(ctx context.Context, sender, receiver string) (string, error) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	var wg sync.WaitGroup
 	var recv string
@@ -348,7 +347,7 @@ func hostIdentity(ctx context.Context, r *runner) (string, string, int) {
 	if len(host) == 0 {
 		return Error, "host setup: none of " + strings.Join(files, ", ") + " is readable on the host", 0
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", `
 import sys

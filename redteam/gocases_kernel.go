@@ -173,7 +173,7 @@ func syscallSweep(ctx context.Context, r *runner) (string, string, int) {
 			nrs = append(nrs, strconv.Itoa(nr))
 		}
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: append([]string{"python3", "-c", sweeper}, nrs...)})
 	if err != nil {
@@ -447,7 +447,7 @@ os.execv("/bin/sleep", ["sleep", "1"])
 			}
 		}
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", prog}, OnStart: s.onStart(look), OnRuntime: s.onRuntime(runtimeLook)})
 	s.stop()
@@ -493,7 +493,7 @@ func hostForkLatency(n int) (time.Duration, error) {
 }
 
 func forkBomb(ctx context.Context, r *runner) (string, string, int) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Resources.Pids = 64
 	m.Resources.Timeout = manifest.Duration(3 * time.Second)
 	m.Resources.CPUTime = m.Resources.Timeout
@@ -564,7 +564,7 @@ print("parent leaves its daemon behind", flush=True)
 	var mu sync.Mutex
 	seen := map[int]bool{}
 	var s sampler
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	mark := func(p sandboxProc) {
 		mu.Lock()
@@ -713,7 +713,7 @@ time.sleep(0.5)
 			bad = fmt.Sprintf("runtime pid %d (%s) holds %d host descriptors, bound %d: the program's descriptors reach the host", p.pid, clip(p.cmd, 40), len(ents), runtimeFDs)
 		}
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	m.Resources.OpenFiles = limit
 	m.Resources.Timeout = manifest.Duration(4 * time.Second)
 	m.Resources.CPUTime = m.Resources.Timeout
@@ -762,7 +762,7 @@ func vmHWM() int64 {
 
 func stdoutFlood(ctx context.Context, r *runner) (string, string, int) {
 	prog := "import os\nb = b'x' * (1 << 20)\nfor _ in range(10240):\n    os.write(1, b)\n"
-	m := manifest.Default()
+	m := r.defaults()
 	m.Resources.Timeout = manifest.Duration(3 * time.Second)
 	m.Resources.CPUTime = m.Resources.Timeout
 	m.Resources.StdoutBytes = 1 << 20

@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -137,7 +136,7 @@ func registerNetCases() {
 // netRun runs argv in a fresh sandbox of the tier under attack with the
 // default manifest, plus env.
 func (r *runner) netRun(ctx context.Context, argv []string, env map[string]string, live io.Writer) (*result.Result, error) {
-	m := manifest.Default()
+	m := r.defaults()
 	if len(env) > 0 {
 		m.Env = env
 		if err := m.Validate(); err != nil {
@@ -667,7 +666,7 @@ func (r *runner) netMoatExe(ctx context.Context) (string, error) {
 	}
 	var found string
 	var mu sync.Mutex
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	_, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"sleep", "0.3"}, OnStart: func(_ string, procs func() ([]int, error)) {
 		go func() {
@@ -732,7 +731,7 @@ func exfilTerminalEscapes(ctx context.Context, r *runner) (string, string, int) 
 	}()
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, exe, "run", "--tier", r.tier, "--no-build", "--", "sh", "-c", `printf '%s' "$1"; printf '%s' "$1" >&2`, "sh", exfilEscapes)
+	cmd := exec.CommandContext(cctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--", "sh", "-c", `printf '%s' "$1"; printf '%s' "$1" >&2`, "sh", exfilEscapes)
 	cmd.Stdout, cmd.Stderr = pts, pts
 	cmd.Env = append(os.Environ(), "TERM=xterm", "MOAT_HOME="+r.e.Home())
 	runErr := cmd.Run()

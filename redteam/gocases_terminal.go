@@ -22,7 +22,6 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -221,7 +220,7 @@ func termCopyOutNames(ctx context.Context, r *runner) (string, string, int) {
 		return Error, err.Error(), 0
 	}
 	defer os.RemoveAll(dir)
-	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--no-build", "--output", filepath.Join(dir, "out"),
+	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--output", filepath.Join(dir, "out"),
 		"--", "python3", "-c", termNamesProgram)
 	if v, ev := termJudged("moat run", out, runErr, err); v != "" {
 		return v, ev, 1
@@ -290,7 +289,7 @@ func termJSONControls(ctx context.Context, r *runner) (string, string, int) {
 	if !ok {
 		return NotApplicable, why, 0
 	}
-	args := []string{"run", "--json", "--tier", r.tier, "--no-build"}
+	args := []string{"run", "--json", "--tier", r.tier, "--image", r.defaults().Image, "--no-build"}
 	if r.termNet() {
 		args = append(args, "--net", "allow=moat-term.invalid")
 	}
@@ -393,7 +392,7 @@ func termBareCR(ctx context.Context, r *runner) (string, string, int) {
 	if !ok {
 		return NotApplicable, why, 0
 	}
-	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--no-build", "--", "python3", "-c", termCRProgram)
+	out, runErr, err := r.onTerminal(ctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--", "python3", "-c", termCRProgram)
 	if v, ev := termJudged("moat run", out, runErr, err); v != "" {
 		return v, ev, 1
 	}
@@ -425,7 +424,7 @@ func termAuditHosts(ctx context.Context, r *runner) (string, string, int) {
 	if !r.termNet() {
 		return NotApplicable, "the tier has no egress proxy (network mode allowlist is refused), so no host name reaches a log", 0
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	m.Network.Mode, m.Network.Allow = "allowlist", []string{"moat-term.invalid"}
 	if err := m.Validate(); err != nil {
@@ -496,7 +495,7 @@ except OSError as e:
 `
 
 func exfilDiffNameCollision(ctx context.Context, r *runner) (string, string, int) {
-	m := manifest.Default()
+	m := r.defaults()
 	m.Tier = r.tier
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: []string{"python3", "-c", exfilDiffNameCollisionProgram}})
 	if err != nil {

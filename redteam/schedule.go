@@ -32,6 +32,11 @@ type Options struct {
 	Parallel int
 	// Progress receives a line per finished case; nil discards.
 	Progress func(Verdict)
+	// Image is the image every case runs on (default: the manifest's
+	// default, python). The corpus assumes what the python image has
+	// (python3, sh, coreutils): an image imported from its rootfs, or
+	// one built on it, keeps every case meaningful.
+	Image string
 }
 
 // Run executes the selected cases on every selected tier, then the
@@ -59,7 +64,7 @@ func Run(ctx context.Context, e *engine.Engine, opts Options) ([]Verdict, error)
 	var out []Verdict
 	for _, label := range opts.Tiers {
 		tierName, mode, _ := strings.Cut(label, "+")
-		r := &runner{e: e, tier: tierName, label: label, session: mode == "session"}
+		r := &runner{e: e, tier: tierName, label: label, session: mode == "session", image: opts.Image}
 		if mode != "" && mode != "session" {
 			return nil, fmt.Errorf("tier %q: the only mode is +session (each case as the only command of a session sandbox)", label)
 		}
@@ -135,6 +140,8 @@ type runner struct {
 	// guests, on a tier that runs only its own WebAssembly guests, says
 	// whether it runs argv (nil: every command runs).
 	guests func(argv []string) bool
+	// image is the image cases run on; "" for the manifest default.
+	image string
 	// inProcess: the program runs inside moat's own process (wasm), so
 	// the host-side process check is that the run created no host
 	// process at all.
@@ -387,13 +394,16 @@ func (r *runner) onceWith(ctx context.Context, c *Case, h hostHooks) (string, st
 			return Error, "host setup: " + err.Error()
 		}
 	}
-	m := manifest.Default()
+	m := r.defaults()
 	if c.Manifest != "" {
 		mm, err := manifest.Parse([]byte(c.Manifest), c.ID+".manifest")
 		if err != nil {
 			return Error, "case manifest: " + err.Error()
 		}
 		m = mm
+		if r.image != "" {
+			m.Image = r.image
+		}
 	}
 	if en.inputDir != "" {
 		m.Inputs = append(m.Inputs, manifest.Input{Src: en.inputDir, Dst: "in"})
@@ -530,3 +540,13 @@ def _moat_sleep(s, _sleep=_moat_time.sleep):
 _moat_time.sleep = _moat_sleep
 del _moat_sleep
 `
+
+// defaults is the default manifest on the runner's image: where every
+// case's manifest starts.
+func (r *runner) defaults() *manifest.Manifest {
+	m := manifest.Default()
+	if r.image != "" {
+		m.Image = r.image
+	}
+	return m
+}

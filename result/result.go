@@ -91,8 +91,17 @@ type Result struct {
 
 // Image identifies the immutable root image a run used.
 type Image struct {
-	Name   string `json:"name"`
+	Name string `json:"name"`
+	// Digest is Moat's content digest of the root tree, the same for
+	// the same files however the image was made.
 	Digest string `json:"digest"`
+	// Source and SourceDigest are set for an imported image only: the
+	// import SOURCE (e.g. "oci-archive:app.tar") and the source's own
+	// identity (the OCI manifest digest, a docker-archive's image ID, or
+	// the sha256 of a rootfs tar), so a run can be traced to the image a
+	// registry or `docker images` names.
+	Source       string `json:"source,omitempty"`
+	SourceDigest string `json:"source_digest,omitempty"`
 }
 
 // Stream is one captured output stream. Data holds at most the manifest's cap.

@@ -134,3 +134,33 @@ func TestFileChangeJSONRefused(t *testing.T) {
 		})
 	}
 }
+
+func TestImageJSON(t *testing.T) {
+	tests := []struct {
+		name string
+		in   Image
+		want string
+	}{
+		{name: "built image: no source fields",
+			in:   Image{Name: "python", Digest: "sha256:aa"},
+			want: `{"name":"python","digest":"sha256:aa"}`},
+		{name: "imported image: source and its digest beside Moat's",
+			in:   Image{Name: "app", Digest: "sha256:aa", Source: "oci-archive:app.tar", SourceDigest: "sha256:bb"},
+			want: `{"name":"app","digest":"sha256:aa","source":"oci-archive:app.tar","source_digest":"sha256:bb"}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := json.Marshal(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tc.want {
+				t.Errorf("JSON %s, want %s", b, tc.want)
+			}
+			var back Image
+			if err := json.Unmarshal(b, &back); err != nil || back != tc.in {
+				t.Errorf("round trip: %+v (%v), want %+v", back, err, tc.in)
+			}
+		})
+	}
+}

@@ -32,6 +32,7 @@ Flags:
 	list := fs.Bool("list", false, "list the cases instead of running them")
 	markdown := fs.Bool("markdown", false, "with --list: print docs/REDTEAM.md")
 	parallel := fs.Int("parallel", 2, "cases run at once (resource cases always run alone)")
+	imageName := fs.String("image", "", "run every case on the stored image `NAME` (default: python); the corpus needs python3 and sh in it, as in an image imported from the python image's rootfs")
 	if c := parse(fs, args); c >= 0 {
 		return c
 	}
@@ -53,6 +54,15 @@ Flags:
 	if err != nil {
 		return fail(err)
 	}
+	if *imageName != "" {
+		// Refused once here rather than as an error per case.
+		if _, err := e.Images().Lookup(*imageName); err != nil {
+			return fail(usageError{fmt.Errorf("--image %q: %w", *imageName, err)})
+		}
+		if !*jsonOut {
+			fmt.Printf("image: %s\n", *imageName)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 	defer stop()
 	progress := func(v redteam.Verdict) {
@@ -64,7 +74,7 @@ Flags:
 	if !*jsonOut {
 		fmt.Printf("%-34s %-8s %-15s %s\n", "CASE", "TIER", "VERDICT", "EVIDENCE")
 	}
-	verdicts, err := redteam.Run(ctx, e, redteam.Options{Tiers: strings.Split(*tiers, ","), Case: *only, Parallel: *parallel, Progress: progress})
+	verdicts, err := redteam.Run(ctx, e, redteam.Options{Tiers: strings.Split(*tiers, ","), Case: *only, Parallel: *parallel, Progress: progress, Image: *imageName})
 	if err != nil {
 		return fail(err)
 	}

@@ -27,9 +27,14 @@ import (
 	"github.com/moat-sandbox/moat/workspace"
 )
 
-const runUsage = `Usage: moat run [FLAGS] [--] COMMAND [ARG...]
+const runUsage = `Usage: moat run [FLAGS] [--] [COMMAND [ARG...]]
 
 Runs COMMAND in a fresh, deny-by-default sandbox and destroys it afterwards.
+Without COMMAND, runs the image's Entrypoint followed by its Cmd (an image
+imported with moat image import can have them); a COMMAND replaces both.
+The program starts in the image's WorkingDir when it has one, else in
+/workspace, always as the sandbox's unprivileged user (never the image's
+User, never root).
 Everything the manifest does not grant is denied: no network, no host files
 (inputs are copied in), no host environment.
 
@@ -101,11 +106,9 @@ func cmdRun(args []string) int {
 		}
 		return exitUsage
 	}
+	// No command: the image's Entrypoint/Cmd, checked once the image
+	// store is known (noCommand).
 	argv := fs.Args()
-	if len(argv) == 0 {
-		fmt.Fprintln(os.Stderr, "moat run: no command given\nUsage: moat run [FLAGS] [--] COMMAND [ARG...]   (moat run --help for flags)")
-		return exitUsage
-	}
 
 	// The manifest first, then flags on top, then one validation.
 	var m *manifest.Manifest
@@ -202,6 +205,9 @@ func cmdRun(args []string) int {
 		return exitUsage
 	}
 	if server != "" {
+		if len(argv) == 0 {
+			return noCommand("a run on a server needs one: the image's Entrypoint and Cmd are used by local runs only")
+		}
 		key := *apiKey
 		if key == "" {
 			key = os.Getenv("MOAT_API_KEY")
@@ -215,6 +221,17 @@ func cmdRun(args []string) int {
 	e, err := engine.New(engine.Options{Progress: progressWriter(), NoAutoBuild: *noBuild})
 	if err != nil {
 		return fail(err)
+	}
+	if len(argv) == 0 {
+		// Refused here, before a sandbox is prepared, with the usage
+		// line; the engine makes the same decision for the API.
+		img, err := e.Images().Lookup(m.Image)
+		switch {
+		case err != nil:
+			return noCommand(fmt.Sprintf("image %q has none to run instead (%v)", m.Image, err))
+		case len(img.Entrypoint)+len(img.Cmd) == 0:
+			return noCommand(fmt.Sprintf("image %q has no Entrypoint or Cmd to run instead", m.Image))
+		}
 	}
 	// Clean up after runs that were killed before they could.
 	if rep, err := e.GC(); err == nil && len(rep.Runs)+len(rep.Cgroups) > 0 {
@@ -495,4 +512,11 @@ func refused(k service.Kind) bool {
 		return true
 	}
 	return false
+}
+
+// noCommand refuses a run that has no command, saying why none could be
+// taken from the image and how to give one.
+func noCommand(why string) int {
+	fmt.Fprintf(os.Stderr, "moat run: no command given, and %s\nUsage: moat run [FLAGS] [--] COMMAND [ARG...]   (moat run --help for flags)\n", why)
+	return exitUsage
 }

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// writeDockerArchive writes a docker-archive (what `docker save` writes)
+// whose one layer holds this test's moat binary as /bin/moat, with the
+// image config cfg.
+func writeDockerArchive(t *testing.T, file string, cfg map[string]any) {
+	t.Helper()
+	bin, err := os.ReadFile(moatBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(t.TempDir(), "layer.tar")
+	lf, err := os.Create(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw := tar.NewWriter(lf)
+	for _, h := range []*tar.Header{
+		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "srv/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "bin/moat", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
+	} {
+		if err := lw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := lw.Write(bin); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := lw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lf.Close(); err != nil {
+		t.Fatal(err)
+	}
+	layerData, err := os.ReadFile(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config, _ := json.Marshal(map[string]any{"architecture": "amd64", "os": "linux", "config": cfg})
+	manifest, _ := json.Marshal([]map[string]any{{"Config": "config.json", "Layers": []string{"layer.tar"}}})
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := tar.NewWriter(f)
+	for _, m := range []struct {
+		name string
+		data []byte
+	}{{"manifest.json", manifest}, {"config.json", config}, {"layer.tar", layerData}} {
+		if err := w.WriteHeader(&tar.Header{Name: m.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(m.data))}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(m.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunImageCommand: `moat run` with no command runs an imported
+// image's Entrypoint+Cmd; a command replaces them; an image with neither
+// is refused with the usage line; --json names the import's source.
+func TestRunImageCommand(t *testing.T) {
+	needRoot(t)
+	watchLeftovers(t)
+	// The sandbox's unprivileged init must reach the image below the
+	// home, and t.TempDir's parent is private.
+	home := t.TempDir()
+	for _, d := range []string{filepath.Dir(home), home} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"MOAT_HOME=" + home}
+	archive := filepath.Join(t.TempDir(), "app.tar")
+	writeDockerArchive(t, archive, map[string]any{
+		"Entrypoint": []string{"/bin/moat"}, "Cmd": []string{"version"}, "WorkingDir": "/srv", "Env": []string{"PATH=/bin"}})
+	if out := moat(t, invocation{args: []string{"image", "import", "app", "docker-archive:" + archive}, env: env}); out.code != 0 {
+		t.Fatalf("import: %v", out)
+	}
+	bare := filepath.Join(t.TempDir(), "bare.tar")
+	writeDockerArchive(t, bare, map[string]any{"Env": []string{"PATH=/bin"}})
+	if out := moat(t, invocation{args: []string{"image", "import", "bare", "docker-archive:" + bare}, env: env}); out.code != 0 {
+		t.Fatalf("import: %v", out)
+	}
+	t.Cleanup(func() {
+		moat(t, invocation{args: []string{"image", "rm", "--force", "app"}, env: env})
+		moat(t, invocation{args: []string{"image", "rm", "--force", "bare"}, env: env})
+	})
+
+	tests := []struct {
+		name     string
+		args     []string
+		code     int
+		wantArgv []string
+		wantErr  []string
+	}{
+		{name: "no command: entrypoint and cmd", args: []string{"--image", "app"}, wantArgv: []string{"/bin/moat", "version"}},
+		{name: "a command replaces them", args: []string{"--image", "app", "--", "/bin/moat", "help"}, wantArgv: []string{"/bin/moat", "help"}},
+		{name: "image with neither", args: []string{"--image", "bare"}, code: exitUsage, wantErr: []string{"no command given", `image "bare" has no Entrypoint or Cmd`, "moat run --help"}},
+		{name: "no command on a server", args: []string{"--image", "app", "--server", "http://127.0.0.1:1"}, code: exitUsage, wantErr: []string{"no command given", "local runs only"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := moat(t, invocation{args: append([]string{"run", "--json"}, tc.args...), env: env})
+			if tc.code != 0 {
+				out.check(t, tc.code, nil, tc.wantErr, nil)
+				return
+			}
+			if out.code != 0 {
+				t.Fatalf("run: %v", out)
+			}
+			var res struct {
+				Command  []string `json:"command"`
+				ExitCode int      `json:"exit_code"`
+				Image    struct {
+					Source       string `json:"source"`
+					SourceDigest string `json:"source_digest"`
+				} `json:"image"`
+			}
+			if err := json.Unmarshal([]byte(out.stdout), &res); err != nil {
+				t.Fatalf("decode result: %v\n%v", err, out)
+			}
+			if !slices.Equal(res.Command, tc.wantArgv) || res.ExitCode != 0 {
+				t.Errorf("ran %q (exit %d), want %q exiting 0\n%v", res.Command, res.ExitCode, tc.wantArgv, out)
+			}
+			if res.Image.Source != "docker-archive:"+archive || len(res.Image.SourceDigest) != len("sha256:")+64 {
+				t.Errorf("result image source %q %q, want the archive and its config digest", res.Image.Source, res.Image.SourceDigest)
+			}
+		})
+	}
+}
