@@ -24,7 +24,16 @@ func TestBuiltinNodeImage(t *testing.T) {
 		t.Skip("needs mmdebstrap: apt-get install mmdebstrap")
 	}
 	watchLeftovers(t)
-	home := t.TempDir()
+	// Not t.TempDir: its parent is 0700 and the sandbox's unprivileged
+	// init must traverse to the image, as it does under /var/lib/moat.
+	home, err := os.MkdirTemp("", "moat-node-image-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	if err := os.Chmod(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	env := []string{"MOAT_HOME=" + home}
 
 	// The first run builds the image; its own timeout covers the build.
