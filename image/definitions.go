@@ -48,13 +48,16 @@ var definitions = []Definition{
 	{
 		Name:        "python",
 		Suite:       "bookworm",
-		Description: "Debian 12 with Python 3.11, pip, NumPy, PyYAML and curl",
+		Description: "Debian 12 with Python 3.11, pip, NumPy, PyYAML, curl and git",
 		Packages: []string{
 			"bash",
 			"coreutils",
 			// curl: the common way generated code fetches a URL; with
 			// network mode allowlist it goes through the egress proxy.
 			"curl",
+			// git: agents clone, diff and commit in the workspace. It
+			// brings perl (git's scripts need it), about 40 MB.
+			"git",
 			"python3",
 			// pip: agents install packages; with network mode allowlist
 			// it reaches an index only through the egress proxy.
@@ -69,6 +72,63 @@ var definitions = []Definition{
 			// without this, every script that imports a local module would
 			// leave a __pycache__ directory in the workspace diff.
 			"PYTHONDONTWRITEBYTECODE=1",
+		},
+		Sources:         bookwormSources,
+		SourceDateEpoch: bookwormRelease,
+	},
+	{
+		Name:        "node",
+		Suite:       "bookworm",
+		Description: "Debian 12 with Node.js 18, npm, curl and git",
+		Packages: []string{
+			"bash",
+			"coreutils",
+			"curl",
+			"git",
+			// Debian's own Node.js and npm, not a NodeSource or nvm
+			// download: the same archive, signatures, security updates
+			// and lockfile as every other package in the image.
+			"nodejs",
+			"npm",
+		},
+		Env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"LANG=C.UTF-8",
+			// npm checks the registry for a newer npm on every command;
+			// with the network closed that is a slow failure per call.
+			"NPM_CONFIG_UPDATE_NOTIFIER=false",
+		},
+		Sources:         bookwormSources,
+		SourceDateEpoch: bookwormRelease,
+	},
+	{
+		// base is what agents written for E2B's "base" template expect:
+		// Python and Node with their package managers, git, curl and a C
+		// toolchain for packages that compile native code on install.
+		Name:        "base",
+		Suite:       "bookworm",
+		Description: "Debian 12 with Python 3.11, pip, Node.js 18, npm, git, curl and build-essential",
+		Packages: []string{
+			"bash",
+			"coreutils",
+			"curl",
+			"git",
+			"python3",
+			"python3-pip",
+			// python3-venv: E2B's base has it; without it `python3 -m
+			// venv` fails, the usual first step of an agent's setup.
+			"python3-venv",
+			"nodejs",
+			"npm",
+			// build-essential: gcc, g++, make and libc headers, for
+			// pip and npm packages that build C extensions.
+			"build-essential",
+		},
+		Env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"LANG=C.UTF-8",
+			"PYTHONDONTWRITEBYTECODE=1",
+			"NPM_CONFIG_UPDATE_NOTIFIER=false",
 		},
 		Sources:         bookwormSources,
 		SourceDateEpoch: bookwormRelease,

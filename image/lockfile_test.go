@@ -225,7 +225,7 @@ func TestMmdebstrapArgs(t *testing.T) {
 	}
 	args := mmdebstrapArgs(def, "/store/python/.build-1/rootfs")
 	joined := strings.Join(args, " ")
-	for _, want := range []string{"--mode=root", "--variant=essential", "--include=bash,coreutils,curl,python3,python3-pip,python3-numpy,python3-yaml",
+	for _, want := range []string{"--mode=root", "--variant=essential", "--include=bash,coreutils,curl,git,python3,python3-pip,python3-numpy,python3-yaml",
 		"bookworm /store/python/.build-1/rootfs deb http://deb.debian.org/debian bookworm main",
 		"deb http://deb.debian.org/debian-security bookworm-security main"} {
 		if !strings.Contains(joined, want) {

@@ -57,9 +57,9 @@ func newEmptyStore(t *testing.T) *Store {
 
 func TestNamesAndLookupOfStoredImages(t *testing.T) {
 	s := newEmptyStore(t)
-	node := storeImage(t, s, "node", "v1", true)
+	nodeapp := storeImage(t, s, "nodeapp", "v1", true)
 	storeImage(t, s, "orphan", "x", false) // no current: not offered
-	if got, want := s.Names(), []string{"node", "python"}; !slices.Equal(got, want) {
+	if got, want := s.Names(), []string{"base", "node", "nodeapp", "python"}; !slices.Equal(got, want) {
 		t.Errorf("Names() = %v, want %v", got, want)
 	}
 	tests := []struct {
@@ -68,8 +68,8 @@ func TestNamesAndLookupOfStoredImages(t *testing.T) {
 		wantIs      error
 		wantMsg     []string
 	}{
-		{name: "stored image without a definition", image: "node", wantDigest: node.Digest},
-		{name: "unknown name lists stored and built-in images", image: "cobol", wantIs: ErrUnknown, wantMsg: []string{`"cobol"`, "known images: node, python"}},
+		{name: "stored image without a definition", image: "nodeapp", wantDigest: nodeapp.Digest},
+		{name: "unknown name lists stored and built-in images", image: "cobol", wantIs: ErrUnknown, wantMsg: []string{`"cobol"`, "known images: base, node, nodeapp, python"}},
 		{name: "stored but never made current", image: "orphan", wantIs: ErrUnknown, wantMsg: []string{`"orphan"`}},
 		{name: "reference syntax the store cannot hold", image: "python:3.12", wantIs: ErrUnknown, wantMsg: []string{"must match"}},
 	}
@@ -104,33 +104,33 @@ func TestRemoveName(t *testing.T) {
 		wantIs      error
 		wantMsg     string
 	}{
-		{name: "every build, current included", image: "node", wantRemoved: 2},
+		{name: "every build, current included", image: "nodeapp", wantRemoved: 2},
 		{
-			name: "current build in use", image: "node", wantIs: ErrInUse, wantMsg: "in use",
+			name: "current build in use", image: "nodeapp", wantIs: ErrInUse, wantMsg: "in use",
 			hold: func(t *testing.T, s *Store, cur, _ *Image) func() { return use(t, s, cur) },
 		},
 		{
-			name: "old build in use", image: "node", wantIs: ErrInUse, wantMsg: "in use",
+			name: "old build in use", image: "nodeapp", wantIs: ErrInUse, wantMsg: "in use",
 			hold: func(t *testing.T, s *Store, _, old *Image) func() { return use(t, s, old) },
 		},
 		{
-			name: "build running", image: "node", wantMsg: "build or import of it is running",
+			name: "build running", image: "nodeapp", wantMsg: "build or import of it is running",
 			hold: func(t *testing.T, s *Store, _, _ *Image) func() {
-				l, err := lockNonBlocking(filepath.Join(s.Dir, "node", lockName))
+				l, err := lockNonBlocking(filepath.Join(s.Dir, "nodeapp", lockName))
 				if err != nil {
 					t.Fatal(err)
 				}
 				return func() { l.Close() }
 			},
 		},
-		{name: "not stored", image: "ruby", wantIs: ErrNotBuilt, wantMsg: "stored images: node"},
-		{name: "bad name", image: "../node", wantMsg: "must match"},
+		{name: "not stored", image: "ruby", wantIs: ErrNotBuilt, wantMsg: "stored images: nodeapp"},
+		{name: "bad name", image: "../nodeapp", wantMsg: "must match"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newEmptyStore(t)
-			old := storeImage(t, s, "node", "v1", false)
-			cur := storeImage(t, s, "node", "v2", true)
+			old := storeImage(t, s, "nodeapp", "v1", false)
+			cur := storeImage(t, s, "nodeapp", "v2", true)
 			if tc.hold != nil {
 				defer tc.hold(t, s, cur, old)()
 			}
@@ -140,17 +140,17 @@ func TestRemoveName(t *testing.T) {
 					t.Fatalf("RemoveName(%q) = %v, %v; want error %v mentioning %q", tc.image, removed, err, tc.wantIs, tc.wantMsg)
 				}
 				// Refused means nothing removed.
-				assertStoreClean(t, s, "node", 2)
-				if img, err := s.Lookup("node"); err != nil || img.Digest != cur.Digest {
-					t.Errorf("after a refused removal Lookup(node) = %v, %v", img, err)
+				assertStoreClean(t, s, "nodeapp", 2)
+				if img, err := s.Lookup("nodeapp"); err != nil || img.Digest != cur.Digest {
+					t.Errorf("after a refused removal Lookup(nodeapp) = %v, %v", img, err)
 				}
 				return
 			}
 			if err != nil || len(removed) != tc.wantRemoved {
 				t.Fatalf("RemoveName(%q) = %d removed, %v; want %d", tc.image, len(removed), err, tc.wantRemoved)
 			}
-			assertStoreClean(t, s, "node", 0)
-			if _, err := s.Lookup("node"); !errors.Is(err, ErrUnknown) {
+			assertStoreClean(t, s, "nodeapp", 0)
+			if _, err := s.Lookup("nodeapp"); !errors.Is(err, ErrUnknown) {
 				t.Errorf("Lookup after RemoveName = %v, want ErrUnknown", err)
 			}
 			if _, err := s.Use(context.Background(), cur); err == nil {
@@ -184,14 +184,14 @@ func TestPrune(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newEmptyStore(t)
-			old := storeImage(t, s, "node", "v1", false)
-			cur := storeImage(t, s, "node", "v2", true)
+			old := storeImage(t, s, "nodeapp", "v1", false)
+			cur := storeImage(t, s, "nodeapp", "v2", true)
 			orphan := storeImage(t, s, "scratch", "x", false) // no current at all
 			if tc.inUse {
 				defer use(t, s, old)()
 			}
 			if tc.buildLock {
-				l, err := lockNonBlocking(filepath.Join(s.Dir, "node", lockName))
+				l, err := lockNonBlocking(filepath.Join(s.Dir, "nodeapp", lockName))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -215,7 +215,7 @@ func TestPrune(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Errorf("Prune removed %v, want %v", got, want)
 			}
-			if img, err := s.Lookup("node"); err != nil || img.Digest != cur.Digest {
+			if img, err := s.Lookup("nodeapp"); err != nil || img.Digest != cur.Digest {
 				t.Errorf("Prune broke the current build: %v, %v", img, err)
 			}
 			if _, err := os.Stat(old.Root); (err == nil) == tc.wantPruned {
@@ -227,10 +227,10 @@ func TestPrune(t *testing.T) {
 
 func TestUse(t *testing.T) {
 	s := newEmptyStore(t)
-	img := storeImage(t, s, "node", "v1", true)
+	img := storeImage(t, s, "nodeapp", "v1", true)
 
 	// Outside the store: nothing to guard, nothing to fail.
-	outside := &Image{Name: "node", Digest: img.Digest, Root: t.TempDir()}
+	outside := &Image{Name: "nodeapp", Digest: img.Digest, Root: t.TempDir()}
 	release, err := s.Use(context.Background(), outside)
 	if err != nil {
 		t.Fatalf("Use of an image outside the store: %v", err)
@@ -240,7 +240,7 @@ func TestUse(t *testing.T) {
 	// A Use waits while a removal holds the build, and fails when the
 	// removal took it.
 	hexDigest := strings.TrimPrefix(img.Digest, digestPrefix)
-	l, err := lockNonBlocking(filepath.Join(s.Dir, "node", usePrefix+hexDigest))
+	l, err := lockNonBlocking(filepath.Join(s.Dir, "nodeapp", usePrefix+hexDigest))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestUse(t *testing.T) {
 	if _, err := s.Use(ctx, img); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Use during a removal = %v, want it to wait until ctx ends", err)
 	}
-	if err := os.RemoveAll(filepath.Join(s.Dir, "node", hexDigest)); err != nil {
+	if err := os.RemoveAll(filepath.Join(s.Dir, "nodeapp", hexDigest)); err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
@@ -260,15 +260,15 @@ func TestUse(t *testing.T) {
 
 func TestRemoveRefusesBuildInUse(t *testing.T) {
 	s := newEmptyStore(t)
-	old := storeImage(t, s, "node", "v1", false)
-	storeImage(t, s, "node", "v2", true)
+	old := storeImage(t, s, "nodeapp", "v1", false)
+	storeImage(t, s, "nodeapp", "v2", true)
 	release := use(t, s, old)
-	if err := s.Remove("node", old.Digest); !errors.Is(err, ErrInUse) {
+	if err := s.Remove("nodeapp", old.Digest); !errors.Is(err, ErrInUse) {
 		t.Errorf("Remove of a build in use = %v, want ErrInUse", err)
 	}
 	release()
-	if err := s.Remove("node", old.Digest); err != nil {
+	if err := s.Remove("nodeapp", old.Digest); err != nil {
 		t.Errorf("Remove once released: %v", err)
 	}
-	assertStoreClean(t, s, "node", 1)
+	assertStoreClean(t, s, "nodeapp", 1)
 }

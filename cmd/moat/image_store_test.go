@@ -57,26 +57,26 @@ func TestImageStoreCommands(t *testing.T) {
 		// after checks the store once the command ran.
 		after func(t *testing.T, home string, old, cur string)
 	}{
-		{name: "list shows size, created and current", args: []string{"image", "list"}, wantOut: []string{"NAME", "node", "sha256:", "B ", "2026-12-01", "current", "no"}},
-		{name: "inspect prints JSON", args: []string{"image", "inspect", "node"}, wantOut: []string{`"name": "node"`, `"files": 2`, `"current": true`, `"created": "2026-12-01T10:00:00Z"`, `"env"`}},
-		{name: "inspect unknown names it and the known ones", args: []string{"image", "inspect", "cobol"}, code: exitUsage, wantErr: []string{`"cobol"`, "node", "python"}},
+		{name: "list shows size, created and current", args: []string{"image", "list"}, wantOut: []string{"NAME", "nodeapp", "sha256:", "B ", "2026-12-01", "current", "no"}},
+		{name: "inspect prints JSON", args: []string{"image", "inspect", "nodeapp"}, wantOut: []string{`"name": "nodeapp"`, `"files": 2`, `"current": true`, `"created": "2026-12-01T10:00:00Z"`, `"env"`}},
+		{name: "inspect unknown names it and the known ones", args: []string{"image", "inspect", "cobol"}, code: exitUsage, wantErr: []string{`"cobol"`, "nodeapp", "python"}},
 		{name: "rm without a name", args: []string{"image", "rm"}, code: exitUsage, wantErr: []string{"name one image"}},
 		{name: "rm the default image needs --force", args: []string{"image", "rm", "python"}, code: exitUsage, wantErr: []string{"--force"}},
-		{name: "rm of an image not stored", args: []string{"image", "rm", "--force", "ruby"}, code: exitUsage, wantErr: []string{"ruby", "stored images: node"}},
-		{name: "rm removes every build", args: []string{"image", "rm", "node"}, wantOut: []string{"removed node", "freed"},
+		{name: "rm of an image not stored", args: []string{"image", "rm", "--force", "ruby"}, code: exitUsage, wantErr: []string{"ruby", "stored images: nodeapp"}},
+		{name: "rm removes every build", args: []string{"image", "rm", "nodeapp"}, wantOut: []string{"removed nodeapp", "freed"},
 			after: func(t *testing.T, home, old, cur string) {
 				for _, d := range []string{old, cur} {
-					if _, err := os.Stat(filepath.Join(home, "images", "node", strings.TrimPrefix(d, "sha256:"))); !os.IsNotExist(err) {
+					if _, err := os.Stat(filepath.Join(home, "images", "nodeapp", strings.TrimPrefix(d, "sha256:"))); !os.IsNotExist(err) {
 						t.Errorf("build %s still there after rm (%v)", d, err)
 					}
 				}
 			}},
-		{name: "gc removes the old build and keeps the current one", args: []string{"image", "gc"}, wantOut: []string{"removed node", "removed 1 unused builds", "freed"},
+		{name: "gc removes the old build and keeps the current one", args: []string{"image", "gc"}, wantOut: []string{"removed nodeapp", "removed 1 unused builds", "freed"},
 			after: func(t *testing.T, home, old, cur string) {
-				if _, err := os.Stat(filepath.Join(home, "images", "node", strings.TrimPrefix(old, "sha256:"))); !os.IsNotExist(err) {
+				if _, err := os.Stat(filepath.Join(home, "images", "nodeapp", strings.TrimPrefix(old, "sha256:"))); !os.IsNotExist(err) {
 					t.Errorf("old build still there after gc (%v)", err)
 				}
-				if _, err := os.Stat(filepath.Join(home, "images", "node", strings.TrimPrefix(cur, "sha256:"))); err != nil {
+				if _, err := os.Stat(filepath.Join(home, "images", "nodeapp", strings.TrimPrefix(cur, "sha256:"))); err != nil {
 					t.Errorf("current build gone after gc: %v", err)
 				}
 			}},
@@ -87,8 +87,8 @@ func TestImageStoreCommands(t *testing.T) {
 			if err := os.Chmod(home, 0o711); err != nil {
 				t.Fatal(err)
 			}
-			old := storeBuild(t, home, "node", "v1", false)
-			cur := storeBuild(t, home, "node", "v2", true)
+			old := storeBuild(t, home, "nodeapp", "v1", false)
+			cur := storeBuild(t, home, "nodeapp", "v2", true)
 			if err := os.Chmod(filepath.Join(home, "images"), 0o700); err != nil {
 				t.Fatal(err)
 			}

@@ -166,7 +166,8 @@ func cmdServe(args []string) int {
 	}
 	handler := srv.Handler()
 	if *e2bAPI {
-		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body)}).Wrap(handler)
+		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
+			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }}).Wrap(handler)
 	} else if *e2bDomain != "" {
 		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
 	}

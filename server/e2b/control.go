@@ -97,21 +97,33 @@ func badField(field, format string, a ...any) *apiError {
 
 // templateImage maps an E2B template onto the Moat image of the same name:
 // any image the host's store has or can build. "base", E2B's default, is
-// Moat's default image while the store has no image of that name. Whether
-// the image exists is the engine's to say (a FieldError on image, which
-// create answers as the unknown template it is).
-func templateImage(template string) string {
-	if template == "base" {
+// Moat's default image unless hasBase says the store holds a build of the
+// image "base" (Config.HasImage). Whether any other image exists is the
+// engine's to say (a FieldError on image, which create answers as the
+// unknown template it is).
+func templateImage(template string, hasBase bool) string {
+	if template == "base" && !hasBase {
 		return manifest.Default().Image
 	}
 	return template
 }
 
+// hasBaseImage reports whether the "base" template is the image "base".
+func (h *Handler) hasBaseImage() bool {
+	return h.cfg.HasImage != nil && h.cfg.HasImage("base")
+}
+
 // sandboxManifest turns an E2B request into a Moat manifest and TTL, or
 // refuses a field Moat cannot honour.
 func sandboxManifest(req *newSandbox) (m map[string]any, template string, ttl time.Duration, e *apiError) {
+	return sandboxManifestWith(req, false)
+}
+
+// sandboxManifestWith is sandboxManifest on a host whose store holds the
+// image "base" (hasBase) or not.
+func sandboxManifestWith(req *newSandbox, hasBase bool) (m map[string]any, template string, ttl time.Duration, e *apiError) {
 	template = cmp.Or(req.TemplateID, "base")
-	image := templateImage(template)
+	image := templateImage(template, hasBase)
 	ttl = 15 * time.Second // E2B's default
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
@@ -230,7 +242,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	if e := decodeStrict(r, &req); e != nil {
 		return e
 	}
-	m, template, ttl, e := sandboxManifest(&req)
+	m, template, ttl, e := sandboxManifestWith(&req, h.hasBaseImage())
 	if e != nil {
 		return e
 	}

@@ -62,6 +62,13 @@ type Config struct {
 	// their access tokens from then on, and quotas are current. Nil: the
 	// key as authenticated at creation.
 	Keys KeyLookup
+	// HasImage, when set, says whether the host's store holds a current
+	// build of the named image (engine.Engine.Images().Lookup succeeds).
+	// The "base" template is the Moat image "base" only when it does;
+	// otherwise it is the default image, so that a host which never built
+	// the larger base image answers at once instead of building it inside
+	// an SDK's create request. Nil: "base" is always the default image.
+	HasImage func(name string) bool
 }
 
 // KeyLookup finds an API key by id; *audit.Store implements it.

@@ -38,7 +38,14 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	// The host's images: "base" is none of them, so it maps to python.
-	b := &servicetest.Backend{Dir: t.TempDir(), Images: []string{"node", "python"}}
+	return newEnvWith(t, []string{"node", "python"}, nil)
+}
+
+// newEnvWith is newEnv on a host with the given images, hasImage being the
+// handler's Config.HasImage.
+func newEnvWith(t *testing.T, images []string, hasImage func(string) bool) *env {
+	t.Helper()
+	b := &servicetest.Backend{Dir: t.TempDir(), Images: images}
 	au := servicetest.NewAuditor()
 	for token, k := range keys {
 		au.AddKey(token, k)
@@ -50,7 +57,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	fk := &fakeKeys{revoked: map[string]bool{}}
-	h := New(Config{Service: api.Service(), Auditor: au, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16})
+	h := New(Config{Service: api.Service(), Auditor: au, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16, HasImage: hasImage})
 	ts := httptest.NewServer(h.Wrap(api.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
