@@ -1,0 +1,76 @@
+package image
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// BenchmarkImportVsTarX imports the python image's own tree as an OCI
+// archive (one gzip layer) and, in the same iteration, unpacks the same
+// layer blob with tar -xzf: issue 19 asks import to stay within 1.5 times
+// tar -x. It reports both times and their ratio; run it with
+//
+//	go test -run '^$' -bench ImportVsTarX -benchtime 3x ./image/
+func BenchmarkImportVsTarX(b *testing.B) {
+	if os.Getuid() != 0 {
+		b.Skip("needs root: an import finalises the tree as root, as moat image import does")
+	}
+	home := os.Getenv("MOAT_HOME")
+	if home == "" {
+		home = "/var/lib/moat"
+	}
+	rootfs := filepath.Join(home, "images", "python", "current", rootfsDir)
+	if _, err := os.Stat(rootfs); err != nil {
+		b.Skipf("no built python image at %s (moat image build python): %v", rootfs, err)
+	}
+	work := b.TempDir()
+	layer, err := exec.Command("tar", "-C", rootfs, "-c", ".").Output()
+	if err != nil {
+		b.Fatalf("tar -c %s: %v", rootfs, err)
+	}
+	layout := filepath.Join(work, "layout")
+	writeOCILayout(b, layout, [][]byte{layer}, map[string]any{"architecture": "amd64", "os": "linux", "config": map[string]any{}})
+	archive := filepath.Join(work, "python.oci.tar")
+	if out, err := exec.Command("tar", "-C", layout, "-cf", archive, ".").CombinedOutput(); err != nil {
+		b.Fatalf("tar the layout: %v: %s", err, out)
+	}
+	gz := filepath.Join(work, "layer.tar.gz")
+	if err := os.WriteFile(gz, gzipped(b, layer), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	src, err := ParseSource("oci-archive:" + archive)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var imp, untar time.Duration
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		store := NewStore(filepath.Join(work, "store", string(rune('a'+i%26))))
+		t0 := time.Now()
+		if _, err := store.Import(context.Background(), "bench", src, ImportOptions{}); err != nil {
+			b.Fatalf("import: %v", err)
+		}
+		imp += time.Since(t0)
+		dst := filepath.Join(work, "untar")
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if out, err := exec.Command("tar", "-xzf", gz, "-C", dst).CombinedOutput(); err != nil {
+			b.Fatalf("tar -x: %v: %s", err, out)
+		}
+		untar += time.Since(t1)
+		b.StopTimer()
+		removeTree(store.Dir)
+		os.RemoveAll(dst)
+		b.StartTimer()
+	}
+	n := float64(b.N)
+	b.ReportMetric(imp.Seconds()*1000/n, "import-ms/op")
+	b.ReportMetric(untar.Seconds()*1000/n, "tar-x-ms/op")
+	b.ReportMetric(imp.Seconds()/untar.Seconds(), "import/tar-x")
+}
