@@ -400,13 +400,19 @@ func (w *netLines) Write(p []byte) (int, error) {
 }
 
 func netInboundListener(ctx context.Context, r *runner) (string, string, int) {
-	// A port free on the host now; the program binds it in its namespace.
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	// A port the program binds in its namespace, reserved on the host for
+	// the whole case: bound, never listening, so a connect to it on the
+	// host's loopback is refused unless the sandbox's server is there.
+	// Closing it instead let a listener of another case running at the
+	// same time take the port, and the probes below reached that one (both
+	// cases were judged escaped). SO_REUSEADDR, as the program sets it, so
+	// that a program sharing the host's namespace could still bind the
+	// wildcard address and be caught.
+	port, release, err := reservePort()
 	if err != nil {
 		return Error, "host setup: " + err.Error(), 0
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	defer release()
 	prog := `
 import socket, sys, time
 port = int(sys.argv[1])
@@ -465,6 +471,32 @@ time.sleep(2)
 		return Error, "the program never listened: " + clip(decode(o.res.Stdout)+decode(o.res.Stderr), 200), 1
 	}
 	return Contained, fmt.Sprintf("the program listened on port %d (its own loopback reached it); %d host connect attempts to 127.0.0.1 and [::1] were refused", port, tried), 1
+}
+
+// reservePort binds a TCP socket to a free port of 127.0.0.1 without
+// listening on it, and returns the port and what frees it. While it is
+// held no other socket of this host is given the port, and a connect to
+// 127.0.0.1 on it is refused.
+func reservePort() (int, func(), error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, nil, fmt.Errorf("reserve a port: %w", err)
+	}
+	release := func() { unix.Close(fd) }
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		release()
+		return 0, nil, fmt.Errorf("reserve a port: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		release()
+		return 0, nil, fmt.Errorf("reserve a port: %w", err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		release()
+		return 0, nil, fmt.Errorf("reserve a port: %w", err)
+	}
+	return sa.(*unix.SockaddrInet4).Port, release, nil
 }
 
 func netHostAbstractUnix(ctx context.Context, r *runner) (string, string, int) {
