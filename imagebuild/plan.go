@@ -1,0 +1,108 @@
+// Package imagebuild builds images from a build file: a Dockerfile or
+// Moat's declarative image file. Both are read into one Plan (a base and
+// ordered steps); the builder runs a Plan's untrusted steps (RUN, package
+// installs) in native-tier sandboxes through a StepRunner, never on the
+// host, and publishes the resulting tree in the image store.
+package imagebuild
+
+import (
+	"context"
+	"io"
+)
+
+// Plan is one build, whichever file it was read from.
+type Plan struct {
+	// File is the build file's path as given, for messages.
+	File string
+	// Context is the directory COPY/ADD sources are relative to.
+	Context string
+	// Base is what the first step starts from.
+	Base Base
+	// Steps run in order on a tree that starts as Base.
+	Steps []Step
+	// Pins are the packages the build file pins (pip requirements with
+	// hashes, npm lockfile entries), recorded in the lockfile beside the
+	// Debian packages found in the tree after the build.
+	Pins []Pin
+}
+
+// Base is where a build starts: exactly one of Image and Debian is set.
+type Base struct {
+	// Image names an image in the store (built or imported): the build
+	// starts from a copy of its tree and its config (Env, WorkingDir,
+	// Entrypoint, Cmd, User).
+	Image string
+	// Debian is a suite ("bookworm") bootstrapped with mmdebstrap, with
+	// Packages from Debian's signed archive on top of the essential set.
+	Debian   string
+	Packages []string
+}
+
+// Op is what a Step does.
+type Op string
+
+const (
+	OpRun        Op = "RUN"        // Argv in a sandbox on the tree
+	OpCopy       Op = "COPY"       // Sources (relative to Context) to Dest
+	OpEnv        Op = "ENV"        // Key=Value into the image's Env
+	OpWorkdir    Op = "WORKDIR"    // Dir: created, becomes the working dir
+	OpUser       Op = "USER"       // User for later RUN steps and the config
+	OpEntrypoint Op = "ENTRYPOINT" // Argv
+	OpCmd        Op = "CMD"        // Argv
+)
+
+// Step is one instruction of a Plan. Which fields matter depends on Op.
+type Step struct {
+	Op Op
+	// Line is the build file line the step came from (1-based), and Text
+	// the instruction as written: both go into progress and errors.
+	Line int
+	Text string
+
+	// RUN, ENTRYPOINT, CMD: the argv (a shell form is already
+	// ["/bin/sh", "-c", text]).
+	Argv []string
+	// RUN: hosts the step may reach through the egress proxy (the
+	// indexes the build file names); empty: no network.
+	Hosts []string
+	// COPY (and ADD of local files): sources relative to Context, the
+	// destination inside the tree, and an optional owner ("0", "1000",
+	// "root", "sandbox").
+	Sources []string
+	Dest    string
+	Chown   string
+	// ENV: one variable.
+	Key, Value string
+	// WORKDIR: an absolute path inside the tree.
+	Dir string
+	// USER: the user name or id as written.
+	User string
+}
+
+// Pin is one package version a build file fixes, for the lockfile.
+type Pin struct {
+	// Manager is "pip" or "npm".
+	Manager string
+	Name    string
+	Version string
+	// Hash is the integrity the build file gives (pip's
+	// "sha256:<hex>", npm's "sha512-<base64>").
+	Hash string
+}
+
+// StepRunner runs one RUN step in a sandbox whose root is the host
+// directory root, read-write (the engine's RunBuildStep, native tier).
+// It returns the step's exit status; the error is for failures to run it.
+type StepRunner interface {
+	RunStep(ctx context.Context, root string, s RunStep) (exitCode int, err error)
+}
+
+// RunStep is what the builder asks a StepRunner to run.
+type RunStep struct {
+	Argv           []string
+	Env            []string // complete environment
+	Dir            string   // absolute, exists in the tree
+	UID            int      // 0 or 1000
+	Hosts          []string // egress allowlist; empty: no network
+	Stdout, Stderr io.Writer
+}
