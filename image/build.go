@@ -79,49 +79,20 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 	if err := s.tools.check(); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
-	nameDir, err := s.prepareDirs(name)
+	pend, err := s.Begin(ctx, name, progress)
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
-	lock, err := lockWait(ctx, filepath.Join(nameDir, lockName), progress)
-	if err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	defer lock.Close()
+	defer pend.Close()
+	pend.keepExisting = true
 
 	builtWith, err := s.tools.version(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
-	// The temp dir lives next to its final place so that publishing is a
-	// rename within one filesystem, which is atomic.
-	tmp, err := os.MkdirTemp(nameDir, buildPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	// Readable by others from the start: apt drops privileges to _apt for
-	// downloads and needs to traverse into the tree; nothing in a build is
-	// secret, only writes must be root's.
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	published := false
-	defer func() {
-		if published {
-			return
-		}
-		if err := removeTree(tmp); err != nil {
-			fmt.Fprintf(progress, "warning: could not clean up %s: %v (run `moat image gc`)\n", tmp, err)
-		}
-	}()
-
-	start := time.Now()
-	phase := func(format string, args ...any) {
-		fmt.Fprintf(progress, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
-	}
-	rootfs := filepath.Join(tmp, rootfsDir)
-	phase("bootstrapping %s (%s + %s) with %s", name, def.Suite, strings.Join(def.Packages, ", "), builtWith)
-	if err := s.tools.bootstrap(ctx, def, rootfs, progress, []*os.File{lock}); err != nil {
+	rootfs := pend.Root()
+	pend.Phase("bootstrapping %s (%s + %s) with %s", name, def.Suite, strings.Join(def.Packages, ", "), builtWith)
+	if err := s.tools.bootstrap(ctx, def, rootfs, progress, []*os.File{pend.Lock()}); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -136,73 +107,18 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
 	}
-	phase("finalizing: own /etc/passwd, empty mount points, no setuid bits")
-	if err := finalize(rootfs); err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	phase("hashing tree")
-	digest, size, err := TreeDigest(rootfs)
-	if err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	img := &Image{
-		Name:       name,
-		Digest:     digest,
+	img, err := pend.Publish(ctx, &Image{
 		Env:        def.Env,
 		Packages:   pkgs,
 		Built:      time.Now().UTC().Truncate(time.Second),
 		Suite:      def.Suite,
-		Size:       size,
 		BuiltWith:  builtWith,
 		Definition: def.Fingerprint(),
-	}
-	hexDigest := strings.TrimPrefix(digest, digestPrefix)
-	final := filepath.Join(nameDir, hexDigest)
-	if _, err := os.Lstat(final); err == nil {
-		// Same content already stored (a reproducible rebuild): keep the
-		// published copy, which may be mounted right now, untouched.
-		phase("identical image %s already stored", digest)
-		existing, err := s.load(name, hexDigest)
-		if err != nil {
-			return nil, fmt.Errorf("build image %s: existing %s: %w", name, final, err)
-		}
-		if existing.Definition != img.Definition {
-			// Same tree from a changed (or older, unrecorded)
-			// definition: record the definition it now answers to.
-			existing.Definition = img.Definition
-			if err := writeMetadata(final, existing); err != nil {
-				return nil, fmt.Errorf("build image %s: %w", name, err)
-			}
-		}
-		img = existing
-	} else {
-		if err := writeMetadata(tmp, img); err != nil {
-			return nil, fmt.Errorf("build image %s: %w", name, err)
-		}
-		// Flush the tree before the rename makes it visible: after a
-		// crash, a published digest directory must hold the content it
-		// is named after, not truncated files.
-		if err := syncFS(tmp); err != nil {
-			return nil, fmt.Errorf("build image %s: %w", name, err)
-		}
-		if err := os.Rename(tmp, final); err != nil {
-			return nil, fmt.Errorf("build image %s: publish: %w", name, err)
-		}
-		published = true
-	}
-	if err := setCurrent(nameDir, hexDigest); err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
-	root, err := filepath.Abs(filepath.Join(final, rootfsDir))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
-	img.Root = root
-	img.Current = true
-	phase("stored %s (%.0f MB) at %s", digest, float64(size)/1e6, final)
+	phase := pend.Phase
 
 	if opts.LockfileDir != "" && !opts.Locked {
 		lf := &Lockfile{Name: name, Suite: def.Suite, Digest: img.Digest, Packages: img.Packages, BuiltWith: img.BuiltWith}

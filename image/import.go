@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -77,78 +76,22 @@ func (s *Store) Import(ctx context.Context, name string, src Source, opts Import
 		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
 	}
 
-	storeExisted := exists(s.Dir)
-	nameExisted := exists(filepath.Join(s.Dir, name))
-	nameDir, err := s.prepareDirs(name)
+	pend, err := s.Begin(ctx, name, progress)
 	if err != nil {
 		return nil, fmt.Errorf("import image %s: %w", name, err)
 	}
-	lockPath := filepath.Join(nameDir, lockName)
-	lock, err := lockWait(ctx, lockPath, progress)
-	if err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-	defer lock.Close()
-	tmp, err := os.MkdirTemp(nameDir, buildPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-	published, succeeded := false, false
-	defer func() {
-		if !published {
-			if err := removeTree(tmp); err != nil {
-				fmt.Fprintf(progress, "warning: could not clean up %s: %v (run `moat image gc`)\n", tmp, err)
-				return
-			}
-		}
-		// Leave the store as we found it: a refused import of a new
-		// name must not leave its directory (and lock) behind. Remove
-		// only what is empty, in case another import started meanwhile.
-		if !succeeded && !nameExisted {
-			os.Remove(lockPath)
-			os.Remove(nameDir)
-			if !storeExisted {
-				os.Remove(s.Dir)
-			}
-		}
-	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-
-	start := time.Now()
-	phase := func(format string, args ...any) {
-		fmt.Fprintf(progress, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
-	}
-	rootfs := filepath.Join(tmp, rootfsDir)
+	defer pend.Close()
+	rootfs := pend.Root()
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return nil, fmt.Errorf("import image %s: %w", name, err)
 	}
-	if err := extractLayers(ctx, rootfs, rs, opts, phase); err != nil {
+	if err := extractLayers(ctx, rootfs, rs, opts, pend.Phase); err != nil {
 		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
 	}
-	if err := ensureEtc(rootfs); err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-	phase("finalizing: own /etc/passwd, empty mount points, no setuid bits")
-	if err := finalize(rootfs); err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-	phase("hashing tree")
-	digest, size, err := TreeDigest(rootfs)
-	if err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
 	cfg := rs.config.Config
-	img := &Image{
-		Name:         name,
-		Digest:       digest,
+	img, err := pend.Publish(ctx, &Image{
 		Env:          env,
 		Built:        time.Now().UTC().Truncate(time.Second),
-		Size:         size,
 		BuiltWith:    "moat image import",
 		Source:       src.String(),
 		SourceDigest: rs.digest,
@@ -156,39 +99,10 @@ func (s *Store) Import(ctx context.Context, name string, src Source, opts Import
 		Cmd:          cfg.Cmd,
 		WorkingDir:   cfg.WorkingDir,
 		User:         cfg.User,
-	}
-	hexDigest := strings.TrimPrefix(digest, digestPrefix)
-	final := filepath.Join(nameDir, hexDigest)
-	if _, err := os.Lstat(final); err == nil {
-		// The same tree is already stored (and may be mounted): keep it,
-		// but let it answer to this import's metadata.
-		phase("identical image %s already stored", digest)
-		if err := writeMetadata(final, img); err != nil {
-			return nil, fmt.Errorf("import image %s: %w", name, err)
-		}
-	} else {
-		if err := writeMetadata(tmp, img); err != nil {
-			return nil, fmt.Errorf("import image %s: %w", name, err)
-		}
-		if err := syncFS(tmp); err != nil {
-			return nil, fmt.Errorf("import image %s: %w", name, err)
-		}
-		if err := os.Rename(tmp, final); err != nil {
-			return nil, fmt.Errorf("import image %s: publish: %w", name, err)
-		}
-		published = true
-	}
-	if err := setCurrent(nameDir, hexDigest); err != nil {
-		return nil, fmt.Errorf("import image %s: %w", name, err)
-	}
-	succeeded = true
-	root, err := filepath.Abs(filepath.Join(final, rootfsDir))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("import image %s: %w", name, err)
 	}
-	img.Root = root
-	img.Current = true
-	phase("stored %s (%.0f MB) at %s", digest, float64(size)/1e6, final)
 	return img, nil
 }
 
