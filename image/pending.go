@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -18,6 +19,7 @@ import (
 // succeeded, removes everything the build wrote: a failed or cancelled
 // build leaves the store as it was.
 type Pending struct {
+	store              *Store
 	name, nameDir, tmp string
 	lock               *os.File
 	progress           io.Writer
@@ -45,7 +47,7 @@ func (s *Store) Begin(ctx context.Context, name string, progress io.Writer) (*Pe
 	if err := validName(name); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadImage, err)
 	}
-	p := &Pending{name: name, progress: progress, start: time.Now()}
+	p := &Pending{store: s, name: name, progress: progress, start: time.Now()}
 	p.newStore = !exists(s.Dir)
 	p.newName = !exists(filepath.Join(s.Dir, name))
 	nameDir, err := s.prepareDirs(name)
@@ -118,8 +120,7 @@ func (p *Pending) Publish(ctx context.Context, img *Image) (*Image, error) {
 		// published tree, which may be mounted right now, untouched.
 		p.Phase("identical image %s already stored", digest)
 		if p.keepExisting {
-			s := &Store{Dir: filepath.Dir(p.nameDir)}
-			existing, err := s.load(p.name, hexDigest)
+			existing, err := p.store.load(p.name, hexDigest)
 			if err != nil {
 				return nil, fmt.Errorf("existing %s: %w", final, err)
 			}
@@ -186,4 +187,48 @@ func (p *Pending) Close() {
 		p.lock = nil
 	}
 	p.tmp = ""
+}
+
+// Bootstrap makes Root() a Debian tree of suite with packages on top of
+// the essential set, with the same mmdebstrap run (and checks) as the
+// built-in images, and returns the environment such an image gets. Only
+// the suites Moat has archive sources for are accepted.
+func (p *Pending) Bootstrap(ctx context.Context, suite string, packages []string) (env []string, err error) {
+	var base *Definition
+	for _, d := range Definitions() {
+		if d.Suite == suite {
+			base = &d
+			break
+		}
+	}
+	if base == nil {
+		return nil, fmt.Errorf("debian suite %q: Moat builds from %s; use one of them", suite, strings.Join(suites(), ", "))
+	}
+	if err := p.store.tools.check(); err != nil {
+		return nil, err
+	}
+	def := Definition{
+		Name:            p.name,
+		Suite:           suite,
+		Packages:        packages,
+		Env:             []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"},
+		Sources:         base.Sources,
+		SourceDateEpoch: base.SourceDateEpoch,
+	}
+	p.Phase("bootstrapping Debian %s + %s", suite, strings.Join(packages, ", "))
+	if err := p.store.tools.bootstrap(ctx, def, p.Root(), p.progress, []*os.File{p.lock}); err != nil {
+		return nil, err
+	}
+	return def.Env, ctx.Err()
+}
+
+// suites lists the Debian suites of the built-in definitions.
+func suites() []string {
+	var out []string
+	for _, d := range Definitions() {
+		if !slices.Contains(out, d.Suite) {
+			out = append(out, d.Suite)
+		}
+	}
+	return out
 }

@@ -24,6 +24,9 @@ type Plan struct {
 	// hashes, npm lockfile entries), recorded in the lockfile beside the
 	// Debian packages found in the tree after the build.
 	Pins []Pin
+	// Notes are things the reader accepted but does not carry out
+	// (a Dockerfile's LABEL, EXPOSE, ...); the builder prints them.
+	Notes []string
 }
 
 // Base is where a build starts: exactly one of Image and Debian is set.
@@ -77,6 +80,14 @@ type Step struct {
 	Dir string
 	// USER: the user name or id as written.
 	User string
+	// RUN: build-time variables (a Dockerfile's ARG, "K=V") set in the
+	// step's environment but not recorded in the image.
+	BuildEnv []string
+	// ENV, WORKDIR: Value or Dir still holds ${NAME} references to
+	// variables the build file does not define (the base image's, as in
+	// ENV PATH=/app/bin:$PATH); the builder expands them against the
+	// image's environment at that step (Expand).
+	Expand bool
 }
 
 // Pin is one package version a build file fixes, for the lockfile.

@@ -1,0 +1,390 @@
+package imagebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moat-sandbox/moat/image"
+)
+
+// Options configure Build. The zero value has no StepRunner (a plan with
+// a RUN step is refused) and discards progress.
+type Options struct {
+	// Runner runs RUN steps in sandboxes (the engine's RunBuildStep).
+	Runner StepRunner
+	// Progress receives one line per step with the elapsed time, the
+	// RUN steps' output and a final line with the digest and size. nil
+	// discards it.
+	Progress io.Writer
+	// Terminal: Progress is a terminal; RUN output is indented under its
+	// step instead of prefixed with the step number on every line.
+	Terminal bool
+	// Source is recorded as the image's Source; "" means
+	// "dockerfile:<plan.File>".
+	Source string
+}
+
+// reproducibleEnv is set in every RUN step's environment (not in the
+// image's) so that the same build file builds the same tree twice:
+// SOURCE_DATE_EPOCH makes py_compile write hash-checked .pyc files (no
+// timestamps) and dpkg, gzip and friends write fixed dates; pip keeps no
+// cache of downloads (which would land in /root/.cache) and does not
+// look up its own newer version; Python writes no __pycache__ while a
+// step merely runs a script.
+var reproducibleEnv = []string{
+	"SOURCE_DATE_EPOCH=1686355200", // bookworm's release, as the built-in images
+	"PIP_NO_CACHE_DIR=1",
+	"PIP_DISABLE_PIP_VERSION_CHECK=1",
+	"PYTHONDONTWRITEBYTECODE=1",
+	"NPM_CONFIG_UPDATE_NOTIFIER=false",
+}
+
+// mountedFresh are the directories every run mounts anew over the
+// image's (see image/finalize.go): what a build put there would vanish.
+var mountedFresh = []string{"/workspace", "/tmp", "/proc", "/dev", "/sys", "/run"}
+
+// caches are removed after the last step: written by package managers
+// even when told not to cache, they differ between builds.
+var caches = []string{"root/.cache", "root/.npm", "home/sandbox/.cache", "home/sandbox/.npm"}
+
+// config is the image config as the steps change it.
+type config struct {
+	env        []string
+	workdir    string
+	entrypoint []string
+	cmd        []string
+	user       string
+	uid        int
+}
+
+// Build runs plan and stores the result under name as its current build:
+// a base tree (a copy of a stored image, or a Debian bootstrap), then
+// each step in order: RUN in a sandbox through opts.Runner, COPY from the
+// plan's context into the tree (through an os.Root on the tree, so a
+// symlink planted by an earlier RUN cannot redirect a write outside it),
+// and the config steps. A failed or cancelled build leaves nothing in the
+// store and the previous current build of name stays current.
+func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opts Options) (*image.Image, error) {
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := checkPlan(plan, opts); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	for _, d := range image.Definitions() {
+		if d.Name == name {
+			return nil, fmt.Errorf("build image %s: %w: %q is a built-in image definition (`moat image build %s` builds it); build under another name", name, image.ErrBadImage, name, name)
+		}
+	}
+	var base *image.Image
+	if plan.Base.Image != "" {
+		var err error
+		if base, err = store.Lookup(plan.Base.Image); err != nil {
+			return nil, fmt.Errorf("build image %s: %s: FROM %s: %w; stored images: %s (add one with `moat image import %s SOURCE` or `moat image build %s -f FILE`)",
+				name, plan.File, plan.Base.Image, err, strings.Join(store.Names(), ", "), plan.Base.Image, plan.Base.Image)
+		}
+	}
+	pend, err := store.Begin(ctx, name, progress)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	defer pend.Close()
+	start := time.Now()
+	for _, n := range plan.Notes {
+		fmt.Fprintf(progress, "note: %s\n", n)
+	}
+	cfg := &config{workdir: "/"}
+	if base != nil {
+		pend.Phase("copying %s (%s) as the base", base.Name, base.Digest)
+		if err := copyTree(base.Root, pend.Root()); err != nil {
+			return nil, fmt.Errorf("build image %s: copy base %s: %w", name, base.Name, err)
+		}
+		cfg.env = slices.Clone(base.Env)
+		cfg.entrypoint, cfg.cmd = base.Entrypoint, base.Cmd
+		if base.WorkingDir != "" {
+			cfg.workdir = base.WorkingDir
+		}
+		// The base's User is recorded only; its RUN steps start as root
+		// like Docker's unless the file says USER.
+	} else {
+		if cfg.env, err = pend.Bootstrap(ctx, plan.Base.Debian, plan.Base.Packages); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+	}
+	b := &builder{plan: plan, root: pend.Root(), cfg: cfg, opts: opts, progress: progress, start: start}
+	for i, s := range plan.Steps {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+		fmt.Fprintf(progress, "[%5.1fs] step %d/%d (%s:%d): %s\n", time.Since(start).Seconds(), i+1, len(plan.Steps), fileLabel(plan), s.Line, oneLine(s.Text))
+		if err := b.step(ctx, i, s); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+	}
+	if err := removeCaches(pend.Root()); err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	source := opts.Source
+	if source == "" {
+		source = "dockerfile:" + plan.File
+	}
+	suite := plan.Base.Debian
+	if base != nil {
+		suite = base.Suite
+	}
+	img, err := pend.Publish(ctx, &image.Image{
+		Env:        cfg.env,
+		Built:      time.Now().UTC().Truncate(time.Second),
+		Suite:      suite,
+		BuiltWith:  "moat image build",
+		Source:     source,
+		Entrypoint: cfg.entrypoint,
+		Cmd:        cfg.cmd,
+		WorkingDir: cfg.workdir,
+		User:       cfg.user,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	fmt.Fprintf(progress, "[%5.1fs] built %s %s (%.1f MB)\n", time.Since(start).Seconds(), img.Name, img.Digest, float64(img.Size)/1e6)
+	return img, nil
+}
+
+// checkPlan refuses a plan the builder cannot run before anything is
+// written.
+func checkPlan(p *Plan, opts Options) error {
+	if p == nil {
+		return errors.New("no plan")
+	}
+	if (p.Base.Image == "") == (p.Base.Debian == "") {
+		return fmt.Errorf("%s: the base must be exactly one of an image and a Debian suite", fileLabel(p))
+	}
+	for _, s := range p.Steps {
+		if s.Op == OpRun && opts.Runner == nil {
+			return fmt.Errorf("%s:%d: RUN needs a sandbox to run in (Options.Runner is nil)", fileLabel(p), s.Line)
+		}
+	}
+	return nil
+}
+
+// builder carries one build's state across its steps.
+type builder struct {
+	plan     *Plan
+	root     string
+	cfg      *config
+	opts     Options
+	progress io.Writer
+	start    time.Time
+}
+
+// step applies one step to the tree or the config.
+func (b *builder) step(ctx context.Context, i int, s Step) error {
+	where := fmt.Sprintf("%s:%d", fileLabel(b.plan), s.Line)
+	switch s.Op {
+	case OpRun:
+		return b.run(ctx, i, s, where)
+	case OpCopy:
+		dest := s.Dest
+		if s.Expand {
+			var err error
+			if dest, err = Expand(dest, b.cfg.env); err != nil {
+				return fmt.Errorf("%s: COPY destination %s: %w", where, s.Dest, err)
+			}
+		}
+		if !path.IsAbs(dest) {
+			trail := strings.HasSuffix(dest, "/")
+			dest = path.Join(b.cfg.workdir, dest)
+			if trail {
+				dest += "/"
+			}
+		}
+		if err := checkDest(dest); err != nil {
+			return fmt.Errorf("%s: COPY to %s: %w", where, dest, err)
+		}
+		uid := 0
+		if s.Chown == "1000" || s.Chown == "sandbox" {
+			uid = 1000
+		}
+		if err := copyIn(b.plan.Context, s.Sources, b.root, dest, uid); err != nil {
+			return fmt.Errorf("%s: COPY: %w", where, err)
+		}
+	case OpEnv:
+		v := s.Value
+		if s.Expand {
+			var err error
+			if v, err = Expand(v, b.cfg.env); err != nil {
+				return fmt.Errorf("%s: ENV %s: %w", where, s.Key, err)
+			}
+		}
+		if !validVarName(s.Key) || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%s: ENV %q: a name is letters, digits and _, and a value has no NUL byte", where, s.Key)
+		}
+		b.cfg.env = setEnv(b.cfg.env, s.Key, v)
+	case OpWorkdir:
+		dir := s.Dir
+		if s.Expand {
+			var err error
+			if dir, err = Expand(dir, b.cfg.env); err != nil {
+				return fmt.Errorf("%s: WORKDIR %s: %w", where, s.Dir, err)
+			}
+		}
+		if !path.IsAbs(dir) {
+			dir = path.Join(b.cfg.workdir, dir)
+		}
+		dir = path.Clean(dir)
+		if err := checkDest(dir); err != nil {
+			return fmt.Errorf("%s: WORKDIR %s: %w", where, dir, err)
+		}
+		if err := mkdirIn(b.root, dir); err != nil {
+			return fmt.Errorf("%s: WORKDIR %s: %w", where, dir, err)
+		}
+		b.cfg.workdir = dir
+	case OpUser:
+		uid, note := userID(s.User)
+		if note != "" {
+			fmt.Fprintf(b.progress, "note: %s: USER %s: %s\n", where, s.User, note)
+		}
+		b.cfg.user, b.cfg.uid = s.User, uid
+	case OpEntrypoint:
+		// As in Docker, a new ENTRYPOINT drops a CMD inherited from the
+		// base (it was meant as the old entrypoint's arguments).
+		b.cfg.entrypoint, b.cfg.cmd = s.Argv, nil
+	case OpCmd:
+		b.cfg.cmd = s.Argv
+	default:
+		return fmt.Errorf("%s: step %q is not one the builder knows", where, s.Op)
+	}
+	return nil
+}
+
+// run runs one RUN step in a sandbox on the tree.
+func (b *builder) run(ctx context.Context, i int, s Step, where string) error {
+	if len(s.Argv) == 0 {
+		return fmt.Errorf("%s: RUN has no command", where)
+	}
+	if err := mkdirIn(b.root, b.cfg.workdir); err != nil {
+		return fmt.Errorf("%s: working directory %s: %w", where, b.cfg.workdir, err)
+	}
+	out := newStepOutput(b.progress, i+1, b.opts.Terminal)
+	code, err := b.opts.Runner.RunStep(ctx, b.root, RunStep{
+		Argv:   s.Argv,
+		Env:    stepEnv(b.cfg, s.BuildEnv),
+		Dir:    b.cfg.workdir,
+		UID:    b.cfg.uid,
+		Hosts:  s.Hosts,
+		Stdout: out,
+		Stderr: out,
+	})
+	out.Flush()
+	if err != nil {
+		return fmt.Errorf("%s: RUN %s: %w", where, oneLine(strings.Join(s.Argv, " ")), err)
+	}
+	if code != 0 {
+		msg := fmt.Sprintf("%s: RUN %s exited with status %d", where, oneLine(commandText(s)), code)
+		if tail := out.Tail(); tail != "" {
+			msg += "; its last output:\n" + tail
+		}
+		return errors.New(msg)
+	}
+	return ctx.Err()
+}
+
+// stepEnv is a RUN step's environment: the build-time variables, then
+// the image's env (which wins, as ENV wins over ARG in Docker), the
+// reproducibility settings where the image sets none, and a HOME for
+// the step's user.
+func stepEnv(cfg *config, buildEnv []string) []string {
+	env := slices.Clone(buildEnv)
+	for _, kv := range cfg.env {
+		k, v, _ := strings.Cut(kv, "=")
+		env = setEnv(env, k, v)
+	}
+	set := envMap(env)
+	for _, kv := range reproducibleEnv {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, ok := set[k]; !ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	if _, ok := set["HOME"]; !ok {
+		home := "/root"
+		if cfg.uid != 0 {
+			home = "/home/sandbox"
+		}
+		env = append(env, "HOME="+home)
+	}
+	if _, ok := set["PATH"]; !ok {
+		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	return env
+}
+
+// setEnv sets k=v in env, replacing an earlier value in place.
+func setEnv(env []string, k, v string) []string {
+	for i, kv := range env {
+		if name, _, _ := strings.Cut(kv, "="); name == k {
+			out := slices.Clone(env)
+			out[i] = k + "=" + v
+			return out
+		}
+	}
+	return append(slices.Clone(env), k+"="+v)
+}
+
+// userID maps USER to the two users a Moat image has. Any other user is
+// built as the sandbox user with a note: the image's passwd is Moat's own
+// (finalize), so a user a RUN step created does not survive the build,
+// and every run uses the sandbox user anyway.
+func userID(u string) (uid int, note string) {
+	name, _, _ := strings.Cut(u, ":")
+	switch name {
+	case "root", "0":
+		return 0, ""
+	case "sandbox", "1000":
+		return 1000, ""
+	}
+	return 1000, "later RUN steps run as the sandbox user (1000): a Moat image has root and sandbox only"
+}
+
+// checkDest refuses a COPY or WORKDIR target that every run mounts anew.
+func checkDest(dest string) error {
+	c := path.Clean(dest)
+	for _, m := range mountedFresh {
+		if c == m || strings.HasPrefix(c, m+"/") {
+			return fmt.Errorf("%s is mounted fresh for every run, so nothing a build puts there survives; use another directory (e.g. /app)", m)
+		}
+	}
+	return nil
+}
+
+func fileLabel(p *Plan) string {
+	if p.File == "" {
+		return "Dockerfile"
+	}
+	return path.Base(strings.ReplaceAll(p.File, "\\", "/"))
+}
+
+// commandText is how a RUN is shown in its error: the shell text, or
+// the exec form's argv.
+func commandText(s Step) string {
+	if len(s.Argv) == 3 && s.Argv[0] == "/bin/sh" && s.Argv[1] == "-c" {
+		return s.Argv[2]
+	}
+	return strings.Join(s.Argv, " ")
+}
+
+// oneLine shortens text for a progress line.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 120 {
+		s = s[:117] + "..."
+	}
+	return s
+}
