@@ -168,6 +168,11 @@ func expandRef(s string, escape byte, lookup lookupFunc, m wordMode) (text strin
 		return "", 0, false, fmt.Errorf("bad substitution %q: want ${NAME}, ${NAME:-default} or ${NAME:+alternative}", s[:n])
 	}
 	name, op := body[:j], body[j:]
+	colon := strings.HasPrefix(op, ":")
+	rest := strings.TrimPrefix(op, ":")
+	if op != "" && (rest == "" || (rest[0] != '-' && rest[0] != '+')) {
+		return "", 0, false, fmt.Errorf("bad substitution %q: only ${NAME:-default}, ${NAME-default}, ${NAME:+alternative} and ${NAME+alternative} are supported", s[:n])
+	}
 	v, set := lookup(name)
 	if !set && m.keepUnknown {
 		return s[:n], n, true, nil
@@ -175,13 +180,7 @@ func expandRef(s string, escape byte, lookup lookupFunc, m wordMode) (text strin
 	if op == "" {
 		return v, n, false, nil
 	}
-	var word string
-	colon := strings.HasPrefix(op, ":")
-	rest := strings.TrimPrefix(op, ":")
-	if rest == "" || (rest[0] != '-' && rest[0] != '+') {
-		return "", 0, false, fmt.Errorf("bad substitution %q: only ${NAME:-default}, ${NAME-default}, ${NAME:+alternative} and ${NAME+alternative} are supported", s[:n])
-	}
-	word = rest[1:]
+	word := rest[1:]
 	w, unres, err := expandWords(word, escape, lookup, wordMode{keepUnknown: m.keepUnknown, varsOnly: m.varsOnly})
 	if err != nil {
 		return "", 0, false, err
