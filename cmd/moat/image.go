@@ -20,6 +20,9 @@ import (
 func cmdImage(args []string) int {
 	const usage = "Usage:\n" +
 		"  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n" +
+		"  moat image build NAME -f FILE [--context DIR] [--build-arg K=V]...\n" +
+		"                                       build NAME from a Dockerfile (FROM an image Moat has; RUN steps\n" +
+		"                                       run in native sandboxes with no network) or a NAME.yaml image file\n" +
 		"  moat image import NAME SOURCE        import an image; SOURCE is docker-archive:FILE, oci-archive:FILE,\n" +
 		"                                       oci:DIR[:TAG] or rootfs:FILE.tar[.gz|.zst]\n" +
 		"  moat image list                      list stored builds: name, digest, size, created, current\n" +
@@ -33,6 +36,11 @@ func cmdImage(args []string) int {
 	lockDir := fs.String("lockfile-dir", "", "`DIR` holding NAME.lock to record versions in (e.g. images/ in a checkout)")
 	maxBytes := fs.Int64("max-bytes", image.DefaultImportMaxBytes, "import: refuse an image that extracts to more than `N` bytes")
 	maxFiles := fs.Int64("max-files", image.DefaultImportMaxFiles, "import: refuse an image with more than `N` files")
+	file := fs.String("f", "", "build: the build `FILE` (a Dockerfile, or a declarative NAME.yaml)")
+	contextDir := fs.String("context", "", "build -f: the `DIR` COPY sources are relative to (default: the file's directory)")
+	lockfile := fs.String("lockfile", "", "build -f: the lockfile `FILE` of a declarative image file")
+	bargs := buildArgs{}
+	fs.Var(bargs, "build-arg", "build -f: set a Dockerfile ARG, `NAME=value` (repeatable)")
 	if len(args) == 0 {
 		fs.Usage()
 		return exitUsage
@@ -52,6 +60,17 @@ func cmdImage(args []string) int {
 	}
 	switch sub {
 	case "build":
+		if *file != "" {
+			if fs.NArg() != 1 {
+				return fail(usageError{fmt.Errorf("image build -f %s: name the image to build, e.g. `moat image build myapp -f %s`", *file, *file)})
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
+			defer stop()
+			return imageBuildFile(ctx, e, fs.Arg(0), buildFileOptions{file: *file, context: *contextDir, args: bargs, locked: *locked, lockfile: *lockfile})
+		}
+		if *contextDir != "" || len(bargs) > 0 || *lockfile != "" {
+			return fail(usageError{fmt.Errorf("image build: --context, --build-arg and --lockfile go with -f FILE")})
+		}
 		name := "python"
 		if fs.NArg() > 0 {
 			name = fs.Arg(0)

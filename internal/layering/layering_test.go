@@ -146,6 +146,19 @@ func TestLayering(t *testing.T) {
 			},
 		},
 		{
+			name: "the image builder runs steps through a StepRunner, not the engine or a tier",
+			forbidden: func(importer, imp string) string {
+				if importer != "imagebuild" {
+					return ""
+				}
+				if imp == "engine" || imp == "tier" || strings.HasPrefix(imp, "tier/") || imp == "service" || strings.HasPrefix(imp, "server") {
+					return "imagebuild is below the engine: cmd/moat adapts engine.RunBuildStep to imagebuild.StepRunner, and tests pass a fake"
+				}
+				return ""
+			},
+			test: true,
+		},
+		{
 			name: "front doors stand on the service layer, never on test helpers",
 			forbidden: func(importer, imp string) string {
 				if importer != "server" && !strings.HasPrefix(importer, "server/") {
