@@ -119,12 +119,18 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 		}
 	}
 	b := &builder{plan: plan, root: pend.Root(), cfg: cfg, opts: opts, progress: progress, start: start}
+	// Steps are counted by instruction: one ENV line with three pairs is
+	// three Steps but one step of the file.
+	total, n := instructions(plan.Steps), 0
 	for i, s := range plan.Steps {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
-		fmt.Fprintf(progress, "[%5.1fs] step %d/%d (%s:%d): %s\n", time.Since(start).Seconds(), i+1, len(plan.Steps), fileLabel(plan), s.Line, oneLine(s.Text))
-		if err := b.step(ctx, i, s); err != nil {
+		if i == 0 || s.Line != plan.Steps[i-1].Line || s.Op != plan.Steps[i-1].Op {
+			n++
+			fmt.Fprintf(progress, "[%5.1fs] step %d/%d (%s:%d): %s\n", time.Since(start).Seconds(), n, total, fileLabel(plan), s.Line, oneLine(s.Text))
+		}
+		if err := b.step(ctx, n, s); err != nil {
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
 	}
@@ -157,6 +163,17 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 	return img, nil
 }
 
+// instructions counts the build file's instructions among steps.
+func instructions(steps []Step) int {
+	n := 0
+	for i, s := range steps {
+		if i == 0 || s.Line != steps[i-1].Line || s.Op != steps[i-1].Op {
+			n++
+		}
+	}
+	return n
+}
+
 // checkPlan refuses a plan the builder cannot run before anything is
 // written.
 func checkPlan(p *Plan, opts Options) error {
@@ -185,11 +202,11 @@ type builder struct {
 }
 
 // step applies one step to the tree or the config.
-func (b *builder) step(ctx context.Context, i int, s Step) error {
+func (b *builder) step(ctx context.Context, n int, s Step) error {
 	where := fmt.Sprintf("%s:%d", fileLabel(b.plan), s.Line)
 	switch s.Op {
 	case OpRun:
-		return b.run(ctx, i, s, where)
+		return b.run(ctx, n, s, where)
 	case OpCopy:
 		dest := s.Dest
 		if s.Expand {
@@ -265,14 +282,14 @@ func (b *builder) step(ctx context.Context, i int, s Step) error {
 }
 
 // run runs one RUN step in a sandbox on the tree.
-func (b *builder) run(ctx context.Context, i int, s Step, where string) error {
+func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 	if len(s.Argv) == 0 {
 		return fmt.Errorf("%s: RUN has no command", where)
 	}
 	if err := mkdirIn(b.root, b.cfg.workdir); err != nil {
 		return fmt.Errorf("%s: working directory %s: %w", where, b.cfg.workdir, err)
 	}
-	out := newStepOutput(b.progress, i+1, b.opts.Terminal)
+	out := newStepOutput(b.progress, n, b.opts.Terminal)
 	code, err := b.opts.Runner.RunStep(ctx, b.root, RunStep{
 		Argv:   s.Argv,
 		Env:    stepEnv(b.cfg, s.BuildEnv),
@@ -284,7 +301,7 @@ func (b *builder) run(ctx context.Context, i int, s Step, where string) error {
 	})
 	out.Flush()
 	if err != nil {
-		return fmt.Errorf("%s: RUN %s: %w", where, oneLine(strings.Join(s.Argv, " ")), err)
+		return fmt.Errorf("%s: RUN %s: %w", where, oneLine(commandText(s)), err)
 	}
 	if code != 0 {
 		msg := fmt.Sprintf("%s: RUN %s exited with status %d", where, oneLine(commandText(s)), code)
