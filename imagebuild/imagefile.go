@@ -277,6 +277,10 @@ func (p *imageFileParser) str(n *yaml.Node, field string) (string, bool) {
 	if !p.plain(n, field) {
 		return "", false
 	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		p.fail(n, field, "", "has no value; write \"\" for an empty one, or remove the key")
+		return "", false
+	}
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
 		hint := ""
 		if n.Kind == yaml.ScalarNode {
