@@ -69,7 +69,7 @@ func TestReadImageFile(t *testing.T) {
 		"app/package-lock.json": fixture(t, "npm/package-lock.json"),
 	}
 	pipFiles := map[string]string{
-		"requirements.txt": fixture(t, "pip/requirements.txt"),
+		"requirements.txt":                       fixture(t, "pip/requirements.txt"),
 		"wheels/moat_hello-1.0-py3-none-any.whl": fixture(t, "pip/wheels/moat_hello-1.0-py3-none-any.whl"),
 	}
 	aptScript := "set -e; apt-get -o APT::Sandbox::User=root update; DEBIAN_FRONTEND=noninteractive apt-get -o APT::Sandbox::User=root install -y --no-install-recommends curl git; rm -rf /var/lib/apt/lists/*"

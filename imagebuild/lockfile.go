@@ -10,11 +10,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"reflect"
 	"sort"
 	"strings"
-
-	"github.com/moat-sandbox/moat/internal/strictjson"
 )
 
 // LockVersion is the version of the lockfile format this Moat writes and
@@ -212,12 +209,16 @@ func ParseLock(data []byte) (*Lock, error) {
 	if len(data) > maxLockBytes {
 		return nil, fmt.Errorf("is larger than %d bytes", maxLockBytes)
 	}
-	if e := strictjson.Check(data, reflect.TypeFor[Lock]()); e != nil {
-		return nil, fmt.Errorf("is not a Moat lockfile: %s", e.Message)
-	}
+	// Unknown keys are refused: a lockfile from a newer Moat, or one
+	// edited by hand, must not be half-understood by --locked.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
 	var l Lock
-	if err := json.Unmarshal(data, &l); err != nil {
+	if err := dec.Decode(&l); err != nil {
 		return nil, fmt.Errorf("is not a Moat lockfile: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("is not a Moat lockfile: data after the JSON object")
 	}
 	switch {
 	case l.Version != LockVersion:
