@@ -200,3 +200,8 @@ func (d Definition) Fingerprint() string {
 	fmt.Fprintf(h, "%s\n%s\n%q\n%q\n%q\n%d\n", d.Name, d.Suite, d.Packages, d.Env, d.Sources, d.SourceDateEpoch)
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
+
+// ValidName reports whether name can name an image in the store, for
+// callers that check a name before they open the store (the image-file
+// reader of imagebuild): the rule stays defined once, here.
+func ValidName(name string) error { return validName(name) }

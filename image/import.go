@@ -17,6 +17,10 @@ type ImportOptions struct {
 	// Progress receives one line per layer (index, digest, bytes) and the
 	// phases. nil discards it.
 	Progress io.Writer
+	// Terminal says Progress is a terminal: while a layer is read, one
+	// line with the bytes read so far is redrawn in place. Otherwise a
+	// plain line is written every ten seconds of a long layer.
+	Terminal bool
 	// MaxBytes caps the bytes extracted from all layers together, counted
 	// as written. 0 means DefaultImportMaxBytes.
 	MaxBytes int64
@@ -128,7 +132,9 @@ func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts 
 			return fmt.Errorf("%s: %w", label, err)
 		}
 		before := budget.bytesLeft
-		dropped, err := extractLayer(root, ctxReader{ctx, lr}, label, budget, dirModes)
+		m := newMeter(opts.Progress, opts.Terminal, label, ref.size, func() int64 { return lr.counted.n })
+		dropped, err := extractLayer(root, meteredReader{ctxReader{ctx, lr}, m}, label, budget, dirModes)
+		m.finish()
 		if err != nil {
 			lr.Close()
 			return err

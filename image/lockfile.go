@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -162,4 +163,11 @@ func jsonIndent(v any) ([]byte, error) {
 		return nil, err
 	}
 	return append(data, '\n'), nil
+}
+
+// InstalledPackages is the Debian package set (name to version) installed
+// in the tree at root, read from the tree's own dpkg database, for
+// lockfiles written outside this package (imagebuild's).
+func InstalledPackages(ctx context.Context, root string) (map[string]string, error) {
+	return dpkgPackages(ctx, root)
 }

@@ -76,6 +76,17 @@ func TestBuiltinNodeImage(t *testing.T) {
 			}
 		})
 	}
+	// Every image runs on every Linux tier (issue 19 §3): the gVisor tier
+	// on the same tree, the microVM tier on an ext4 disk made from it.
+	for _, tierName := range []string{"gvisor", "microvm"} {
+		t.Run("tier "+tierName, func(t *testing.T) {
+			args := []string{"run", "--no-build", "--tier", tierName, "--image", "node", "--", "node", "-e", "console.log(6*7)"}
+			o := moat(t, invocation{args: args, env: env})
+			if o.code != 0 || o.stdout != "42\n" {
+				t.Errorf("moat %q: want exit 0 and stdout \"42\\n\"\n%s", args, o)
+			}
+		})
+	}
 	t.Run("listed as current", func(t *testing.T) {
 		o := moat(t, invocation{args: []string{"image", "list"}, env: env})
 		if o.code != 0 || !strings.Contains(o.stdout, "node") {

@@ -93,7 +93,7 @@ func cmdImage(args []string) int {
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 		defer stop()
-		img, err := e.Images().Import(ctx, fs.Arg(0), src, image.ImportOptions{Progress: os.Stderr, MaxBytes: *maxBytes, MaxFiles: *maxFiles})
+		img, err := e.Images().Import(ctx, fs.Arg(0), src, image.ImportOptions{Progress: os.Stderr, Terminal: isTerminal(os.Stderr), MaxBytes: *maxBytes, MaxFiles: *maxFiles})
 		if errors.Is(err, image.ErrBadImage) {
 			return fail(usageError{err})
 		}
