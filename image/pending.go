@@ -34,6 +34,11 @@ type Pending struct {
 	// of overwriting it with this one's (Import, imagebuild: the config
 	// and source of the latest build of the same tree win).
 	keepExisting bool
+
+	// Check, when set, is called by Publish with the finished tree's
+	// digest before anything is published; an error publishes nothing
+	// (a build that must match its lockfile).
+	Check func(digest string) error
 }
 
 // Begin reserves a build directory for name next to its final place (so
@@ -111,6 +116,11 @@ func (p *Pending) Publish(ctx context.Context, img *Image) (*Image, error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if p.Check != nil {
+		if err := p.Check(digest); err != nil {
+			return nil, err
+		}
 	}
 	img.Name, img.Digest, img.Size = p.name, digest, size
 	hexDigest := strings.TrimPrefix(digest, digestPrefix)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +31,14 @@ type Options struct {
 	// Source is recorded as the image's Source; "" means
 	// "dockerfile:<plan.File>".
 	Source string
+	// LockFile is where the build's Lock is written after it is stored
+	// ("" writes none); the CLI passes LockPath(plan.File). A file of
+	// that path inside the build context is never copied into the image
+	// by a directory or pattern COPY: it changes with every build.
+	LockFile string
+	// Locked, when set, makes the build fail, publishing nothing, when
+	// its Lock differs from this one (Lock.Compare lists how).
+	Locked *Lock
 }
 
 // reproducibleEnv is set in every RUN step's environment (not in the
@@ -118,7 +129,7 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
 	}
-	b := &builder{plan: plan, root: pend.Root(), cfg: cfg, opts: opts, progress: progress, start: start}
+	b := &builder{plan: plan, root: pend.Root(), cfg: cfg, opts: opts, progress: progress, start: start, skip: lockPaths(plan, opts)}
 	// Steps are counted by instruction: one ENV line with three pairs is
 	// three Steps but one step of the file.
 	total, n := instructions(plan.Steps), 0
@@ -137,6 +148,28 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 	if err := removeCaches(pend.Root()); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
+	debs, err := treePackages(ctx, pend.Root())
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	fileSHA := ""
+	if plan.File != "" {
+		if fileSHA, err = HashFile(plan.File); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+	}
+	baseDigest := ""
+	if base != nil {
+		baseDigest = base.Digest
+	}
+	var lock *Lock
+	pend.Check = func(digest string) error {
+		lock = NewLock(plan, fileSHA, baseDigest, debs, digest)
+		if opts.Locked != nil {
+			return opts.Locked.Compare(lock)
+		}
+		return nil
+	}
 	source := opts.Source
 	if source == "" {
 		source = "dockerfile:" + plan.File
@@ -147,6 +180,7 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 	}
 	img, err := pend.Publish(ctx, &image.Image{
 		Env:        cfg.env,
+		Packages:   debs,
 		Built:      time.Now().UTC().Truncate(time.Second),
 		Suite:      suite,
 		BuiltWith:  "moat image build",
@@ -158,6 +192,12 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 	})
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	if opts.LockFile != "" && opts.Locked == nil {
+		if err := WriteLock(opts.LockFile, lock); err != nil {
+			return nil, fmt.Errorf("build image %s: image stored as %s, but %w", name, img.Digest, err)
+		}
+		fmt.Fprintf(progress, "[%5.1fs] wrote %s\n", time.Since(start).Seconds(), opts.LockFile)
 	}
 	fmt.Fprintf(progress, "[%5.1fs] built %s %s (%.1f MB)\n", time.Since(start).Seconds(), img.Name, img.Digest, float64(img.Size)/1e6)
 	return img, nil
@@ -199,6 +239,47 @@ type builder struct {
 	opts     Options
 	progress io.Writer
 	start    time.Time
+	// skip: host paths a directory or pattern COPY leaves out (lockPaths).
+	skip map[string]bool
+}
+
+// lockPaths are the lockfiles of this build: written after every build,
+// they must not be copied into the next one, or a `COPY . /app` beside
+// its lockfile would never build the same digest twice.
+func lockPaths(p *Plan, opts Options) map[string]bool {
+	skip := map[string]bool{}
+	files := []string{opts.LockFile}
+	if p.File != "" {
+		files = append(files, LockPath(p.File))
+	}
+	for _, f := range files {
+		if abs, err := filepath.Abs(f); err == nil && f != "" {
+			skip[abs] = true
+		}
+	}
+	return skip
+}
+
+// treePackages is the Debian package set of the built tree, for the
+// image's metadata and the lockfile; a tree without a dpkg database
+// (an imported image of one static binary) has none.
+func treePackages(ctx context.Context, root string) (map[string]string, error) {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := r.Lstat("var/lib/dpkg/status")
+	r.Close()
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[string]string{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("/var/lib/dpkg/status in the built tree is not a regular file")
+	}
+	return image.InstalledPackages(ctx, root)
 }
 
 // step applies one step to the tree or the config.
@@ -229,7 +310,7 @@ func (b *builder) step(ctx context.Context, n int, s Step) error {
 		if s.Chown == "1000" || s.Chown == "sandbox" {
 			uid = 1000
 		}
-		if err := copyIn(b.plan.Context, s.Sources, b.root, dest, uid); err != nil {
+		if err := copyIn(b.plan.Context, s.Sources, b.root, dest, uid, b.skip); err != nil {
 			return fmt.Errorf("%s: COPY: %w", where, err)
 		}
 	case OpEnv:

@@ -140,6 +140,9 @@ func planFor(t *testing.T, ctxDir, dockerfile string) *Plan {
 		t.Fatal(err)
 	}
 	p.File, p.Context = filepath.Join(ctxDir, "Dockerfile"), ctxDir
+	if err := os.WriteFile(p.File, []byte(dockerfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	return p
 }
 
@@ -460,5 +463,75 @@ func assertNoBuildDirs(t *testing.T, store *image.Store, name string) {
 		if strings.HasPrefix(e.Name(), ".build-") {
 			t.Errorf("build directory %s left in the store", e.Name())
 		}
+	}
+}
+
+// TestBuildLock: a build writes its lockfile; --locked passes while the
+// build matches it and fails, publishing nothing, when it does not; the
+// lockfile beside the build file is never copied into the image.
+func TestBuildLock(t *testing.T) {
+	store := newBaseStore(t)
+	ctxDir := contextDir(t, map[string]string{"a.py": "1"})
+	df := "FROM rootimg\nCOPY . /app/\nRUN write /app/gen x\n"
+	lockPath := LockPath(filepath.Join(ctxDir, "Dockerfile"))
+	build := func(locked *Lock) (*image.Image, error) {
+		return Build(context.Background(), store, "app", planFor(t, ctxDir, df), Options{Runner: &fakeRunner{}, LockFile: lockPath, Locked: locked})
+	}
+	first, err := build(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := ReadLock(lockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lock.Digest != first.Digest || lock.Base.Image != "rootimg" || lock.Base.ImageDigest == "" || lock.FileSHA256 == "" {
+		t.Errorf("lock = %+v, want the build's digest, base and file hash", lock)
+	}
+	// The lockfile now sits in the context that COPY . copies.
+	second, err := build(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Digest != first.Digest {
+		t.Errorf("the second build (with the lockfile in the context) got %s, the first %s", second.Digest, first.Digest)
+	}
+	if _, err := os.Lstat(filepath.Join(second.Root, "app", "Dockerfile.lock")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the lockfile was copied into the image: %v", err)
+	}
+	tests := []struct {
+		name   string
+		edit   func(l *Lock)
+		wantOK bool
+		want   string
+	}{
+		{name: "matching", edit: func(*Lock) {}, wantOK: true},
+		{name: "digest differs", edit: func(l *Lock) { l.Digest = "sha256:" + strings.Repeat("0", 64) }, want: "digest: sha256:000"},
+		{name: "base digest differs", edit: func(l *Lock) { l.Base.ImageDigest = "sha256:" + strings.Repeat("1", 64) }, want: "base image digest"},
+		{name: "file differs", edit: func(l *Lock) { l.FileSHA256 = "00" }, want: "build file sha256: 00 ->"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := *lock
+			tc.edit(&l)
+			img, err := build(&l)
+			if tc.wantOK {
+				if err != nil || img.Digest != first.Digest {
+					t.Fatalf("Build --locked = %v, %v", img, err)
+				}
+				return
+			}
+			var diff *LockDiffError
+			if !errors.As(err, &diff) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Build --locked = %v, want a LockDiffError naming %q", err, tc.want)
+			}
+			assertNoBuildDirs(t, store, "app")
+			if cur, _ := store.Lookup("app"); cur == nil || cur.Digest != first.Digest {
+				t.Errorf("current after a refused locked build = %v", cur)
+			}
+			if again, _ := ReadLock(lockPath); again == nil || again.Digest != lock.Digest {
+				t.Errorf("a locked build rewrote the lockfile")
+			}
+		})
 	}
 }

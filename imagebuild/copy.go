@@ -125,7 +125,7 @@ func copyEntry(from *os.Root, srcRel string, fi fs.FileInfo, to *os.Root, dstRel
 // same gid). As in Docker: a directory source copies its contents; a
 // file goes to dest itself unless dest ends in / or is a directory, or
 // there are several sources, when it goes into dest under its own name.
-func copyIn(contextDir string, sources []string, treeDir, dest string, uid int) error {
+func copyIn(contextDir string, sources []string, treeDir, dest string, uid int, skip map[string]bool) error {
 	ctxRoot, err := os.OpenRoot(contextDir)
 	if err != nil {
 		return fmt.Errorf("build context: %w", err)
@@ -150,7 +150,11 @@ func copyIn(contextDir string, sources []string, treeDir, dest string, uid int) 
 			if len(m) == 0 {
 				return fmt.Errorf("%s: no file in the build context %s matches", src, contextDir)
 			}
-			rels = append(rels, m...)
+			for _, rel := range m {
+				if !skipped(contextDir, rel, skip) {
+					rels = append(rels, rel)
+				}
+			}
 			continue
 		}
 		rels = append(rels, pattern)
@@ -184,6 +188,9 @@ func copyIn(contextDir string, sources []string, treeDir, dest string, uid int) 
 				if sub == "." {
 					return nil // dest itself: an existing dir keeps its mode
 				}
+				if skipped(contextDir, p, skip) {
+					return nil
+				}
 				fi, err := ctxRoot.Lstat(p)
 				if err != nil {
 					return err
@@ -209,6 +216,16 @@ func copyIn(contextDir string, sources []string, treeDir, dest string, uid int) 
 		}
 	}
 	return nil
+}
+
+// skipped reports whether the context entry rel is one of skip's host
+// paths.
+func skipped(contextDir, rel string, skip map[string]bool) bool {
+	if len(skip) == 0 {
+		return false
+	}
+	abs, err := filepath.Abs(filepath.Join(contextDir, filepath.FromSlash(rel)))
+	return err == nil && skip[abs]
 }
 
 // mkdirAllIn creates rel and its parents in the tree (0755, root's).

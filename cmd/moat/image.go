@@ -38,7 +38,7 @@ func cmdImage(args []string) int {
 	maxFiles := fs.Int64("max-files", image.DefaultImportMaxFiles, "import: refuse an image with more than `N` files")
 	file := fs.String("f", "", "build: the build `FILE` (a Dockerfile, or a declarative NAME.yaml)")
 	contextDir := fs.String("context", "", "build -f: the `DIR` COPY sources are relative to (default: the file's directory)")
-	lockfile := fs.String("lockfile", "", "build -f: the lockfile `FILE` of a declarative image file")
+	lockfile := fs.String("lockfile", "", "build -f: the lockfile `FILE` to write (or, with --locked, to match); default FILE.lock beside the build file")
 	bargs := buildArgs{}
 	fs.Var(bargs, "build-arg", "build -f: set a Dockerfile ARG, `NAME=value` (repeatable)")
 	if len(args) == 0 {

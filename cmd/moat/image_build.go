@@ -68,9 +68,6 @@ func imageBuildFile(ctx context.Context, e *engine.Engine, name string, o buildF
 	var plan *imagebuild.Plan
 	switch kind {
 	case "dockerfile":
-		if o.locked || o.lockfile != "" {
-			return fail(usageError{fmt.Errorf("image build -f %s: --locked and --lockfile are for declarative image files (*.yaml), whose packages are pinned; a Dockerfile's RUN steps pin nothing Moat can check", o.file)})
-		}
 		plan, err = imagebuild.ReadDockerfile(o.file, contextDir, o.args)
 	default:
 		plan, err = imagebuild.ReadImageFile(o.file, o.args)
@@ -81,6 +78,18 @@ func imageBuildFile(ctx context.Context, e *engine.Engine, name string, o buildF
 	if err != nil {
 		return fail(usageError{err})
 	}
+	// The lockfile lives beside the build file unless --lockfile says
+	// where; --locked compares the build with it instead of writing it.
+	lockPath := o.lockfile
+	if lockPath == "" {
+		lockPath = imagebuild.LockPath(o.file)
+	}
+	var locked *imagebuild.Lock
+	if o.locked {
+		if locked, err = imagebuild.ReadLock(lockPath); err != nil {
+			return fail(usageError{fmt.Errorf("image build --locked: %w", err)})
+		}
+	}
 	progress := liveWriter(os.Stderr)
 	defer progress.Flush()
 	img, err := imagebuild.Build(ctx, e.Images(), name, plan, imagebuild.Options{
@@ -88,6 +97,8 @@ func imageBuildFile(ctx context.Context, e *engine.Engine, name string, o buildF
 		Progress: progress,
 		Terminal: isTerminal(os.Stderr),
 		Source:   kind + ":" + o.file,
+		LockFile: lockPath,
+		Locked:   locked,
 	})
 	if errors.Is(err, image.ErrBadImage) || errors.Is(err, image.ErrUnknown) || errors.Is(err, image.ErrNotBuilt) {
 		return fail(usageError{err})

@@ -117,6 +117,13 @@ CMD ["python3", "/app/app.py"]
 	if digests[0] != digests[1] {
 		t.Errorf("the same Dockerfile built %s, then %s", digests[0], digests[1])
 	}
+	// The lockfile beside the Dockerfile records the build; --locked
+	// rebuilds and passes while nothing changed.
+	lockData, err := os.ReadFile(dockerfile + ".lock")
+	if err != nil || !strings.Contains(string(lockData), digests[0]) || !strings.Contains(string(lockData), `"python3"`) {
+		t.Errorf("Dockerfile.lock = %s, %v; want the digest and the tree's Debian packages", lockData, err)
+	}
+	moat(t, invocation{args: []string{"image", "build", "app", "-f", dockerfile, "--locked"}, env: env}).check(t, 0, []string{digests[0]}, nil, nil)
 	out := moat(t, invocation{args: []string{"run", "--image", "app"}, env: env})
 	out.check(t, 0, []string{"hello generated hi from wheel"}, nil, nil)
 }
@@ -156,7 +163,7 @@ func TestImageBuildFileErrors(t *testing.T) {
 		{name: "neither kind", args: []string{"image", "build", "app", "-f", other}, code: exitUsage, wantErr: []string{"not a Dockerfile", "NAME.yaml"}},
 		{name: "yaml goes to the image file reader", args: []string{"image", "build", "app", "-f", yaml}, code: exitUsage, wantErr: []string{yaml}},
 		{name: "unknown build arg", args: []string{"image", "build", "app", "-f", good, "--build-arg", "X=1"}, code: exitUsage, wantErr: []string{"--build-arg X: the Dockerfile declares no ARG"}},
-		{name: "locked with a Dockerfile", args: []string{"image", "build", "app", "-f", good, "--locked"}, code: exitUsage, wantErr: []string{"--locked and --lockfile are for declarative image files"}},
+		{name: "locked without a lockfile", args: []string{"image", "build", "app", "-f", good, "--locked"}, code: exitUsage, wantErr: []string{"image build --locked: read lockfile", "Dockerfile.lock", "build once without --locked"}},
 		{name: "build-arg without -f", args: []string{"image", "build", "--build-arg", "X=1", "python"}, code: exitUsage, wantErr: []string{"go with -f FILE"}},
 		{name: "context not a directory", args: []string{"image", "build", "app", "-f", good, "--context", other}, code: exitUsage, wantErr: []string{"--context " + other + ": not a directory"}},
 	}
