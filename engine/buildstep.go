@@ -80,11 +80,11 @@ var ErrBuildStepTimeout = errors.New("build step timed out")
 // limit, or ctx returns -1 and an error that says which; the tree's
 // ownership is restored then too.
 func (e *Engine) RunBuildStep(ctx context.Context, root string, step BuildStep) (exitCode int, err error) {
-	root, err = e.checkBuildRoot(root)
-	if err != nil {
+	if err := checkBuildStep(&step); err != nil {
 		return -1, err
 	}
-	if err := checkBuildStep(&step); err != nil {
+	root, err = e.checkBuildRoot(root)
+	if err != nil {
 		return -1, err
 	}
 	t, err := e.Tier(buildStepTier)
@@ -264,6 +264,9 @@ func (e *Engine) checkBuildRoot(root string) (string, error) {
 	fi, err := os.Lstat(clean)
 	if err != nil {
 		return "", bad(fmt.Sprintf("%v; pass the directory that holds the image tree", err))
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return "", bad("is a symbolic link; pass the directory it names")
 	}
 	if !fi.IsDir() {
 		return "", bad(fmt.Sprintf("not a directory (%s); pass the directory itself", fi.Mode().Type()))
