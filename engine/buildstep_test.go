@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/idshift"
 	"github.com/moat-sandbox/moat/internal/testbin"
 )
 
@@ -396,4 +397,60 @@ func tinyWheel(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// TestGCRestoresBuildTree: a build step whose moat died leaves its tree
+// owned by the run's id range and recorded in the run's directory; GC of
+// the dead run puts the ids back before removing the directory.
+func TestGCRestoresBuildTree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: lchown to a sandbox's ids")
+	}
+	tests := []struct {
+		name  string
+		owner int // inside the sandbox
+	}{
+		{"root's file", 0},
+		{"the sandbox user's file", 1000},
+	}
+	home := t.TempDir()
+	os.Chmod(home, 0o711)
+	e, err := New(Options{Home: home, NoAutoBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	const base = 0x72000000 + 3*idshift.Range
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			f := filepath.Join(root, "f")
+			os.WriteFile(f, nil, 0o644)
+			os.Lchown(f, tc.owner, tc.owner)
+			run := filepath.Join(home, "runs", newID())
+			// A dead run: its lock file held by nobody.
+			if err := os.Mkdir(run, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(run, runLock), nil, 0o600)
+			if err := idshift.Mark(run, root, base); err != nil {
+				t.Fatal(err)
+			}
+			if err := idshift.In(root, base); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.GC(); err != nil {
+				t.Fatal(err)
+			}
+			if u, g := owner(t, f); u != tc.owner || g != tc.owner {
+				t.Errorf("after GC the file is owned by %d:%d, want %d", u, g, tc.owner)
+			}
+			if u, _ := owner(t, root); u != 0 {
+				t.Errorf("after GC the tree's root is owned by %d", u)
+			}
+			if _, err := os.Stat(run); err == nil {
+				t.Error("the dead run's directory is left")
+			}
+		})
+	}
 }
