@@ -141,9 +141,11 @@ func TestBuildStep(t *testing.T) {
 			name: "root installs a file and chowns one to the sandbox user",
 			step: BuildStep{UID: 0, Dir: "/", Argv: sh(`set -e
 				printf '#!/bin/sh\necho hello\n' > /usr/local/bin/hello; chmod 755 /usr/local/bin/hello
-				mkdir /srv/app; touch /srv/app/data; chown -R 1000:1000 /srv/app; id -u; grep CapEff /proc/self/status`)},
-			// CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID.
-			wantOut: []string{"0\nCapEff:\t00000000000000fb\n"},
+				mkdir /srv/app; touch /srv/app/data; chown -R 1000:1000 /srv/app; id -u; grep CapEff /proc/self/status; sed -n 's/^CapEff:/init/p' /proc/1/status`)},
+			// CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
+			// for the step and for init itself (a uid that stays 0 clears
+			// nothing by itself).
+			wantOut: []string{"0\nCapEff:\t00000000000000fb\ninit\t00000000000000fb\n"},
 			check: func(t *testing.T) {
 				if u, g := owner(t, filepath.Join(root, "usr/local/bin/hello")); u != 0 || g != 0 {
 					t.Errorf("/usr/local/bin/hello owned by %d:%d, want 0:0", u, g)
