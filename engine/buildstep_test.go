@@ -208,7 +208,7 @@ func TestBuildStep(t *testing.T) {
 				curl -sS -o /dev/null -w 'npm %{http_code}\n' https://registry.npmjs.org/is-number
 				curl -sS -o /dev/null -w 'other %{http_code}\n' https://pypi.org/simple/ 2>&1 | head -c 300; echo
 				echo "proxy $npm_config_https_proxy $PIP_PROXY"`)},
-			wantOut: []string{npmWant, "proxy http://127.0.0.1:3128 http://127.0.0.1:3128"},
+			wantOut: []string{npmWant, "other 000\n", "proxy http://127.0.0.1:3128 http://127.0.0.1:3128"},
 		},
 		{
 			name:    "a wheel installs with pip as root",
@@ -223,6 +223,11 @@ func TestBuildStep(t *testing.T) {
 					t.Errorf("%s owned by %d:%d, want 0:0", matches[0], u, g)
 				}
 			},
+		},
+		{
+			name:    "the installed package imports in a later step",
+			step:    BuildStep{UID: 1000, Dir: "/", Argv: []string{"python3", "-c", "import moatdemo; print('answer', moatdemo.ANSWER)"}},
+			wantOut: []string{"answer 42\n"},
 		},
 		{
 			name:     "a failing step returns its status",
