@@ -111,6 +111,9 @@ func sh(script string) []string { return []string{"/bin/sh", "-c", script} }
 
 var stepEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 
+// TestBuildStep's cases run in order on one tree (a copy costs seconds):
+// later cases use what earlier ones installed (/srv/app, moatdemo), so a
+// -run filter must keep them together.
 func TestBuildStep(t *testing.T) {
 	e, root := buildStepEnv(t)
 	// A host file outside the tree that the escape cases aim at.
