@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/internal/idshift"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -83,6 +84,13 @@ func (e *Engine) collect(dead []deadRun, rep *GCReport, errs *[]error) {
 			// mounted.
 			if err := unmountBelow(d.dir); err != nil {
 				*errs = append(*errs, fmt.Errorf("unmount what run %s left: %w", d.id, err))
+				return
+			}
+			// A build step's tree whose moat died is still owned by the
+			// run's id range: its processes are gone (the cgroup above,
+			// init's parent-death signal), so it can be put back.
+			if root, err := idshift.Restore(d.dir); err != nil {
+				*errs = append(*errs, fmt.Errorf("give build tree %s of run %s back its ids: %w", root, d.id, err))
 				return
 			}
 			if err := e.removeRun(d.dir); err != nil {

@@ -9,6 +9,7 @@ package tier
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"syscall"
 	"time"
@@ -99,6 +100,30 @@ type Spec struct {
 	// Session prepares a sandbox that runs many commands: the returned
 	// Sandbox implements Sessioner, and Exec is not used.
 	Session bool
+	// Build makes the sandbox an image build step's (Capabilities.
+	// BuildSteps; nil for every run). Tiers without that capability
+	// refuse a Spec that has it (CheckNoBuild).
+	Build *BuildSpec
+}
+
+// BuildSpec is what makes a sandbox an image build step's: its root is
+// ImageRoot itself, read-write, and the tier owns making the files the
+// step writes come out owned by the ids they have inside.
+type BuildSpec struct {
+	// AsRoot runs the program as uid 0 of its user namespace, keeping
+	// only the capabilities a package manager needs to install files
+	// (never host root); false: the sandbox user, as in a run.
+	AsRoot bool
+}
+
+// CheckNoBuild is the refusal of a tier that cannot run build steps
+// (Capabilities.BuildSteps false): a Spec with Build set is an error
+// naming the tier, never a read-only or silently different sandbox.
+func CheckNoBuild(tierName string, spec *Spec) error {
+	if spec != nil && spec.Build != nil {
+		return fmt.Errorf("%w: the %s tier cannot run image build steps (a writable image root); only the native tier can", ErrUnavailable, tierName)
+	}
+	return nil
 }
 
 // EgressPort is where a sandbox with an egress grant finds the proxy, on
@@ -188,6 +213,9 @@ type Capabilities struct {
 	// Sessions: the tier prepares sandboxes that run many commands
 	// (Spec.Session, Sessioner).
 	Sessions bool
+	// BuildSteps: the tier runs image build steps (Spec.Build): the
+	// image root writable, the program possibly uid 0 of its namespace.
+	BuildSteps bool
 	// OnlyGuests: the tier runs only its own WebAssembly guests (python3,
 	// a JavaScript engine), not Linux programs: no shell, no /proc, no
 	// processes, no raw system calls. Conformance cases that need those

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
@@ -308,12 +309,19 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 	}
 	var last int
 	fmt.Sscanf(strings.TrimSpace(string(lastCap)), "%d", &last)
-	// Empty the bounding set so no execve can ever regain a capability.
-	// The bounding set is per thread; the program is forked from this
-	// thread (main is locked to it), so this thread's set is the one it
-	// inherits. init's other threads run only Go runtime code and lose all
-	// effective capabilities with the setresuid below.
+	if err := checkKeepCaps(cfg.UID, cfg.KeepCaps); err != nil {
+		return nil, err
+	}
+	// Empty the bounding set (but for a build step's KeepCaps) so no
+	// execve can ever regain a capability. The bounding set is per
+	// thread; the program is forked from this thread (main is locked to
+	// it), so this thread's set is the one it inherits. init's other
+	// threads run only Go runtime code and lose all effective
+	// capabilities with the setresuid below (or keepOnly for uid 0).
 	for c := 0; c <= last; c++ {
+		if slices.Contains(cfg.KeepCaps, c) {
+			continue
+		}
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
 			return nil, fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
 		}
@@ -331,6 +339,15 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 	// Changing uid from 0 clears the permitted, effective and ambient sets.
 	if err := syscall.Setresuid(cfg.UID, cfg.UID, cfg.UID); err != nil {
 		return nil, fmt.Errorf("setresuid %d: %w", cfg.UID, err)
+	}
+	if cfg.UID == 0 {
+		// A build step's root: staying uid 0 cleared nothing, so the
+		// sets are cut to KeepCaps by hand, on every thread. With
+		// no_new_privs (below) execve keeps at most this permitted set
+		// for a uid-0 program, and the bounding set above says the same.
+		if err := keepOnly(cfg.KeepCaps); err != nil {
+			return nil, err
+		}
 	}
 	// The credential change reset the parent-death signal; set it again so
 	// init dies with the host's moat process. The kernel signals the
@@ -363,13 +380,57 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 		degraded = append(degraded, "landlock")
 	} else {
 		// Read-only everywhere, read-write only in the workspace and /tmp,
-		// plus the writable devices.
-		err := fsrules.Restrict("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+		// plus the writable devices; a build step's tree is its to write.
+		var err error
+		if cfg.WritableRoot {
+			err = fsrules.RestrictBuild()
+		} else {
+			err = fsrules.Restrict("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+		}
 		if err != nil {
 			return nil, fmt.Errorf("landlock: %w", err)
 		}
 	}
 	return degraded, nil
+}
+
+// checkKeepCaps refuses kept capabilities that are not nswire.BuildCaps,
+// or kept by a program that is not uid 0 (a capability kept across a
+// change of uid would need the ambient set, which Moat never fills).
+func checkKeepCaps(uid int, keep []int) error {
+	if len(keep) > 0 && uid != 0 {
+		return fmt.Errorf("setup: capabilities kept for uid %d; only a build step's uid 0 keeps any", uid)
+	}
+	for _, c := range keep {
+		if !slices.Contains(nswire.BuildCaps, c) {
+			return fmt.Errorf("setup: capability %d may not be kept; only a build step's (nswire.BuildCaps) may", c)
+		}
+	}
+	return nil
+}
+
+// capSets is the permitted/effective set of keep, in capset's two words.
+func capSets(keep []int) (data [2]unix.CapUserData) {
+	for _, c := range keep {
+		data[c/32].Permitted |= 1 << (c % 32)
+	}
+	for i := range data {
+		data[i].Effective = data[i].Permitted
+	}
+	return data
+}
+
+// keepOnly sets the permitted and effective sets of every thread of init
+// to keep, and the inheritable set to nothing. Capability sets are per
+// thread: a raw capset on this one alone would leave the runtime's other
+// threads with every capability of the user namespace.
+func keepOnly(keep []int) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	data := capSets(keep)
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("capset %v: %w", keep, e)
+	}
+	return nil
 }
 
 type notFoundError struct {

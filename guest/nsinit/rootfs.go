@@ -83,8 +83,16 @@ func buildRoot(cfg *nswire.Config) error {
 	if err := unix.Mount(root, root, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind image %s: %w", root, err)
 	}
-	if err := rootfs.SetAttr(root, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
+	if err := rootfs.SetAttr(root, rootAttr(cfg.WritableRoot)); err != nil {
 		return fmt.Errorf("make image read-only: %w", err)
+	}
+	if cfg.WritableRoot {
+		// A build step's tree may lack a mount point (a fresh base): the
+		// sandbox's own mounts need them. They stay in the image, empty,
+		// as every Moat image has them.
+		if err := mountPoints(root); err != nil {
+			return err
+		}
 	}
 
 	// A fresh procfs for our PID namespace: only the sandbox's processes
@@ -127,6 +135,32 @@ func buildRoot(cfg *nswire.Config) error {
 
 	// Into the image, the host's tree detached.
 	return rootfs.PivotInto(root)
+}
+
+// rootAttr is the image root's mount attributes: never setuid binaries or
+// device nodes, and read-only unless it is a build step's tree
+// (Setup.WritableRoot), which the step exists to change.
+func rootAttr(writable bool) uint64 {
+	attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	if !writable {
+		attr |= unix.MOUNT_ATTR_RDONLY
+	}
+	return attr
+}
+
+// mountPoints creates the directories buildRoot mounts on where a
+// writable root lacks them. Mkdir does not follow a final symlink, and
+// a symlink already there makes the mount below fail, never land outside.
+func mountPoints(root string) error {
+	for _, d := range []struct {
+		name string
+		mode os.FileMode
+	}{{"proc", 0o555}, {"dev", 0o755}, {"tmp", 0o755}, {"workspace", 0o755}} {
+		if err := os.Mkdir(filepath.Join(root, d.name), d.mode); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("create mount point /%s in the build tree: %w", d.name, err)
+		}
+	}
+	return nil
 }
 
 // buildDev makes a minimal /dev: a tiny tmpfs holding bind mounts of the

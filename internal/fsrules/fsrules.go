@@ -3,7 +3,10 @@
 // (guest/nsinit) and the microVM guest agent (guest/vmagent).
 package fsrules
 
-import "github.com/landlock-lsm/go-landlock/landlock"
+import (
+	"github.com/landlock-lsm/go-landlock/landlock"
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+)
 
 // Restrict confines the calling process (every thread) and what it execs
 // to reading and executing everywhere, and writing only in /workspace,
@@ -15,5 +18,25 @@ func Restrict(devices ...string) error {
 		landlock.RODirs("/"),
 		landlock.RWDirs("/workspace", "/tmp"),
 		landlock.RWFiles(devices...),
+	)
+}
+
+// buildAccess is every file access right but making character and block
+// devices: a build step's tree is writable throughout, and device nodes
+// are never part of an image (the user namespace denies mknod of devices
+// already; this says so a second time).
+const buildAccess = ll.AccessFSExecute | ll.AccessFSWriteFile | ll.AccessFSReadFile |
+	ll.AccessFSReadDir | ll.AccessFSRemoveDir | ll.AccessFSRemoveFile | ll.AccessFSMakeDir |
+	ll.AccessFSMakeReg | ll.AccessFSMakeSock | ll.AccessFSMakeFifo | ll.AccessFSMakeSym |
+	ll.AccessFSRefer | ll.AccessFSTruncate | ll.AccessFSIoctlDev
+
+// RestrictBuild confines the calling process like Restrict, for an image
+// build step whose root is the tree being built: reading and writing
+// everywhere in its own root (which is all it can reach after pivot_root),
+// never creating device nodes. What stays read-only (/proc/sys, /dev) is
+// read-only by its mount.
+func RestrictBuild() error {
+	return landlock.V5.BestEffort().RestrictPaths(
+		landlock.PathAccess(buildAccess, "/"),
 	)
 }

@@ -120,6 +120,9 @@ func (s *sandbox) RuntimeProcs() ([]int, error) {
 // it boots; WaitReady, Exec and Start wait for init to serve. On any
 // failure everything created so far is undone.
 func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, err error) {
+	if err := tier.CheckNoBuild(Name, spec); err != nil {
+		return nil, err
+	}
 	if err := runid.Check(spec.ID); err != nil {
 		return nil, fmt.Errorf("sandbox id: %w", err)
 	}

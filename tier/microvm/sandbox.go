@@ -59,6 +59,9 @@ var _ tier.Readier = (*Sandbox)(nil)
 // Prepare starts the VM; it boots while the engine copies inputs into the
 // host workspace (WaitReady waits for the agent's hello).
 func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, error) {
+	if err := tier.CheckNoBuild(Name, spec); err != nil {
+		return nil, err
+	}
 	if spec.Session {
 		return nil, fmt.Errorf("microvm: sessions are not supported by this tier")
 	}

@@ -1,6 +1,7 @@
 // Package native is the native Linux isolation tier: the untrusted program
 // shares the host kernel, behind user, mount, PID, network, IPC, UTS and
-// cgroup namespaces, a read-only image root, an emptied capability set,
+// cgroup namespaces, a read-only image root (an image build step's tree
+// alone is writable: buildroot.go), an emptied capability set,
 // no_new_privs, rlimits, Landlock, a seccomp-bpf filter and a cgroup.
 //
 // This file is the host half: it creates the cgroup and the workspace,
@@ -93,7 +94,7 @@ func New(opts Options) (*Native, error) {
 	}
 	return &Native{exe: opts.Exe, cg: cg, filter: filter, caps: tier.Capabilities{
 		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true, NetworkEgress: true,
-		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true,
+		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true, BuildSteps: true,
 	}}, nil
 }
 
@@ -128,6 +129,9 @@ type sandbox struct {
 	sess     *session
 	degraded []string
 	ids      *idSlot // the run's host id range
+	// shifted: the build step's tree (spec.Build) is owned by the run's
+	// id range until Destroy shifts it back.
+	shifted bool
 
 	destroyOnce sync.Once
 	destroyErr  error
@@ -158,6 +162,11 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	}
 	if s.ids, err = allocIDSlot(); err != nil {
 		return nil, err
+	}
+	if spec.Build != nil {
+		if err = s.shiftRoot(); err != nil {
+			return nil, err
+		}
 	}
 	s.ws, err = newWorkspace(lim.WorkspaceBytes, lim.WorkspaceFiles, s.ids)
 	if err != nil {
@@ -273,6 +282,7 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		Hostname:        "moat",
 		UID:             SandboxUID,
 		GID:             SandboxGID,
+		WritableRoot:    spec.Build != nil,
 		TmpBytes:        lim.TmpBytes,
 		TmpFiles:        4096,
 		Seccomp:         n.filter,
@@ -286,6 +296,9 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		},
 	}
 	setup.CgroupFDs = len(joins)
+	if spec.Build != nil && spec.Build.AsRoot {
+		setup.UID, setup.GID, setup.KeepCaps = 0, 0, nswire.BuildCaps
+	}
 	if err = nswire.WriteFrame(s.cfgW, &setup); err != nil {
 		return nil, fmt.Errorf("send init setup: %w", err)
 	}
@@ -702,6 +715,15 @@ func (s *sandbox) Destroy() error {
 		for _, f := range []*os.File{s.cfgW, s.statusR, s.stdinW, s.stdoutR, s.stderrR, s.ws} {
 			if f != nil {
 				f.Close()
+			}
+		}
+		if s.shifted && len(errs) == 0 {
+			// Every process of the sandbox is dead with its cgroup:
+			// nothing can change the tree under the walk any more.
+			// With a cgroup left the tree stays shifted, and recorded,
+			// for GC (idshift.Restore) once the run is dead.
+			if err := s.unshiftRoot(); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		s.destroyErr = errors.Join(errs...)

@@ -25,6 +25,9 @@ import (
 // Prepare implements tier.Tier: a workspace directory under the run's
 // state directory. Nothing else exists until Exec.
 func (w *WASM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, error) {
+	if err := tier.CheckNoBuild(Name, spec); err != nil {
+		return nil, err
+	}
 	if spec.EgressSocket != "" {
 		return nil, errors.New("network.mode: allowlist is not supported by the wasm tier: a WebAssembly guest has no sockets here; use network.mode: none, or the native tier for network access")
 	}

@@ -140,6 +140,28 @@ type Setup struct {
 	// CgroupFD on: init's main thread moves itself into the run's cgroup
 	// through them before anything else.
 	CgroupFDs int `json:"cgroup_fds,omitempty"`
+
+	// WritableRoot binds Root read-write (still nosuid, nodev) and lets
+	// Landlock allow writes everywhere in it: an image build step, whose
+	// root is the image tree being built. The host shifted the tree's
+	// ownership into the sandbox's id range first.
+	WritableRoot bool `json:"writable_root,omitempty"`
+
+	// KeepCaps are the capabilities (numbers, e.g. unix.CAP_CHOWN) the
+	// program keeps, inside its user namespace only, when UID is 0: what a
+	// build step's package manager needs to install files. Init refuses
+	// any not in BuildCaps, and any at all for another UID.
+	KeepCaps []int `json:"keep_caps,omitempty"`
+}
+
+// BuildCaps are the only capabilities a Setup may keep (KeepCaps): owning,
+// overriding permissions on and changing the ids of files and processes
+// in the sandbox's own user namespace, as dpkg, pip and npm do when they
+// install as root. Never CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_MKNOD,
+// CAP_SETFCAP or anything else that reaches beyond the files.
+var BuildCaps = []int{
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
+	unix.CAP_SETUID, unix.CAP_SETGID, unix.CAP_KILL,
 }
 
 // Rlimits are the backstop limits set on the program.
