@@ -35,6 +35,11 @@ type BuildStep struct {
 	// Hosts is the step's egress allowlist ("host" or "host:port", as the
 	// manifest's network.allow). Empty: no network at all.
 	Hosts []string
+	// AllowAddresses grants reserved IP addresses or prefixes to the
+	// Hosts (as the manifest's network.allow_addresses): an index on a
+	// private network, or one the host resolves to such an address. The
+	// operator's choice, never the build file's.
+	AllowAddresses []string
 	// Stdout and Stderr receive the step's output as it runs (nil
 	// discards).
 	Stdout, Stderr io.Writer
@@ -113,7 +118,7 @@ func (e *Engine) RunBuildStep(ctx context.Context, root string, step BuildStep) 
 	env := tier.Environment(step.Env)
 	if len(step.Hosts) > 0 {
 		n := manifest.Default().Network
-		n.Mode, n.Allow = "allowlist", step.Hosts
+		n.Mode, n.Allow, n.AllowAddresses = "allowlist", step.Hosts, step.AllowAddresses
 		// Package downloads: a larger budget than a run's.
 		n.MaxBytesIn = 4 << 30
 		eg, err := e.startEgress(runDir, n, nil)
@@ -244,6 +249,14 @@ func checkBuildStep(step *BuildStep) error {
 	for i, h := range step.Hosts {
 		if _, err := egress.ParseRule(h); err != nil {
 			return fmt.Errorf("%w: build step Hosts[%d] %q: %v", ErrUsage, i, h, err)
+		}
+	}
+	if len(step.AllowAddresses) > 0 && len(step.Hosts) == 0 {
+		return fmt.Errorf("%w: build step AllowAddresses %q: grants addresses to Hosts, and the step has none", ErrUsage, step.AllowAddresses)
+	}
+	for i, a := range step.AllowAddresses {
+		if _, err := parsePrefix(a); err != nil {
+			return fmt.Errorf("%w: build step AllowAddresses[%d] %q: %v", ErrUsage, i, a, err)
 		}
 	}
 	return nil
