@@ -35,6 +35,11 @@ type BuildStep struct {
 	// Hosts is the step's egress allowlist ("host" or "host:port", as the
 	// manifest's network.allow). Empty: no network at all.
 	Hosts []string
+	// AllowAddresses grants reserved IP addresses or prefixes to the
+	// Hosts (as the manifest's network.allow_addresses): an index on a
+	// private network, or one the host resolves to such an address. The
+	// operator's choice, never the build file's.
+	AllowAddresses []string
 	// Stdout and Stderr receive the step's output as it runs (nil
 	// discards).
 	Stdout, Stderr io.Writer
@@ -80,11 +85,11 @@ var ErrBuildStepTimeout = errors.New("build step timed out")
 // limit, or ctx returns -1 and an error that says which; the tree's
 // ownership is restored then too.
 func (e *Engine) RunBuildStep(ctx context.Context, root string, step BuildStep) (exitCode int, err error) {
-	root, err = e.checkBuildRoot(root)
-	if err != nil {
+	if err := checkBuildStep(&step); err != nil {
 		return -1, err
 	}
-	if err := checkBuildStep(&step); err != nil {
+	root, err = e.checkBuildRoot(root)
+	if err != nil {
 		return -1, err
 	}
 	t, err := e.Tier(buildStepTier)
@@ -113,7 +118,7 @@ func (e *Engine) RunBuildStep(ctx context.Context, root string, step BuildStep) 
 	env := tier.Environment(step.Env)
 	if len(step.Hosts) > 0 {
 		n := manifest.Default().Network
-		n.Mode, n.Allow = "allowlist", step.Hosts
+		n.Mode, n.Allow, n.AllowAddresses = "allowlist", step.Hosts, step.AllowAddresses
 		// Package downloads: a larger budget than a run's.
 		n.MaxBytesIn = 4 << 30
 		eg, err := e.startEgress(runDir, n, nil)
@@ -246,6 +251,14 @@ func checkBuildStep(step *BuildStep) error {
 			return fmt.Errorf("%w: build step Hosts[%d] %q: %v", ErrUsage, i, h, err)
 		}
 	}
+	if len(step.AllowAddresses) > 0 && len(step.Hosts) == 0 {
+		return fmt.Errorf("%w: build step AllowAddresses %q: grants addresses to Hosts, and the step has none", ErrUsage, step.AllowAddresses)
+	}
+	for i, a := range step.AllowAddresses {
+		if _, err := parsePrefix(a); err != nil {
+			return fmt.Errorf("%w: build step AllowAddresses[%d] %q: %v", ErrUsage, i, a, err)
+		}
+	}
 	return nil
 }
 
@@ -264,6 +277,9 @@ func (e *Engine) checkBuildRoot(root string) (string, error) {
 	fi, err := os.Lstat(clean)
 	if err != nil {
 		return "", bad(fmt.Sprintf("%v; pass the directory that holds the image tree", err))
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return "", bad("is a symbolic link; pass the directory it names")
 	}
 	if !fi.IsDir() {
 		return "", bad(fmt.Sprintf("not a directory (%s); pass the directory itself", fi.Mode().Type()))

@@ -1,6 +1,7 @@
 // Package native is the native Linux isolation tier: the untrusted program
 // shares the host kernel, behind user, mount, PID, network, IPC, UTS and
-// cgroup namespaces, a read-only image root, an emptied capability set,
+// cgroup namespaces, a read-only image root (an image build step's tree
+// alone is writable: buildroot.go), an emptied capability set,
 // no_new_privs, rlimits, Landlock, a seccomp-bpf filter and a cgroup.
 //
 // This file is the host half: it creates the cgroup and the workspace,
