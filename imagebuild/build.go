@@ -39,6 +39,28 @@ type Options struct {
 	// Locked, when set, makes the build fail, publishing nothing, when
 	// its Lock differs from this one (Lock.Compare lists how).
 	Locked *Lock
+	// AllowAddresses grants reserved IP addresses or prefixes to the
+	// hosts of RUN steps with network (an index on a private network, or
+	// a host this machine resolves to such an address): the operator's
+	// grant, as a manifest's network.allow_addresses, never the file's.
+	AllowAddresses []string
+	// CAFile is a PEM bundle that RUN steps with network trust instead
+	// of the image's own (a TLS-intercepting proxy between this host and
+	// the indexes): placed in the tree at BuildCAPath for each such step,
+	// named by the usual CA variables, and removed after the step, so
+	// it never reaches the image.
+	CAFile string
+}
+
+// BuildCAPath is where Options.CAFile is placed in the tree while a RUN
+// step with network runs.
+const BuildCAPath = "/.moat-build-ca.pem"
+
+// caEnv names BuildCAPath to the clients a build step runs: OpenSSL's
+// default (Python's ssl, curl), curl, pip, requests, git, npm and node.
+var caEnv = []string{
+	"SSL_CERT_FILE", "CURL_CA_BUNDLE", "PIP_CERT", "REQUESTS_CA_BUNDLE",
+	"GIT_SSL_CAINFO", "NPM_CONFIG_CAFILE", "NODE_EXTRA_CA_CERTS",
 }
 
 // reproducibleEnv is set in every RUN step's environment (not in the
@@ -370,15 +392,30 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 	if err := mkdirIn(b.root, b.cfg.workdir); err != nil {
 		return fmt.Errorf("%s: working directory %s: %w", where, b.cfg.workdir, err)
 	}
+	env := stepEnv(b.cfg, s.BuildEnv)
+	var addrs []string
+	if len(s.Hosts) > 0 {
+		addrs = b.opts.AllowAddresses
+		if b.opts.CAFile != "" {
+			if err := b.placeCA(); err != nil {
+				return fmt.Errorf("%s: --ca-file %s: %w", where, b.opts.CAFile, err)
+			}
+			defer b.removeCA()
+			for _, k := range caEnv {
+				env = setEnv(env, k, BuildCAPath)
+			}
+		}
+	}
 	out := newStepOutput(b.progress, n, b.opts.Terminal)
 	code, err := b.opts.Runner.RunStep(ctx, b.root, RunStep{
-		Argv:   s.Argv,
-		Env:    stepEnv(b.cfg, s.BuildEnv),
-		Dir:    b.cfg.workdir,
-		UID:    b.cfg.uid,
-		Hosts:  s.Hosts,
-		Stdout: out,
-		Stderr: out,
+		Argv:           s.Argv,
+		Env:            env,
+		Dir:            b.cfg.workdir,
+		UID:            b.cfg.uid,
+		Hosts:          s.Hosts,
+		AllowAddresses: addrs,
+		Stdout:         out,
+		Stderr:         out,
 	})
 	out.Flush()
 	if err != nil {
@@ -392,6 +429,48 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 		return errors.New(msg)
 	}
 	return ctx.Err()
+}
+
+// placeCA writes Options.CAFile into the tree at BuildCAPath, readable
+// by the step's user. Whatever an earlier step left at that name is
+// removed first, through an os.Root on the tree, so a planted symlink
+// cannot redirect the write.
+func (b *builder) placeCA() error {
+	pem, err := os.ReadFile(b.opts.CAFile)
+	if err != nil {
+		return err
+	}
+	r, err := os.OpenRoot(b.root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	name := strings.TrimPrefix(BuildCAPath, "/")
+	if err := r.RemoveAll(name); err != nil {
+		return err
+	}
+	f, err := r.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(pem); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// removeCA takes BuildCAPath (or whatever the step made of it) out of
+// the tree again.
+func (b *builder) removeCA() {
+	r, err := os.OpenRoot(b.root)
+	if err != nil {
+		return
+	}
+	defer r.Close()
+	if err := r.RemoveAll(strings.TrimPrefix(BuildCAPath, "/")); err != nil {
+		fmt.Fprintf(b.progress, "warning: could not remove %s from the tree: %v\n", BuildCAPath, err)
+	}
 }
 
 // stepEnv is a RUN step's environment: the build-time variables, then

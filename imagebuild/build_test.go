@@ -535,3 +535,77 @@ func TestBuildLock(t *testing.T) {
 		})
 	}
 }
+
+// runnerFunc is a StepRunner from a function.
+type runnerFunc func(ctx context.Context, root string, s RunStep) (int, error)
+
+func (f runnerFunc) RunStep(ctx context.Context, root string, s RunStep) (int, error) {
+	return f(ctx, root, s)
+}
+
+// TestBuildNetworkSettings: the operator's CA bundle is in the tree, and
+// named by the CA variables, only while a RUN step with network runs;
+// granted addresses go only to such steps; neither reaches the image.
+func TestBuildNetworkSettings(t *testing.T) {
+	store := newBaseStore(t)
+	ctxDir := contextDir(t, nil)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, []byte("-----BEGIN CERTIFICATE-----\nx\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plan := planFor(t, ctxDir, "FROM rootimg\nRUN offline\nRUN online\n")
+	plan.Steps[1].Hosts = []string{"registry.npmjs.org"}
+	type seen struct {
+		ca    string // the CA file's content in the tree, "" if absent
+		env   map[string]string
+		addrs []string
+	}
+	var steps []seen
+	runner := runnerFunc(func(ctx context.Context, root string, s RunStep) (int, error) {
+		b, _ := os.ReadFile(filepath.Join(root, BuildCAPath))
+		steps = append(steps, seen{ca: string(b), env: envMap(s.Env), addrs: s.AllowAddresses})
+		// A step may replace the file with a link out of the tree: the
+		// builder's removal must not follow it.
+		os.Remove(filepath.Join(root, BuildCAPath))
+		return 0, os.Symlink(caFile, filepath.Join(root, BuildCAPath))
+	})
+	img, err := Build(context.Background(), store, "net", plan, Options{
+		Runner: runner, CAFile: caFile, AllowAddresses: []string{"203.0.113.80"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != 2 {
+		t.Fatalf("%d RUN steps ran, want 2", len(steps))
+	}
+	tests := []struct {
+		name      string
+		got       seen
+		wantCA    bool
+		wantAddrs int
+	}{
+		{"offline step", steps[0], false, 0},
+		{"online step", steps[1], true, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if (tc.got.ca != "") != tc.wantCA {
+				t.Errorf("CA file in the tree: %q, want present=%v", tc.got.ca, tc.wantCA)
+			}
+			for _, k := range caEnv {
+				if v, ok := tc.got.env[k]; ok != tc.wantCA || (ok && v != BuildCAPath) {
+					t.Errorf("%s=%q (set %v), want set=%v to %s", k, v, ok, tc.wantCA, BuildCAPath)
+				}
+			}
+			if len(tc.got.addrs) != tc.wantAddrs {
+				t.Errorf("AllowAddresses %q, want %d", tc.got.addrs, tc.wantAddrs)
+			}
+		})
+	}
+	if _, err := os.Lstat(filepath.Join(img.Root, BuildCAPath)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the build CA reached the image: %v", err)
+	}
+	if b, err := os.ReadFile(caFile); err != nil || !strings.HasPrefix(string(b), "-----BEGIN") {
+		t.Errorf("the operator's CA file changed: %q %v", b, err)
+	}
+}

@@ -110,10 +110,12 @@ type StepRunner interface {
 
 // RunStep is what the builder asks a StepRunner to run.
 type RunStep struct {
-	Argv           []string
-	Env            []string // complete environment
-	Dir            string   // absolute, exists in the tree
-	UID            int      // 0 or 1000
-	Hosts          []string // egress allowlist; empty: no network
+	Argv  []string
+	Env   []string // complete environment
+	Dir   string   // absolute, exists in the tree
+	UID   int      // 0 or 1000
+	Hosts []string // egress allowlist; empty: no network
+	// AllowAddresses grants reserved addresses to Hosts (Options).
+	AllowAddresses []string
 	Stdout, Stderr io.Writer
 }

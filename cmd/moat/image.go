@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,7 +21,8 @@ import (
 func cmdImage(args []string) int {
 	const usage = "Usage:\n" +
 		"  moat image build [--locked] [NAME]   build an image (default python) from Debian packages\n" +
-		"  moat image build NAME -f FILE [--context DIR] [--build-arg K=V]...\n" +
+		"  moat image build NAME -f FILE [--context DIR] [--build-arg K=V]... [--locked] [--lockfile FILE]\n" +
+		"                  [--ca-file PEM] [--allow-address IP]...\n" +
 		"                                       build NAME from a Dockerfile (FROM an image Moat has; RUN steps\n" +
 		"                                       run in native sandboxes with no network) or a NAME.yaml image file\n" +
 		"  moat image import NAME SOURCE        import an image; SOURCE is docker-archive:FILE, oci-archive:FILE,\n" +
@@ -39,6 +41,17 @@ func cmdImage(args []string) int {
 	file := fs.String("f", "", "build: the build `FILE` (a Dockerfile, or a declarative NAME.yaml)")
 	contextDir := fs.String("context", "", "build -f: the `DIR` COPY sources are relative to (default: the file's directory)")
 	lockfile := fs.String("lockfile", "", "build -f: the lockfile `FILE` to write (or, with --locked, to match); default FILE.lock beside the build file")
+	caFile := fs.String("ca-file", "", "build -f: a PEM `FILE` of CA certificates that RUN steps with network trust instead of the image's (a TLS-intercepting proxy, e.g. /etc/ssl/certs/ca-certificates.crt)")
+	var allowAddrs []string
+	fs.Func("allow-address", "build -f: grant a reserved IP `ADDRESS` or prefix to the indexes RUN steps may reach (as a manifest's network.allow_addresses; repeatable)", func(s string) error {
+		if _, err := netip.ParsePrefix(s); err != nil {
+			if _, err := netip.ParseAddr(s); err != nil {
+				return fmt.Errorf("%q is not an IP address or prefix (e.g. 10.0.0.5 or 10.0.0.0/24)", s)
+			}
+		}
+		allowAddrs = append(allowAddrs, s)
+		return nil
+	})
 	bargs := buildArgs{}
 	fs.Var(bargs, "build-arg", "build -f: set a Dockerfile ARG, `NAME=value` (repeatable)")
 	if len(args) == 0 {
@@ -66,10 +79,10 @@ func cmdImage(args []string) int {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 			defer stop()
-			return imageBuildFile(ctx, e, fs.Arg(0), buildFileOptions{file: *file, context: *contextDir, args: bargs, locked: *locked, lockfile: *lockfile})
+			return imageBuildFile(ctx, e, fs.Arg(0), buildFileOptions{file: *file, context: *contextDir, args: bargs, locked: *locked, lockfile: *lockfile, allowAddresses: allowAddrs, caFile: *caFile})
 		}
-		if *contextDir != "" || len(bargs) > 0 || *lockfile != "" {
-			return fail(usageError{fmt.Errorf("image build: --context, --build-arg and --lockfile go with -f FILE")})
+		if *contextDir != "" || len(bargs) > 0 || *lockfile != "" || *caFile != "" || len(allowAddrs) > 0 {
+			return fail(usageError{fmt.Errorf("image build: --context, --build-arg, --lockfile, --ca-file and --allow-address go with -f FILE")})
 		}
 		name := "python"
 		if fs.NArg() > 0 {

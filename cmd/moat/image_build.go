@@ -47,6 +47,10 @@ type buildFileOptions struct {
 	args          map[string]string
 	locked        bool
 	lockfile      string
+	// allowAddresses and caFile are the operator's network settings
+	// for RUN steps (imagebuild.Options).
+	allowAddresses []string
+	caFile         string
 }
 
 // imageBuildFile builds name from the build file in o.
@@ -99,6 +103,9 @@ func imageBuildFile(ctx context.Context, e *engine.Engine, name string, o buildF
 		Source:   kind + ":" + o.file,
 		LockFile: lockPath,
 		Locked:   locked,
+		// The operator's network settings for RUN steps.
+		AllowAddresses: o.allowAddresses,
+		CAFile:         o.caFile,
 	})
 	if errors.Is(err, image.ErrBadImage) || errors.Is(err, image.ErrUnknown) || errors.Is(err, image.ErrNotBuilt) {
 		return fail(usageError{err})
@@ -150,12 +157,13 @@ type stepRunner struct{ e *engine.Engine }
 
 func (r stepRunner) RunStep(ctx context.Context, root string, s imagebuild.RunStep) (int, error) {
 	return r.e.RunBuildStep(ctx, root, engine.BuildStep{
-		Argv:   s.Argv,
-		Env:    s.Env,
-		Dir:    s.Dir,
-		UID:    s.UID,
-		Hosts:  s.Hosts,
-		Stdout: s.Stdout,
-		Stderr: s.Stderr,
+		Argv:           s.Argv,
+		Env:            s.Env,
+		Dir:            s.Dir,
+		UID:            s.UID,
+		Hosts:          s.Hosts,
+		AllowAddresses: s.AllowAddresses,
+		Stdout:         s.Stdout,
+		Stderr:         s.Stderr,
 	})
 }
