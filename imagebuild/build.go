@@ -74,6 +74,9 @@ var reproducibleEnv = []string{
 	"SOURCE_DATE_EPOCH=1686355200", // bookworm's release, as the built-in images
 	"PIP_NO_CACHE_DIR=1",
 	"PIP_DISABLE_PIP_VERSION_CHECK=1",
+	// Root in a build step is its user namespace's root, on a tree that
+	// becomes an image: pip's "running as root" warning is noise there.
+	"PIP_ROOT_USER_ACTION=ignore",
 	"PYTHONDONTWRITEBYTECODE=1",
 	"NPM_CONFIG_UPDATE_NOTIFIER=false",
 }
