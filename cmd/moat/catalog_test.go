@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +89,50 @@ func TestBuiltinNodeImage(t *testing.T) {
 			}
 		})
 	}
+	// An image file on the node image installs npm packages from a
+	// package-lock.json, through the egress proxy to the registry only
+	// (issue 19 §2). The registry must be reachable (it is on CI). Where
+	// the host resolves it to a reserved address, or intercepts TLS
+	// (CI does both), the operator grants that address and hands the
+	// host's CA bundle to the step, as a user behind such a proxy would.
+	t.Run("npm packages from a lockfile", func(t *testing.T) {
+		addrs, err := net.LookupHost("registry.npmjs.org")
+		if err != nil {
+			t.Fatalf("resolve registry.npmjs.org: %v", err)
+		}
+		dir, err := os.MkdirTemp("", "moat-npm-build-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		for _, f := range []string{"package.json", "package-lock.json"} {
+			b, err := os.ReadFile(filepath.Join("..", "..", "imagebuild", "testdata", "npm", f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		imageFile := filepath.Join(dir, "app.yaml")
+		if err := os.WriteFile(imageFile, []byte("version: 1\nbase: {image: node}\nnpm: {lockfile: package-lock.json, dir: /opt/app}\nworkdir: /opt/app\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"image", "build", "npmapp", "-f", imageFile, "--ca-file", "/etc/ssl/certs/ca-certificates.crt"}
+		for _, a := range addrs {
+			args = append(args, "--allow-address", a)
+		}
+		o := moat(t, invocation{args: args, env: env})
+		if o.code != 0 {
+			t.Fatalf("moat %q:\n%s", args, o)
+		}
+		lock, err := os.ReadFile(imageFile + ".lock")
+		if err != nil || !strings.Contains(string(lock), `"is-number"`) || !strings.Contains(string(lock), "sha512-") {
+			t.Errorf("app.yaml.lock lacks is-number and its integrity: %s %v", lock, err)
+		}
+		run := []string{"run", "--no-build", "--tier", "native", "--image", "npmapp", "--", "node", "-e", `console.log(require("is-number")(5), require("is-number")("x"))`}
+		moat(t, invocation{args: run, env: env}).check(t, 0, []string{"true false"}, nil, nil)
+	})
 	t.Run("listed as current", func(t *testing.T) {
 		o := moat(t, invocation{args: []string{"image", "list"}, env: env})
 		if o.code != 0 || !strings.Contains(o.stdout, "node") {
