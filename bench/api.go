@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -23,6 +24,9 @@ type APIOptions struct {
 	Levels   []int // concurrency levels of the throughput figures (default 1, 4, 16)
 	// PerLevel is the runs at each level (default 64).
 	PerLevel int
+	// Image is the stored image the runs and sandboxes use (default: the
+	// server's default image).
+	Image    string
 	Progress io.Writer
 }
 
@@ -70,6 +74,12 @@ func API(ctx context.Context, o APIOptions) (*APIReport, error) {
 		o.WarmWait = func() {}
 	}
 	req := &client.RunRequest{Argv: []string{"python3", "-c", "pass"}}
+	sreq := &client.SandboxRequest{}
+	// The default image's runs send no manifest, as before --image.
+	if o.Image != "" && o.Image != manifest.Default().Image {
+		req.Manifest = Manifest(o.Image)
+		sreq.Manifest = Manifest(o.Image)
+	}
 	once := func(c *client.Client) (time.Duration, bool, error) {
 		start := time.Now()
 		r, err := c.Run(ctx, req)
@@ -110,7 +120,7 @@ func API(ctx context.Context, o APIOptions) (*APIReport, error) {
 	}
 	session := func(c *client.Client) (time.Duration, error) {
 		start := time.Now()
-		sb, err := c.CreateSandbox(ctx, &client.SandboxRequest{})
+		sb, err := c.CreateSandbox(ctx, sreq)
 		if err != nil {
 			return 0, err
 		}
@@ -198,6 +208,6 @@ func (r *APIReport) Print(w io.Writer) {
 }
 
 // serverCLI is the moat-cli-server contender: 'moat run --server'.
-func serverCLI(moat, url, key string, argv []string) error {
-	return quiet(exec.Command(moat, append([]string{"run", "--server", url, "--api-key", key, "--"}, argv...)...), nil)
+func serverCLI(moat, url, key, image string, argv []string) error {
+	return quiet(exec.Command(moat, append([]string{"run", "--server", url, "--api-key", key, "--image", image, "--"}, argv...)...), nil)
 }

@@ -33,6 +33,10 @@ type Options struct {
 	Throughput int
 	// Moat is the moat binary for the CLI contender (default: this one).
 	Moat string
+	// Image is the stored image every contender runs on (default
+	// "python"); it must have python3. Pooled's pools must be of
+	// Manifest(Image).
+	Image string
 	// Engine runs the in-process contender.
 	Engine *engine.Engine
 	// Pooled, when set, is an engine with a warm pool for the default
@@ -141,15 +145,18 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 		opts.Moat = exe
 	}
-	img, err := opts.Engine.Images().Lookup("python")
+	if opts.Image == "" {
+		opts.Image = "python"
+	}
+	img, err := opts.Engine.Images().Lookup(opts.Image)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bench image %q: %w", opts.Image, err)
 	}
 	rep := &Report{Image: img.Name + "@" + img.Digest}
 	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/workspace"}
 	py := []string{"python3", "-c", "pass"}
 
-	m := manifest.Default()
+	m := Manifest(opts.Image)
 	engineRun := func(argv []string) error { return runOn(ctx, opts.Engine, m, argv) }
 	contenders := []*contender{
 		{name: "bare", command: "chroot IMAGE python3 -c pass", run: func() error {
@@ -160,14 +167,19 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			})
 		}},
 		{name: "moat-cli", command: "moat run -- python3 -c pass", run: func() error {
-			return quiet(exec.Command(opts.Moat, append([]string{"run", "--no-build", "--"}, py...)...), nil)
+			return quiet(exec.Command(opts.Moat, append([]string{"run", "--no-build", "--image", opts.Image, "--"}, py...)...), nil)
 		}},
 		{name: "moat-engine", command: "engine.Run(python3 -c pass) in-process", run: func() error { return engineRun(py) }},
 	}
 	var ref *contender
 	if opts.Against != "" {
 		ref = &contender{name: "moat-cli-ref", command: opts.Against + " run -- python3 -c pass", run: func() error {
-			return quiet(exec.Command(opts.Against, append([]string{"run", "--no-build", "--"}, py...)...), func(c *exec.Cmd) {
+			args := []string{"run", "--no-build"}
+			if opts.Image != "python" {
+				// Only then: an older build may predate --image.
+				args = append(args, "--image", opts.Image)
+			}
+			return quiet(exec.Command(opts.Against, append(append(args, "--"), py...)...), func(c *exec.Cmd) {
 				c.Env = withGuest(os.Environ(), opts.AgainstGuest)
 			})
 		}}
@@ -176,7 +188,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if opts.ServerURL != "" {
 		contenders = append(contenders, &contender{name: "moat-cli-srv", command: "moat run --server URL -- python3 -c pass (warm pool)",
 			before: opts.ServerWait,
-			run:    func() error { return serverCLI(opts.Moat, opts.ServerURL, opts.APIKey, py) }})
+			run:    func() error { return serverCLI(opts.Moat, opts.ServerURL, opts.APIKey, opts.Image, py) }})
 	}
 	if opts.Pooled != nil {
 		// The pool refills between runs, untimed: each timed run takes a
@@ -280,7 +292,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	fmt.Fprintf(opts.Progress, "bench: %d sequential /bin/true runs through the moat binary\n", n)
 	start = time.Now()
 	for i := 0; i < n; i++ {
-		if err := quiet(exec.Command(opts.Moat, "run", "--no-build", "--", "/bin/true"), nil); err != nil {
+		if err := quiet(exec.Command(opts.Moat, "run", "--no-build", "--image", opts.Image, "--", "/bin/true"), nil); err != nil {
 			return nil, fmt.Errorf("bench cli throughput: %w", err)
 		}
 	}
@@ -291,6 +303,16 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		rep.SkipReasons = append(rep.SkipReasons, "cgroup migration not measured: "+err.Error())
 	}
 	return rep, nil
+}
+
+// Manifest is the default manifest on image: what every contender runs
+// under, and what a warm pool for them must hold.
+func Manifest(image string) *manifest.Manifest {
+	m := manifest.Default()
+	if image != "" {
+		m.Image = image
+	}
+	return m
 }
 
 func runOn(ctx context.Context, e *engine.Engine, m *manifest.Manifest, argv []string) error {

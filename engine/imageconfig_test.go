@@ -176,3 +176,62 @@ func TestRunHonoursImageConfig(t *testing.T) {
 		}
 	})
 }
+
+// TestSessionStartsInImageWorkingDir: a session's command with no dir
+// starts where a run on the image would (the config's WorkingDir, else
+// /workspace), checked by the same rule at each command; a dir given by
+// the caller wins.
+func TestSessionStartsInImageWorkingDir(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"app", "bin"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name       string
+		workingDir string
+		wsDirs     []string // made in the workspace before the command
+		dir        string   // the request's
+		wantDir    string
+		wantErr    string // substring of a usage error
+	}{
+		{name: "no WorkingDir", wantDir: "/workspace"},
+		{name: "WorkingDir in the image", workingDir: "/app", wantDir: "/app"},
+		{name: "WorkingDir made in the workspace", workingDir: "/workspace/src", wsDirs: []string{"src"}, wantDir: "/workspace/src"},
+		{name: "the request's dir wins", workingDir: "/app", dir: "/tmp", wantDir: "/tmp"},
+		{name: "WorkingDir missing from the workspace", workingDir: "/workspace/src", wantErr: "WorkingDir /workspace/src does not exist in the workspace"},
+		{name: "WorkingDir missing from the image", workingDir: "/srv", wantErr: "WorkingDir /srv does not exist in the image"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := manifest.Default()
+			p, _ := fakePrepared(t, m)
+			p.img.Root, p.img.WorkingDir = root, tc.workingDir
+			sb := p.sb.(*fakeSandbox)
+			for _, d := range tc.wsDirs {
+				if err := os.Mkdir(filepath.Join(sb.dir, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := &Session{p: p, m: m, info: SessionInfo{ID: p.id}}
+			pr, err := s.Start(context.Background(), &ExecRequest{Argv: []string{"out:x"}, Dir: tc.dir})
+			if tc.wantErr != "" {
+				if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Start error %v, want a usage error containing %q", err, tc.wantErr)
+				}
+				if len(sb.cmds) != 0 {
+					t.Errorf("a refused command was started: %+v", sb.cmds[0])
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-pr.Done()
+			if len(sb.cmds) != 1 || sb.cmds[0].Dir != tc.wantDir {
+				t.Fatalf("commands %+v, want one in %s", sb.cmds, tc.wantDir)
+			}
+		})
+	}
+}

@@ -53,7 +53,8 @@ type ExecRequest struct {
 	Argv []string
 	// Env is added to the manifest's environment.
 	Env map[string]string
-	// Dir is the working directory; default /workspace.
+	// Dir is the working directory; default the image config's
+	// WorkingDir (an imported image's), else /workspace, as for a run.
 	Dir string
 	// Timeout bounds this command; 0 or more than the manifest's
 	// resources.timeout means the manifest's.
@@ -178,11 +179,18 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		}
 	}
 	dir := req.Dir
-	if dir == "" {
-		dir = "/workspace"
-	}
-	if !strings.HasPrefix(dir, "/") || strings.IndexByte(dir, 0) >= 0 {
+	if dir != "" && (!strings.HasPrefix(dir, "/") || strings.IndexByte(dir, 0) >= 0) {
 		return nil, &manifest.FieldError{Field: "dir", Value: dir, Problem: "must be an absolute path inside the sandbox, e.g. /workspace"}
+	}
+	if dir == "" {
+		// The image's WorkingDir, checked now (a command may have made
+		// a WorkingDir under /workspace, or removed it), by the same
+		// rule as a run's: every command of a session starts where a
+		// run on the image would.
+		var err error
+		if dir, err = workDir(s.p.img, s.p.sb.Workspace().Dir); err != nil {
+			return nil, err
+		}
 	}
 	s.mu.Lock()
 	if s.closed {

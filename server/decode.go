@@ -219,9 +219,14 @@ func decodeRun(data []byte, extra []upload, maxFiles int) (*runSpec, *Error) {
 	if e != nil {
 		return nil, e
 	}
-	argv, e := command(req.Argv, req.Code, req.Language)
-	if e != nil {
-		return nil, e
+	// Neither argv nor code: the image config's Entrypoint and Cmd run
+	// (service.Run), as `moat run IMAGE` with no command.
+	var argv []string
+	if req.Argv != nil || req.Code != "" || req.Language != "" {
+		var e *Error
+		if argv, e = command(req.Argv, req.Code, req.Language); e != nil {
+			return nil, e
+		}
 	}
 	if len(req.Files)+len(extra) > maxFiles {
 		return nil, tooLarge("files", "%d files is more than the %d one request may upload (--max-files)", len(req.Files)+len(extra), maxFiles)

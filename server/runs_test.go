@@ -7,6 +7,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"testing"
 
@@ -345,5 +346,51 @@ func TestManifestRoundTrip(t *testing.T) {
 	}
 	if got.Digest() != m.Digest() {
 		t.Errorf("digest %s, want %s", got.Digest(), m.Digest())
+	}
+}
+
+// TestRunImageCommand: POST /v1/runs with neither argv nor code runs the
+// image config's Entrypoint and Cmd, as `moat run IMAGE` with no command
+// does; on an image without them it is refused naming argv, and argv
+// given replaces them.
+func TestRunImageCommand(t *testing.T) {
+	e := newEnv(t, nil)
+	e.be.Commands = map[string][]string{"app": {"fake", "out:from the image"}}
+	tests := []struct {
+		name     string
+		body     string
+		status   int
+		wantArgv []string
+		wantOut  string
+		field    string // of a refusal
+		inMsg    string
+	}{
+		{name: "no argv: the image's command", body: `{"manifest":{"image":"app"}}`, status: 200,
+			wantArgv: []string{"fake", "out:from the image"}, wantOut: "from the image\n"},
+		{name: "argv replaces it", body: `{"manifest":{"image":"app"},"argv":["echo","hi"]}`, status: 200,
+			wantArgv: []string{"echo", "hi"}, wantOut: "echo hi\n"},
+		{name: "no argv on an image without a command", body: `{"manifest":{"image":"python"}}`, status: 400,
+			field: "argv", inMsg: `image "python" has no Entrypoint or Cmd`},
+		{name: "empty argv is not no argv", body: `{"manifest":{"image":"app"},"argv":[]}`, status: 400, field: "argv"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.do(req{method: "POST", path: "/v1/runs", token: tokenA, body: tc.body})
+			if r.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", r.StatusCode, tc.status, r.body)
+			}
+			if tc.status != 200 {
+				eb := r.errBody(t)
+				if eb.Field != tc.field || !strings.Contains(eb.Message, tc.inMsg) {
+					t.Errorf("error %+v, want field %q and a message containing %q", eb, tc.field, tc.inMsg)
+				}
+				return
+			}
+			var rr RunResponse
+			r.decode(t, &rr)
+			if rr.Result == nil || !slices.Equal(rr.Result.Command, tc.wantArgv) || rr.Result.Stdout.Data != tc.wantOut {
+				t.Errorf("result %+v, want command %q and stdout %q", rr.Result, tc.wantArgv, tc.wantOut)
+			}
+		})
 	}
 }

@@ -21,8 +21,11 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 	if args.Manifest == nil {
 		args.Manifest = manifest.Default()
 	}
-	if len(args.Argv) == 0 || args.Argv[0] == "" {
-		return RunResponse{}, InvalidField("argv", "is missing: give argv, e.g. [\"python3\", \"main.py\"], or code with language")
+	// No argv runs the image config's Entrypoint and Cmd (an imported
+	// image's), as `moat run` with no command does; the backend refuses
+	// an image without them, and the refusal names argv.
+	if len(args.Argv) > 0 && args.Argv[0] == "" {
+		return RunResponse{}, InvalidField("argv[0]", "is empty; it names the program, e.g. \"python3\"")
 	}
 	leave, release, e := s.admit(key)
 	if e != nil {
@@ -58,6 +61,9 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 		s.log.Error("audit: finish run", "run", id, "err", ferr)
 	}
 	if err != nil {
+		if len(args.Argv) == 0 {
+			return RunResponse{}, classify(err, "run", ManifestField, "argv")
+		}
 		return RunResponse{}, backendError(err, "run")
 	}
 	s.observe(res)

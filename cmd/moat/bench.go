@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -18,12 +19,12 @@ import (
 	"github.com/moat-sandbox/moat/bench"
 	"github.com/moat-sandbox/moat/client"
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
 )
 
 func cmdBench(args []string) int {
-	fs := newFlags("bench", `Usage: moat bench [--runs N] [--against MOAT[:GUEST]] [--json]
+	fs := newFlags("bench", `Usage: moat bench [--runs N] [--image NAME] [--against MOAT[:GUEST]] [--json]
+       moat bench --image NAME --vs-image OTHER [--runs N] [--json] [-- COMMAND...]
 
 Measures, in one run and interleaved, the wall time of python3 -c pass:
 bare (the image's python under chroot), through 'moat run', through
@@ -40,6 +41,15 @@ cold 'moat run' interleaved with this one, and the report adds the median
 of their paired differences: how two builds compare under the same load.
 GUEST is that moat's moat-guest (default: whatever that moat finds).
 
+With --image, every contender runs on that stored image (default python;
+it must have python3). With --vs-image, only that comparison runs: the
+same COMMAND (default python3 -c pass) through 'moat run' and through the
+in-process engine on both images, interleaved round by round (the image
+that goes first alternates), and the report gives the medians, their
+ratio (OTHER over NAME; 1.00 is the same cost) and the median paired
+difference. An imported image against the built one it came from says
+whether a run on an imported image costs the same.
+
 Flags:
 `)
 	runs := fs.Int("runs", 50, "timed runs of each contender")
@@ -47,8 +57,28 @@ Flags:
 	apiRuns := fs.Int("api-runs", 64, "runs at each API concurrency level (0: skip the API benchmark)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	against := fs.String("against", "", "compare with another moat `BINARY[:GUEST]` (its moat-guest), interleaved")
+	imageName := fs.String("image", "python", "run every contender on the stored image `NAME`")
+	vsImage := fs.String("vs-image", "", "compare runs on --image with runs on the stored image `OTHER`, interleaved, and nothing else")
+	// The COMMAND is what follows "--", split off first: parse takes
+	// flags from anywhere, so it would read a COMMAND's -c as its own.
+	var command []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, command = args[:i], args[i+1:]
+	}
 	if c := parse(fs, args); c >= 0 {
 		return c
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "moat bench: unexpected argument %q: a COMMAND for --vs-image goes after --\n", fs.Arg(0))
+		return exitUsage
+	}
+	if *vsImage == "" && len(command) > 0 {
+		fmt.Fprintf(os.Stderr, "moat bench: a COMMAND (%q) is for --vs-image only; the full benchmark runs python3 -c pass\n", command)
+		return exitUsage
+	}
+	if *vsImage != "" && *against != "" {
+		fmt.Fprintln(os.Stderr, "moat bench: --vs-image and --against are two different comparisons: give one of them")
+		return exitUsage
 	}
 	refMoat, refGuest, _ := strings.Cut(*against, ":")
 	for _, p := range []struct{ what, path string }{{"BINARY", refMoat}, {"GUEST", refGuest}} {
@@ -64,11 +94,39 @@ Flags:
 	if err != nil {
 		return fail(err)
 	}
+	// Both images are looked up before anything starts, so a typo is one
+	// line naming the stored images (Lookup's error), not a failed pool.
+	for _, f := range []struct{ flag, name string }{{"image", *imageName}, {"vs-image", *vsImage}} {
+		if f.name == "" {
+			continue
+		}
+		if _, err := e.Images().Lookup(f.name); err != nil {
+			fmt.Fprintf(os.Stderr, "moat bench: --%s %s: %v\n", f.flag, f.name, err)
+			return exitUsage
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
+	defer stop()
+	if *vsImage != "" {
+		rep, err := bench.CompareImages(ctx, bench.ImageOptions{Image: *imageName, VsImage: *vsImage, Argv: command,
+			Runs: *runs, Engine: e, Progress: os.Stderr})
+		if err != nil {
+			return fail(err)
+		}
+		if *jsonOut {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(rep)
+			return 0
+		}
+		rep.Print(os.Stdout)
+		return 0
+	}
 	// A second engine keeps a warm pool of the default manifest's
 	// sandboxes, as 'moat serve --pool' does.
 	pooled, err := engine.New(engine.Options{NoAutoBuild: true, Pools: []engine.PoolConfig{
-		{Manifest: manifest.Default(), Size: 4},
-		{Manifest: manifest.Default(), Size: 2, Session: true},
+		{Manifest: bench.Manifest(*imageName), Size: 4},
+		{Manifest: bench.Manifest(*imageName), Size: 2, Session: true},
 	}})
 	if err != nil {
 		return fail(err)
@@ -77,8 +135,6 @@ Flags:
 	if err := pooled.StartPools(); err != nil {
 		return fail(err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
-	defer stop()
 	waitPool := func() { pooled.WaitPools(ctx) }
 
 	// Two API servers in this process, on loopback: one on the pooled
@@ -109,7 +165,7 @@ Flags:
 	defer stopCold()
 
 	rep, err := bench.Run(ctx, bench.Options{Runs: *runs, Throughput: *through, Engine: e, Pooled: pooled,
-		ServerURL: warmURL, APIKey: key, ServerWait: waitPool, Against: refMoat, AgainstGuest: refGuest, Progress: os.Stderr})
+		ServerURL: warmURL, APIKey: key, ServerWait: waitPool, Image: *imageName, Against: refMoat, AgainstGuest: refGuest, Progress: os.Stderr})
 	if err != nil {
 		return fail(err)
 	}
@@ -117,7 +173,7 @@ Flags:
 	if *apiRuns > 0 {
 		warm, _ := client.New(warmURL, key)
 		cold, _ := client.New(coldURL, key)
-		api, err = bench.API(ctx, bench.APIOptions{Warm: warm, Cold: cold, WarmWait: waitPool, Runs: *runs, PerLevel: *apiRuns, Progress: os.Stderr})
+		api, err = bench.API(ctx, bench.APIOptions{Warm: warm, Cold: cold, WarmWait: waitPool, Image: *imageName, Runs: *runs, PerLevel: *apiRuns, Progress: os.Stderr})
 		if err != nil {
 			return fail(fmt.Errorf("API benchmark: %w", err))
 		}

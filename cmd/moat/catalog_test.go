@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/image"
 )
 
 // TestBuiltinNodeImage builds the built-in node image the way a user gets
@@ -138,5 +140,15 @@ func TestBuiltinNodeImage(t *testing.T) {
 		if o.code != 0 || !strings.Contains(o.stdout, "node") {
 			t.Errorf("moat image list does not show node\n%s", o)
 		}
+	})
+	// Issue 19 §4, here because it needs a tree with Node.js in it and
+	// this test has just built one (a second build would cost CI another
+	// minute).
+	t.Run("buildah Dockerfile image from its rootfs", func(t *testing.T) {
+		node, err := image.NewStore(filepath.Join(home, "images")).Lookup("node")
+		if err != nil {
+			t.Fatalf("look up the node image just built: %v", err)
+		}
+		checkBuildahImage(t, home, node.Root)
 	})
 }

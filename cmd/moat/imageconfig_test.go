@@ -2,11 +2,17 @@ package main
 
 import (
 	"archive/tar"
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/moat-sandbox/moat/client"
+	"github.com/moat-sandbox/moat/manifest"
 )
 
 // writeDockerArchive writes a docker-archive (what `docker save` writes)
@@ -141,6 +147,64 @@ func TestRunImageCommand(t *testing.T) {
 			}
 			if res.Image.Source != "docker-archive:"+archive || len(res.Image.SourceDigest) != len("sha256:")+64 {
 				t.Errorf("result image source %q %q, want the archive and its config digest", res.Image.Source, res.Image.SourceDigest)
+			}
+		})
+	}
+}
+
+// TestServeRunsImageCommand: through `moat serve` and the Go SDK, a run
+// with no argv on an imported image runs its Entrypoint and Cmd, and one
+// on an image with neither is refused naming argv (a 400, not a run).
+func TestServeRunsImageCommand(t *testing.T) {
+	needRoot(t)
+	watchLeftovers(t)
+	home := t.TempDir()
+	for _, d := range []string{filepath.Dir(home), home} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"MOAT_HOME=" + home}
+	for name, cfg := range map[string]map[string]any{
+		"app":  {"Entrypoint": []string{"/bin/moat"}, "Cmd": []string{"version"}, "Env": []string{"PATH=/bin"}},
+		"bare": {"Env": []string{"PATH=/bin"}},
+	} {
+		archive := filepath.Join(t.TempDir(), name+".tar")
+		writeDockerArchive(t, archive, cfg)
+		if out := moat(t, invocation{args: []string{"image", "import", name, "docker-archive:" + archive}, env: env}); out.code != 0 {
+			t.Fatalf("import %s: %v", name, out)
+		}
+	}
+	key := createKey(t, home)
+	s := startServer(t, home, key)
+	c := s.client(t)
+
+	tests := []struct {
+		name     string
+		image    string
+		wantArgv []string
+		wantErr  string // in the refusal
+	}{
+		{name: "entrypoint and cmd", image: "app", wantArgv: []string{"/bin/moat", "version"}},
+		{name: "image with neither", image: "bare", wantErr: `image "bare" has no Entrypoint or Cmd`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := manifest.Default()
+			m.Image = tc.image
+			run, err := c.Run(context.Background(), &client.RunRequest{Manifest: m})
+			if tc.wantErr != "" {
+				var ae *client.Error
+				if !errors.As(err, &ae) || ae.Status != 400 || ae.Field != "argv" || !strings.Contains(ae.Message, tc.wantErr) {
+					t.Fatalf("error %v, want a 400 on argv containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(run.Result.Command, tc.wantArgv) || run.Result.ExitCode != 0 || !strings.Contains(run.Result.Stdout.Data, "moat") {
+				t.Errorf("ran %q (exit %d, stdout %q), want %q exiting 0", run.Result.Command, run.Result.ExitCode, run.Result.Stdout.Data, tc.wantArgv)
 			}
 		})
 	}

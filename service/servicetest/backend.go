@@ -40,6 +40,10 @@ type Backend struct {
 	// is refused as the engine refuses it (a FieldError on image naming
 	// them). Nil accepts every image.
 	Images []string
+	// Commands are images' Entrypoint followed by Cmd: what a run with
+	// no argv runs, as the engine does; a run with no argv on an image
+	// without one is refused in the engine's terms.
+	Commands map[string][]string
 
 	mu        sync.Mutex
 	live      int // sessions not yet closed
@@ -113,13 +117,19 @@ func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result,
 		b.inflight--
 		b.mu.Unlock()
 	}()
-	if req.Manifest == nil || len(req.Argv) == 0 {
-		return nil, fmt.Errorf("%w: no manifest or argv", engine.ErrUsage)
+	if req.Manifest == nil {
+		return nil, fmt.Errorf("%w: no manifest", engine.ErrUsage)
 	}
 	if err := b.checkImage(req.Manifest); err != nil {
 		return nil, err
 	}
-	switch req.Argv[0] {
+	argv := req.Argv
+	if len(argv) == 0 {
+		if argv = b.Commands[req.Manifest.Image]; len(argv) == 0 {
+			return nil, fmt.Errorf("%w: no command given, and image %q has no Entrypoint or Cmd to run instead", engine.ErrUsage, req.Manifest.Image)
+		}
+	}
+	switch argv[0] {
 	case "fail-usage":
 		return nil, fmt.Errorf("%w: no command given", engine.ErrUsage)
 	case "fail-field":
@@ -149,7 +159,7 @@ func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result,
 		// The fake's "sandbox" is the test process itself.
 		req.OnStart(req.ID, func() ([]int, error) { return []int{os.Getpid()}, nil })
 	}
-	p := &program{argv: req.Argv, stdin: req.Stdin, sig: make(chan unix.Signal), kill: ctx.Done(), manifest: req.Manifest}
+	p := &program{argv: argv, stdin: req.Stdin, sig: make(chan unix.Signal), kill: ctx.Done(), manifest: req.Manifest}
 	return p.run(), nil
 }
 
