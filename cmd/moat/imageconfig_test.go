@@ -119,7 +119,6 @@ func TestRunImageCommand(t *testing.T) {
 		{name: "no command: entrypoint and cmd", args: []string{"--image", "app"}, wantArgv: []string{"/bin/moat", "version"}},
 		{name: "a command replaces them", args: []string{"--image", "app", "--", "/bin/moat", "help"}, wantArgv: []string{"/bin/moat", "help"}},
 		{name: "image with neither", args: []string{"--image", "bare"}, code: exitUsage, wantErr: []string{"no command given", `image "bare" has no Entrypoint or Cmd`, "moat run --help"}},
-		{name: "no command on a server", args: []string{"--image", "app", "--server", "http://127.0.0.1:1"}, code: exitUsage, wantErr: []string{"no command given", "local runs only"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -206,6 +205,17 @@ func TestServeRunsImageCommand(t *testing.T) {
 			if !slices.Equal(run.Result.Command, tc.wantArgv) || run.Result.ExitCode != 0 || !strings.Contains(run.Result.Stdout.Data, "moat") {
 				t.Errorf("ran %q (exit %d, stdout %q), want %q exiting 0", run.Result.Command, run.Result.ExitCode, run.Result.Stdout.Data, tc.wantArgv)
 			}
+		})
+		// The same through the CLI: `moat run --server` with no command.
+		t.Run("cli "+tc.name, func(t *testing.T) {
+			out := moat(t, invocation{args: []string{"run", "--server", s.url, "--api-key", key, "--image", tc.image}, env: env})
+			if tc.wantErr != "" {
+				if out.code == 0 || !strings.Contains(out.stderr, tc.wantErr) {
+					t.Fatalf("want a refusal naming %q\n%s", tc.wantErr, out)
+				}
+				return
+			}
+			out.check(t, 0, []string{"moat"}, nil, nil)
 		})
 	}
 }

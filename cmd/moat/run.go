@@ -205,9 +205,8 @@ func cmdRun(args []string) int {
 		return exitUsage
 	}
 	if server != "" {
-		if len(argv) == 0 {
-			return noCommand("a run on a server needs one: the image's Entrypoint and Cmd are used by local runs only")
-		}
+		// No command: the server runs the image's Entrypoint and Cmd,
+		// or refuses on argv when the image has neither.
 		key := *apiKey
 		if key == "" {
 			key = os.Getenv("MOAT_API_KEY")
