@@ -17,7 +17,11 @@ type Policy struct {
 	// also allowed, or for IP-literal requests to exactly these addresses on
 	// a port some allow rule names.
 	AllowAddresses []netip.Prefix
-	Limits         Limits
+	// Secrets are the run's secrets (secrets.go): their hosts are
+	// reached through TLS the proxy terminates, with the placeholder
+	// replaced by the value; a placeholder sent elsewhere is refused.
+	Secrets []SecretBinding
+	Limits  Limits
 }
 
 // Limits bound what a run can spend through the proxy. A zero or negative
