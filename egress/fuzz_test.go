@@ -65,6 +65,15 @@ func FuzzClientHello(f *testing.F) {
 	f.Add(synthHello(sniExt("allowed.test")))
 	f.Add(synthHello(sniExt("a"), sniExt("b")))
 	f.Add(synthHello())
+	// Encrypted Client Hello, real and crafted, in the final and the
+	// draft code points.
+	ech := echHello(f, "allowed.test", "other.test")
+	f.Add(ech)
+	f.Add(refragment(ech, 300))
+	f.Add(synthHello(sniExt("allowed.test"), []byte{0xfe, 0x0d, 0, 3, 0, 1, 2}))
+	f.Add(synthHello([]byte{0xff, 0xce, 0, 0}, sniExt("allowed.test")))
+	f.Add(synthHello(sniExt("allowed.test"), []byte{0xfe, 0x08, 0, 0}))
+	f.Add(synthHello(sniExt("allowed.test"), []byte{0xfd, 0x00, 0, 3, 2, 0, 10}))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	f.Add([]byte{22, 3, 1, 0, 4, 1, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {
