@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -192,9 +193,34 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 			return nil, ErrClosed
 		}
 		att.Address, att.Allowed, att.Reason = a.String(), true, ReasonAllowed
-		p.logAdmitted(att)
-		return &meteredConn{idleConn: idleConn{Conn: c, act: newActivity()}, out: &p.out, in: &p.in}, nil
+		uc := &upstreamConn{meteredConn: &meteredConn{idleConn: idleConn{Conn: c, act: newActivity()}, out: &p.out, in: &p.in}, p: p, att: att}
+		uc.idx = p.logAdmitted(att)
+		return uc, nil
 	}
 	p.releaseAdmitted()
 	return fail(ReasonUpstreamError, fmt.Errorf("package index: could not connect to %s port %d: %v", host, port, lastErr))
+}
+
+// upstreamConn is one connection of the index to its upstream: metered
+// against the run's budget, tracked so that Close of the proxy ends it,
+// and its attempt updated with the bytes when it closes.
+type upstreamConn struct {
+	*meteredConn
+	p    *Proxy
+	att  Attempt
+	idx  int
+	once sync.Once
+}
+
+func (u *upstreamConn) Close() error {
+	err := u.meteredConn.Close()
+	u.once.Do(func() {
+		u.p.untrack(u.meteredConn.Conn)
+		u.att.BytesOut, u.att.BytesIn = u.bytesOut.Load(), u.bytesIn.Load()
+		if u.overBudget.Load() {
+			u.att.Reason = ReasonLimitBytes
+		}
+		u.p.updateAttempt(u.idx, u.att)
+	})
+	return err
 }
