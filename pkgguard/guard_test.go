@@ -15,6 +15,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -443,6 +446,58 @@ func TestFileVersion(t *testing.T) {
 			got, _ := FileVersion(tc.project, tc.file)
 			if got != tc.want {
 				t.Errorf("FileVersion(%q, %q) = %q, want %q", tc.project, tc.file, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestNPMClient: the real npm client, pointed at the guard as its
+// registry (as the engine does with npm_config_registry), installs an
+// allowed package, and fails on a typosquat. It runs on the host against
+// the handler; the sandbox images need not have npm.
+func TestNPMClient(t *testing.T) {
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Skip("needs npm on PATH: the protocol check runs the real client")
+	}
+	u := newUpstream(t)
+	u.addTarball(t, "is-number", "7.0.0")
+	u.addTarball(t, "is-number", "6.0.0")
+	srv, events := guardFor(t, u, Config{NPM: &Index{URL: u.srv.URL + "/npm", Allow: []Requirement{mustReq(t, NPM, "is-number@7.0.0")}}})
+	tests := []struct {
+		name       string
+		pkg        string
+		wantOK     bool
+		wantReason string
+	}{
+		{"allowed install", "is-number", true, ReasonAllowed},
+		{"unallowed version", "is-number@6.0.0", false, ""},
+		{"typosquat", "is-numbr", false, ReasonTyposquat},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command(npm, "install", "--no-audit", "--no-fund", "--no-package-lock", "--cache", filepath.Join(dir, ".cache"), "--registry", srv.URL+"/moat-index/npm/", tc.pkg)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "npm_config_update_notifier=false", "HOME="+dir)
+			out, err := cmd.CombinedOutput()
+			if (err == nil) != tc.wantOK {
+				t.Fatalf("npm install %s: err %v, want ok %v\n%s", tc.pkg, err, tc.wantOK, out)
+			}
+			if tc.wantOK {
+				b, err := os.ReadFile(filepath.Join(dir, "node_modules/is-number/index.js"))
+				if err != nil || !strings.Contains(string(b), "7.0.0") {
+					t.Fatalf("installed module: %q %v", b, err)
+				}
+			}
+			if tc.wantReason != "" {
+				found := false
+				for _, e := range events() {
+					found = found || e.Reason == tc.wantReason
+				}
+				if !found {
+					t.Errorf("no %s event: %+v", tc.wantReason, events())
+				}
 			}
 		})
 	}
