@@ -48,6 +48,9 @@ var forwardMethods = map[string]bool{
 // nothing can be smuggled behind it. Redirects are passed back to the client,
 // never followed: the next hop is the client's next request, decided afresh.
 func (s *session) forward(req *http.Request) {
+	if s.serveIndex(req) {
+		return
+	}
 	if !forwardMethods[req.Method] {
 		s.refuse(http.StatusMethodNotAllowed, ReasonBadRequest, fmt.Sprintf("method %q is not forwarded; plain HTTP takes GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, and tunnels take CONNECT", req.Method))
 		return

@@ -29,6 +29,11 @@ type Attempt struct {
 	Reason   string `json:"reason"`
 	BytesOut int64  `json:"bytes_out"` // forwarded to the destination
 	BytesIn  int64  `json:"bytes_in"`  // forwarded back to the sandbox
+	// Package and Resembles: a decision of the guarded package index
+	// (index.go): the package asked for and, for a typosquat, the allowed
+	// or popular name it resembles.
+	Package   string `json:"package,omitempty"`
+	Resembles string `json:"resembles,omitempty"`
 }
 
 // Reasons, the closed set of Attempt.Reason values.
@@ -122,6 +127,7 @@ type Proxy struct {
 	lookups     int
 	lookupBytes int64
 	wg          sync.WaitGroup // Serve loops and connection handlers
+	index       http.Handler   // the guarded package index (index.go); nil: none
 }
 
 // New returns a proxy enforcing p. Rules that ParseRule would not produce
@@ -433,6 +439,8 @@ func (s *session) finish() {
 	}
 	if s.idx >= 0 {
 		s.p.updateAttempt(s.idx, s.att)
+	} else if s.idx == -2 {
+		// Served by the package index, which logged its own decisions.
 	} else {
 		// Never let through (admitDestination logs those): refused.
 		s.att.Allowed = false

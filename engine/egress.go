@@ -84,6 +84,7 @@ func (r *egressRun) attempts(n int) []result.NetworkAttempt {
 		out = append(out, result.NetworkAttempt{
 			Time: a.Time, Method: a.Method, Host: a.Host, Port: a.Port, Address: a.Address,
 			Allowed: a.Allowed, Reason: a.Reason, BytesOut: a.BytesOut, BytesIn: a.BytesIn,
+			Package: a.Package, Resembles: a.Resembles,
 		})
 	}
 	return out

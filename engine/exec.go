@@ -176,6 +176,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 	res := x.res
 	res.Network, res.NetworkSummary = x.network()
 	fillOutcome(res, out, x.stdout, x.stderr, x.m)
+	res.Violations = append(res.Violations, packageViolations(res.Network)...)
 
 	res.Files = []result.FileChange{}
 	if x.gone != nil && x.gone() {

@@ -26,6 +26,9 @@ type Manifest struct {
 	Workspace Workspace `json:"workspace" yaml:"workspace"`
 	Resources Resources `json:"resources" yaml:"resources"`
 	Network   Network   `json:"network" yaml:"network"`
+	// Packages grants installs through the guarded package index of the
+	// egress proxy (needs network.mode allowlist). Empty: none.
+	Packages Packages `json:"packages,omitzero" yaml:"packages,omitempty"`
 	// Env are the only variables the program sees beyond the image's
 	// defaults (PATH, HOME=/workspace, LANG). The host environment is never
 	// inherited.
@@ -92,6 +95,40 @@ type Network struct {
 	// refused with limit-names.
 	NamesPerSecond int `json:"names_per_second" yaml:"names_per_second"`
 }
+
+// Packages is the grant of the guarded package index (package pkgguard):
+// the sandbox's pip and npm are pointed at the egress proxy, which fetches
+// from the named upstream itself and serves only what Allow names.
+type Packages struct {
+	PyPI PackageIndex `json:"pypi,omitzero" yaml:"pypi,omitempty"`
+	NPM  PackageIndex `json:"npm,omitzero" yaml:"npm,omitempty"`
+	// Typosquat is "refuse" (the default, also when empty) or "warn":
+	// whether an allowed name that resembles a popular package is refused
+	// too. A requested name that is not allowed is always refused.
+	Typosquat string `json:"typosquat,omitempty" yaml:"typosquat,omitempty"`
+	// NewPackagesDays holds back releases uploaded less than this many
+	// days ago, where the upstream says when (0: no hold).
+	NewPackagesDays int `json:"new_packages_days,omitempty" yaml:"new_packages_days,omitempty"`
+	// Yanked is "refuse" (the default, also when empty: yanked PyPI files
+	// are not listed) or "allow".
+	Yanked string `json:"yanked,omitempty" yaml:"yanked,omitempty"`
+}
+
+// PackageIndex is one granted index. It is granted when Allow is not
+// empty.
+type PackageIndex struct {
+	// Index is the upstream: the simple index root for PyPI (default
+	// https://pypi.org/simple), the registry for npm (default
+	// https://registry.npmjs.org).
+	Index string `json:"index,omitempty" yaml:"index,omitempty"`
+	// Allow lists the packages: "requests==2.31.0", "idna",
+	// "requests==2.31.0 --hash=sha256:HEX"; for npm "is-number@7.0.0",
+	// "is-number@7.0.0 --hash=sha512-B64" (see pkgguard.ParseRequirement).
+	Allow []string `json:"allow,omitempty" yaml:"allow,omitempty"`
+}
+
+// Granted reports whether any index is granted.
+func (p Packages) Granted() bool { return len(p.PyPI.Allow) > 0 || len(p.NPM.Allow) > 0 }
 
 // Security holds explicit, audited acceptances of a weaker sandbox. The
 // default is empty: a protection that cannot be applied refuses the run.

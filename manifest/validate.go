@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"net/url"
 	"path"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/moat-sandbox/moat/egress"
+	"github.com/moat-sandbox/moat/pkgguard"
 )
 
 // rules are the numeric fields' ranges: the one source for Validate,
@@ -172,6 +174,7 @@ func (m *Manifest) validate(errs *errorList) {
 		}
 	}
 	m.validateNetwork(errs)
+	m.validatePackages(errs)
 	m.validateEnv(errs)
 	for i, a := range m.Security.AllowMissing {
 		field := fmt.Sprintf("security.allow_missing[%d]", i)
@@ -355,7 +358,7 @@ func (m *Manifest) validateNetwork(errs *errorList) {
 		}
 		return
 	}
-	if len(n.Allow) == 0 && len(n.AllowAddresses) == 0 {
+	if len(n.Allow) == 0 && len(n.AllowAddresses) == 0 && !m.Packages.Granted() {
 		errs.add("network.allow", "", "is empty: mode allowlist needs at least one destination, e.g. allow: [pypi.org, \"*.pythonhosted.org\"]")
 	}
 	if len(n.Allow) > maxAllow {
@@ -389,4 +392,63 @@ func ruleProblem(err error) string {
 		return re.Reason
 	}
 	return err.Error()
+}
+
+// Package-index defaults and choices (manifest packages:).
+const (
+	DefaultPyPIIndex = "https://pypi.org/simple"
+	DefaultNPMIndex  = "https://registry.npmjs.org"
+)
+
+var packagePolicies = []string{"", "refuse", "warn"}
+var yankedPolicies = []string{"", "refuse", "allow"}
+
+// validatePackages checks the packages grant. Allow entries are parsed by
+// the guard's own parser, so what validates is what the guard enforces.
+func (m *Manifest) validatePackages(errs *errorList) {
+	p := m.Packages
+	if !slices.Contains(packagePolicies, p.Typosquat) {
+		errs.add("packages.typosquat", p.Typosquat, "is not a typosquat policy; accepted: refuse, warn")
+	}
+	if !slices.Contains(yankedPolicies, p.Yanked) {
+		errs.add("packages.yanked", p.Yanked, "is not a yanked policy; accepted: refuse, allow")
+	}
+	if p.NewPackagesDays < 0 || p.NewPackagesDays > 3650 {
+		errs.add("packages.new_packages_days", fmt.Sprint(p.NewPackagesDays), "is out of range; accepted 0..3650")
+	}
+	for _, ix := range []struct {
+		eco   pkgguard.Ecosystem
+		index PackageIndex
+	}{{pkgguard.PyPI, p.PyPI}, {pkgguard.NPM, p.NPM}} {
+		field := "packages." + string(ix.eco)
+		if ix.index.Index != "" {
+			u, err := url.Parse(ix.index.Index)
+			if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+				errs.add(field+".index", ix.index.Index, "is not an http(s) URL without user info, query or fragment; e.g. "+map[pkgguard.Ecosystem]string{pkgguard.PyPI: DefaultPyPIIndex, pkgguard.NPM: DefaultNPMIndex}[ix.eco])
+			}
+			if len(ix.index.Allow) == 0 {
+				errs.add(field+".allow", "", "is empty: an index grants nothing without allowed packages; list them, e.g. [\"requests==2.31.0\"]")
+			}
+		}
+		if len(ix.index.Allow) > maxAllow {
+			errs.add(field+".allow", fmt.Sprint(len(ix.index.Allow), " entries"), fmt.Sprintf("is too long; at most %d entries", maxAllow))
+			continue
+		}
+		seen := map[string]int{}
+		for i, s := range ix.index.Allow {
+			f := fmt.Sprintf("%s.allow[%d]", field, i)
+			r, err := pkgguard.ParseRequirement(ix.eco, s)
+			if err != nil {
+				errs.add(f, s, err.Error())
+				continue
+			}
+			if j, dup := seen[r.Name]; dup {
+				errs.add(f, s, fmt.Sprintf("names %s again (also %s.allow[%d]); write one entry per package", r.Name, field, j))
+			}
+			seen[r.Name] = i
+		}
+	}
+	if p.Granted() && m.Network.Mode != "allowlist" {
+		errs.add("packages", "", "needs network.mode: allowlist (the guarded index is served by the egress proxy); the index itself needs no network.allow entry")
+	}
 }

@@ -31,6 +31,7 @@ func goCases() []Case {
 		registerConcurrencyCases()
 		registerEgressCases()
 		registerEgressLogCases()
+		registerGuardCases()
 		registerFSCases()
 		registerHostWideCases()
 		registerHostIdentityCase()

@@ -119,7 +119,7 @@ func registerNetCases() {
 		{
 			ID: "supply-allowlisted-index", Category: "supply-chain", Severity: "high",
 			Threat: "with an allowlisted package index, a request to any other host (or a typosquat served by the allowed index) gets through",
-			Why:    "with network mode allowlist granting one index by name (localhost:PORT, allow_addresses 127.0.0.1), pip downloads the granted package through the egress proxy while a second index on another port, asked for the typosquat reqeusts, sees no request (refused not-allowlisted). Package-name allowlists inside an index are not implemented: the granted index serves whatever it hosts, typosquats included",
+			Why:    "with network mode allowlist granting one index by name (localhost:PORT, allow_addresses 127.0.0.1), pip downloads the granted package through the egress proxy while a second index on another port, asked for the typosquat reqeusts, sees no request (refused not-allowlisted). A host grant alone does not filter package names: the granted index serves whatever it hosts, typosquats included; the guarded index (packages:, cases supply-guard-*) is what refuses them",
 			custom: supplyAllowlistedIndex,
 		},
 		{

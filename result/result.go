@@ -209,7 +209,8 @@ func decodeName(field, s, encoding string) (string, error) {
 // Violation records a limit or policy the run ran into.
 type Violation struct {
 	// Kind is one of: timeout, cpu-time, memory, pids, output, disk, files,
-	// file-size, syscall, diff, cancelled.
+	// file-size, syscall, diff, cancelled, package (a typosquat, a package
+	// not allowed or a file failing its hash at the guarded index).
 	Kind   string `json:"kind"`
 	Detail string `json:"detail"`
 	Limit  string `json:"limit,omitempty"`
@@ -276,10 +277,16 @@ type NetworkAttempt struct {
 	// Reason is one of: allowed, not-allowlisted, private-address,
 	// ip-literal, dns-failure, sni-mismatch, ech-refused, limit-conns,
 	// limit-bytes, limit-rate, limit-names, limit-log, bad-request,
-	// upstream-error.
+	// upstream-error; from the guarded package index also typosquat,
+	// package-not-allowed, hash-mismatch.
 	Reason   string `json:"reason"`
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
+	// Package is the package (name==version when known) a decision of
+	// the guarded index was about; Resembles the allowed or popular name
+	// a typosquat resembles.
+	Package   string `json:"package,omitempty"`
+	Resembles string `json:"resembles,omitempty"`
 }
 
 // NetworkSummary accounts for every attempt a run made through the egress

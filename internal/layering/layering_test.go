@@ -159,6 +159,20 @@ func TestLayering(t *testing.T) {
 			test: true,
 		},
 		{
+			name: "the package guard is a leaf, and the proxy serves it as an http.Handler",
+			forbidden: func(importer, imp string) string {
+				_, ours := pkgs[imp]
+				switch {
+				case importer == "pkgguard" && ours:
+					return "pkgguard imports nothing of Moat's, so that manifest can validate allow entries with its parser; its upstream transport is handed in"
+				case importer == "egress" && imp == "pkgguard":
+					return "the proxy serves the guard as an http.Handler set by the engine (Proxy.ServeIndex), so the proxy does not depend on index protocols"
+				}
+				return ""
+			},
+			test: true,
+		},
+		{
 			name: "front doors stand on the service layer, never on test helpers",
 			forbidden: func(importer, imp string) string {
 				if importer != "server" && !strings.HasPrefix(importer, "server/") {
