@@ -152,6 +152,15 @@ func (p *Proxy) TrustPEM() []byte {
 	return append([]byte(nil), p.ca.pem...)
 }
 
+// TrustError says why secrets cannot be honoured (the run CA could not
+// be made); nil when there are none or all is well.
+func (p *Proxy) TrustError() error {
+	if p.sec != nil && p.ca == nil {
+		return p.caErr
+	}
+	return nil
+}
+
 // countSecretUse adds one request that carried secret name to host.
 func (p *Proxy) countSecretUse(names []string, host string) {
 	if len(names) == 0 {

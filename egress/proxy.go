@@ -128,6 +128,7 @@ type Proxy struct {
 	// carried each secret to each host.
 	sec        *secretSet
 	ca         *runCA
+	caErr      error
 	rootCAs    *x509.CertPool
 	secretUses map[SecretUse]int
 	wg         sync.WaitGroup // Serve loops and connection handlers
@@ -162,7 +163,7 @@ func New(p Policy, opts Options) *Proxy {
 	if x.sec != nil {
 		// An error leaves ca nil: TrustPEM says so to the engine, which
 		// refuses the run, and bound hosts are refused here.
-		x.ca, _ = newRunCA(x.sec, x.now())
+		x.ca, x.caErr = newRunCA(x.sec, x.now())
 	}
 	x.out.limit = pol.limits.MaxBytesOut
 	x.in.limit = pol.limits.MaxBytesIn

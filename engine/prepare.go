@@ -117,6 +117,9 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 			return nil, err
 		}
 		p.spec.EgressSocket = p.egress.socket
+		if err = trustRunCA(t, p.spec, p.egress.proxy); err != nil {
+			return nil, err
+		}
 	}
 	if p.sb, err = t.Prepare(ctx, p.spec); err != nil {
 		p.leftovers = errors.Is(err, tier.ErrLeftovers)
@@ -130,7 +133,7 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 	if p.egress != nil {
 		// The proxy's variables win over the manifest's: there is no
 		// other way out to configure.
-		return environment(p.img.Env, m.Env, extra, proxyEnv())
+		return environment(p.img.Env, m.Env, extra, proxyEnv(), trustEnv(p.spec))
 	}
 	return environment(p.img.Env, m.Env, extra)
 }
