@@ -43,6 +43,10 @@ func newEchoServer(t testing.TB) *echoServer {
 	t.Helper()
 	e := &echoServer{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			w.Write(make([]byte, 1<<20))
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		line := fmt.Sprintf("%s %s | %s | %s | %s", r.Method, r.URL.RequestURI(), r.Header.Get("Authorization"), r.Header.Get("X-Token"), body)
 		e.mu.Lock()
@@ -94,6 +98,11 @@ func newSecretHarness(t testing.TB) *secretHarness {
 	t.Helper()
 	pol := testPolicy()
 	pol.Secrets = testSecrets()
+	return newSecretHarnessPolicy(t, pol)
+}
+
+func newSecretHarnessPolicy(t testing.TB, pol Policy) *secretHarness {
+	t.Helper()
 	if err := pol.Validate(); err != nil {
 		t.Fatal(err)
 	}
