@@ -120,22 +120,10 @@ func (s *session) forward(req *http.Request) {
 		out.Header["User-Agent"] = []string{""}
 	}
 	out.Close = true
-	if s.p.sec != nil {
-		if len(bound) > 0 {
-			// A compressed answer could not be scrubbed of the value.
-			out.Header.Del("Accept-Encoding")
-		}
-		if out.ContentLength != 0 && out.Body != nil {
-			bodyRep = newStreamReplacer(out.Body, s.p.sec.requestBodyPatterns(sub.body))
-			out.Body = bodyRep
-		}
-		if len(sub.body) > 0 && out.ContentLength != 0 {
-			// The value may differ in length from the placeholder.
-			out.ContentLength = -1
-			out.TransferEncoding = []string{"chunked"}
-		}
+	if len(bound) > 0 {
+		// A compressed answer could not be scrubbed of the value.
+		out.Header.Del("Accept-Encoding")
 	}
-
 	idle := s.p.pol.limits.IdleTimeout
 	s.client.Conn.SetDeadline(time.Time{})
 	s.client.setIdle(idle)
@@ -146,6 +134,20 @@ func (s *session) forward(req *http.Request) {
 		if _, err := io.WriteString(s.client, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
 			return
 		}
+	}
+
+	if s.p.sec != nil {
+		cb, err := s.p.sec.prepareBody(out.Body, out.ContentLength, sub.body)
+		if cb.refused {
+			s.refuse(http.StatusForbidden, ReasonSecretExfiltration, "a secret's placeholder was sent in a request body its binding does not allow; refused")
+			return
+		}
+		if err != nil {
+			s.refuse(http.StatusBadRequest, ReasonBadRequest, "could not read the request body")
+			return
+		}
+		cb.apply(out)
+		bodyRep = cb.rep
 	}
 
 	// The request goes up while the response comes down: a destination

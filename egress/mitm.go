@@ -285,6 +285,10 @@ func (s *session) serveIntercepted(srv *tls.Conn, up *tls.Conn, ubr *bufio.Reade
 		return false
 	}
 	stripHopByHop(req.Header)
+	expect := false
+	for _, v := range req.Header.Values("Expect") {
+		expect = expect || strings.EqualFold(strings.TrimSpace(v), "100-continue")
+	}
 	req.Header.Del("Expect")
 	// A compressed answer could not be scrubbed of the value.
 	req.Header.Del("Accept-Encoding")
@@ -293,16 +297,24 @@ func (s *session) serveIntercepted(srv *tls.Conn, up *tls.Conn, ubr *bufio.Reade
 	}
 	closeAfter := req.Close
 	req.Close = false
-	var bodyRep *streamReplacer
-	if req.ContentLength != 0 && req.Body != nil {
-		bodyRep = newStreamReplacer(req.Body, p.sec.requestBodyPatterns(sub.body))
-		req.Body = bodyRep
+	if expect {
+		// The client waits for this before it sends the body the
+		// proxy is about to read.
+		if _, err := io.WriteString(srv, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return false
+		}
 	}
-	if len(sub.body) > 0 && req.ContentLength != 0 {
-		// The value may differ in length from the placeholder.
-		req.ContentLength = -1
-		req.TransferEncoding = []string{"chunked"}
+	cb, err := p.sec.prepareBody(req.Body, req.ContentLength, sub.body)
+	if cb.refused {
+		s.att.Allowed, s.att.Reason = false, ReasonSecretExfiltration
+		s.refuseTLS(srv, http.StatusForbidden, ReasonSecretExfiltration, "a secret's placeholder was sent in a request body its binding does not allow; refused")
+		return false
 	}
+	if err != nil {
+		return false
+	}
+	cb.apply(req)
+	bodyRep := cb.rep
 
 	sent := make(chan error, 1)
 	go func() {

@@ -176,9 +176,9 @@ func TestSecretSubstitution(t *testing.T) {
 		{name: "scoped header replaced", method: "GET", url: "https://example.com/any",
 			header: http.Header{"X-Token": {testPH2}}, status: 200, seen: "GET /any |  | " + testValue2 + " | ", reason: ReasonAllowed},
 		{name: "base64 in body refused", method: "POST", url: "https://example.com/v1/b", body: "data=" + b64, status: 403,
-			reason: ReasonSecretExfiltration},
+			reason: ReasonSecretExfiltration, noReach: true},
 		{name: "hex in body refused", method: "POST", url: "https://example.com/v1/b", body: hex.EncodeToString([]byte(testPH)), status: 403,
-			reason: ReasonSecretExfiltration},
+			reason: ReasonSecretExfiltration, noReach: true},
 		{name: "Host header differs from SNI", method: "GET", url: "https://example.com/v1/echo", host: "allowed.test",
 			header: http.Header{"Authorization": {"Bearer " + testPH}}, status: http.StatusMisdirectedRequest, reason: ReasonSNIMismatch, noReach: true},
 		{name: "plain HTTP header replaced", method: "GET", url: "http://example.com/v1/echo",
@@ -194,7 +194,11 @@ func TestSecretSubstitution(t *testing.T) {
 			header: http.Header{"Cookie": {"s=" + base64.RawURLEncoding.EncodeToString([]byte("ab"+testPH))}}, status: 403,
 			reason: ReasonSecretExfiltration, noReach: true},
 		{name: "plain HTTP to unbound host, body", method: "POST", url: "http://allowed.test/upload",
-			body: strings.Repeat("a", 40000) + testPH + "tail", status: 403, reason: ReasonSecretExfiltration},
+			body: strings.Repeat("a", 40000) + testPH + "tail", status: 403, reason: ReasonSecretExfiltration, noReach: true},
+		{name: "plain HTTP to unbound host, body past the buffered part", method: "POST", url: "http://allowed.test/upload",
+			body: strings.Repeat("a", maxBufferedBody+100) + testPH + "tail", status: 403, reason: ReasonSecretExfiltration},
+		{name: "body past the buffered part, bound host", method: "POST", url: "https://example.com/v1/b",
+			body: strings.Repeat("a", maxBufferedBody+100) + base64.StdEncoding.EncodeToString([]byte(testPH)), status: 403, reason: ReasonSecretExfiltration},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -283,6 +287,7 @@ func TestSecretKeepAliveAndSplitEcho(t *testing.T) {
 			t.Fatalf("request %d: %s %q %v", i, resp.Proto, got, resp.Header)
 		}
 	}
+	c.Transport.(*http.Transport).CloseIdleConnections()
 	if n := len(h.settle(1)); n != 1 {
 		t.Fatalf("three requests on one kept-alive connection made %d attempts", n)
 	}

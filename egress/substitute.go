@@ -483,3 +483,57 @@ func validateSecrets(bs []SecretBinding) []error {
 	}
 	return errs
 }
+
+// maxBufferedBody is the largest request body read whole, through the
+// patterns, before anything of the request goes out: a body refused for a
+// placeholder then never reaches the destination, not even its header,
+// and a body whose placeholder was replaced keeps an exact
+// Content-Length. A larger body streams: its head may leave before a
+// placeholder further on ends it (the placeholder itself never leaves).
+const maxBufferedBody = 1 << 20
+
+// checkedBody is a request body after prepareBody.
+type checkedBody struct {
+	rep     *streamReplacer
+	body    io.ReadCloser
+	length  int64 // -1: unknown, send chunked
+	refused bool
+}
+
+// prepareBody runs a request body (of length n, -1 unknown) through
+// the patterns for a request with the Body-scoped bindings sub.
+func (s *secretSet) prepareBody(body io.ReadCloser, n int64, sub []*secretBinding) (checkedBody, error) {
+	if s == nil || body == nil || body == http.NoBody || n == 0 {
+		return checkedBody{body: body, length: n}, nil
+	}
+	rep := newStreamReplacer(body, s.requestBodyPatterns(sub))
+	head, err := io.ReadAll(io.LimitReader(rep, maxBufferedBody+1))
+	if rep.refused() {
+		return checkedBody{rep: rep, refused: true}, nil
+	}
+	if err != nil {
+		return checkedBody{}, err
+	}
+	if len(head) <= maxBufferedBody {
+		return checkedBody{rep: rep, body: io.NopCloser(bytes.NewReader(head)), length: int64(len(head))}, nil
+	}
+	length := n
+	if len(sub) > 0 {
+		// A replaced placeholder may change the length.
+		length = -1
+	}
+	return checkedBody{rep: rep, body: struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), rep), body}, length: length}, nil
+}
+
+// apply puts the checked body into req.
+func (c checkedBody) apply(req *http.Request) {
+	req.Body = c.body
+	req.ContentLength = c.length
+	req.TransferEncoding = nil
+	if c.length < 0 {
+		req.TransferEncoding = []string{"chunked"}
+	}
+}
