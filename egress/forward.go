@@ -215,13 +215,9 @@ func (s *session) forward(req *http.Request) {
 	s.p.countSecretUse(append(sub.used, bodyRep.replacedIn(sub.body)...), s.att.Host)
 	if len(bound) > 0 {
 		scrub := scrubPatterns(bound)
-		for _, vs := range resp.Header {
-			for i := range vs {
-				for _, r := range scrub {
-					vs[i] = strings.ReplaceAll(vs[i], string(r.old), string(r.new))
-				}
-			}
-		}
+		scrubHeader(resp.Header, scrub)
+		// Trailers come after the body, unscrubbed: dropped.
+		resp.Trailer = nil
 		if bodyAllowed(resp.StatusCode, out.Method) {
 			resp.Body = newStreamReplacer(resp.Body, scrub)
 			resp.ContentLength = -1

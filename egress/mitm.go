@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -274,6 +275,11 @@ func (s *session) serveIntercepted(srv *tls.Conn, up *tls.Conn, ubr *bufio.Reade
 		s.refuseTLS(srv, http.StatusMisdirectedRequest, ReasonSNIMismatch, fmt.Sprintf("the Host header must name %s, the host of the CONNECT and the TLS SNI", host))
 		return false
 	}
+	// The destination sees the name the decision was made on.
+	req.Host = host
+	if port != tlsPort {
+		req.Host = net.JoinHostPort(host, strconv.Itoa(port))
+	}
 	if req.URL.IsAbs() || req.URL.Host != "" {
 		s.refuseTLS(srv, http.StatusBadRequest, ReasonBadRequest, "send origin-form request targets (GET /path) inside the tunnel")
 		return false
@@ -364,14 +370,10 @@ func (s *session) serveIntercepted(srv *tls.Conn, up *tls.Conn, ubr *bufio.Reade
 	p.countSecretUse(append(sub.used, bodyRep.replacedIn(sub.body)...), host)
 	stripHopByHop(resp.Header)
 	scrub := scrubPatterns(bound)
-	for _, vs := range resp.Header {
-		for i, v := range vs {
-			for _, r := range scrub {
-				v = strings.ReplaceAll(v, string(r.old), string(r.new))
-			}
-			vs[i] = v
-		}
-	}
+	scrubHeader(resp.Header, scrub)
+	// Trailers arrive after the body; net/http fills resp.Trailer as it
+	// reads it, and resp.Write writes them from there.
+	resp.Trailer = nil
 	if bodyAllowed(resp.StatusCode, req.Method) {
 		resp.Body = newStreamReplacer(resp.Body, scrub)
 		resp.ContentLength = -1
@@ -469,4 +471,15 @@ func secretUsesSince(cur, prev []SecretUse) []SecretUse {
 		}
 	}
 	return out
+}
+
+// scrubHeader replaces each pattern's old by its new in every header value.
+func scrubHeader(h http.Header, pats []replacement) {
+	for _, vs := range h {
+		for i := range vs {
+			for _, r := range pats {
+				vs[i] = strings.ReplaceAll(vs[i], string(r.old), string(r.new))
+			}
+		}
+	}
 }

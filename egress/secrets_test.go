@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -591,5 +592,62 @@ func TestEncodedForms(t *testing.T) {
 	}
 	if s.containsString("moat-secret-api-0123") || s.containsString(testValue) {
 		t.Error("a partial placeholder or the value itself is not a placeholder")
+	}
+}
+
+// FuzzRewriteRequest: whatever request line and header the sandbox sends,
+// a request rewriteRequest lets through carries no recognised form of a
+// placeholder except the values it put in, and the values only in the
+// binding's header.
+func FuzzRewriteRequest(f *testing.F) {
+	f.Add("/v1/echo", "Authorization", "Bearer "+testPH)
+	f.Add("/v2/x?q="+testPH2, "X-Token", testPH2)
+	f.Add("/v1/%6D"+testPH[1:], "Cookie", base64.StdEncoding.EncodeToString([]byte(testPH)))
+	f.Add("/v1", "Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("u:"+testPH)))
+	s := compileSecrets(testSecrets())
+	bound := s.bound("example.com", 443)
+	f.Fuzz(func(t *testing.T, target, name, value string) {
+		raw := "GET " + target + " HTTP/1.1\r\nHost: example.com\r\n" + name + ": " + value + "\r\n\r\n"
+		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
+		if err != nil {
+			return
+		}
+		if _, err := s.rewriteRequest(req, bound); err != nil {
+			return
+		}
+		var b bytes.Buffer
+		req.Header.Write(&b)
+		b.WriteString(req.URL.RequestURI())
+		for k, vs := range req.Header {
+			for _, v := range vs {
+				if strings.Contains(v, testValue) && !strings.EqualFold(k, "Authorization") {
+					t.Fatalf("api's value in header %q", k)
+				}
+			}
+		}
+		out := strings.NewReplacer(testValue, "", testValue2, "").Replace(b.String())
+		if s.containsString(out) {
+			t.Fatalf("a placeholder passed: %q", b.String())
+		}
+	})
+}
+
+func TestSecretsUsedSince(t *testing.T) {
+	tests := []struct {
+		name      string
+		cur, prev []SecretUse
+		want      []SecretUse
+	}{
+		{"nothing before", []SecretUse{{"a", "h", 2}}, nil, []SecretUse{{"a", "h", 2}}},
+		{"some before", []SecretUse{{"a", "h", 5}, {"b", "h", 1}}, []SecretUse{{"a", "h", 2}, {"b", "h", 1}}, []SecretUse{{"a", "h", 3}}},
+		{"none since", []SecretUse{{"a", "h", 2}}, []SecretUse{{"a", "h", 2}}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Summary{SecretsUsed: tc.cur}.Since(Summary{SecretsUsed: tc.prev}).SecretsUsed
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
