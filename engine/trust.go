@@ -23,7 +23,7 @@ func trustRunCA(t tier.Tier, spec *tier.Spec, p *egress.Proxy) error {
 	}
 	if !t.Capabilities().TrustStore {
 		return &manifest.FieldError{Field: "secrets", Value: t.Name(), Problem: "cannot be used on the " + t.Name() +
-			" tier: it cannot install the run CA the egress proxy needs for secret-bound hosts; use the native tier"}
+			" tier: it cannot install the run CA the egress proxy needs for secret-bound hosts; use the native, gvisor or microvm tier"}
 	}
 	spec.TrustPEM = pem
 	return nil
