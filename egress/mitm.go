@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,6 +17,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -427,23 +429,10 @@ func secretUsesSorted(m map[SecretUse]int) []SecretUse {
 		u.Requests = n
 		out = append(out, u)
 	}
-	sortSecretUses(out)
+	slices.SortFunc(out, func(a, b SecretUse) int {
+		return cmp.Or(cmp.Compare(a.Host, b.Host), cmp.Compare(a.Name, b.Name))
+	})
 	return out
-}
-
-func sortSecretUses(us []SecretUse) {
-	for i := 1; i < len(us); i++ {
-		for j := i; j > 0 && lessUse(us[j], us[j-1]); j-- {
-			us[j], us[j-1] = us[j-1], us[j]
-		}
-	}
-}
-
-func lessUse(a, b SecretUse) bool {
-	if a.Host != b.Host {
-		return a.Host < b.Host
-	}
-	return a.Name < b.Name
 }
 
 // refuseExfiltration refuses a request whose destination name or request
