@@ -54,6 +54,7 @@ type Summary struct {
 	UnloggedReasons      map[string]int     `json:"unlogged_reasons"`
 	UnloggedDestinations []DestinationCount `json:"unlogged_destinations"`
 	UnloggedElsewhere    int                `json:"unlogged_elsewhere"`
+	SecretsUsed          []SecretUse        `json:"secrets_used,omitempty"`
 }
 
 // Since returns what happened after prev, a Summary taken earlier from the
@@ -86,6 +87,7 @@ func (s Summary) Since(prev Summary) Summary {
 		}
 	}
 	out.UnloggedDestinations = sortedDestinations(dests)
+	out.SecretsUsed = secretUsesSince(s.SecretsUsed, prev.SecretsUsed)
 	return out
 }
 
@@ -146,5 +148,8 @@ func (p *Proxy) Summary() Summary {
 		s.UnloggedReasons[r] = n
 	}
 	s.UnloggedDestinations = sortedDestinations(p.unlogged.dests)
+	if len(p.secretUses) > 0 {
+		s.SecretsUsed = secretUsesSorted(p.secretUses)
+	}
 	return s
 }

@@ -122,6 +122,9 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 				return nil, err
 			}
 		}
+		if err = trustRunCA(t, p.spec, p.egress.proxy); err != nil {
+			return nil, err
+		}
 	}
 	if p.sb, err = t.Prepare(ctx, p.spec); err != nil {
 		p.leftovers = errors.Is(err, tier.ErrLeftovers)
@@ -135,7 +138,7 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 	if p.egress != nil {
 		// The proxy's variables win over the manifest's: there is no
 		// other way out to configure.
-		return environment(p.img.Env, m.Env, extra, proxyEnv(), indexEnv(m.Packages))
+		return environment(p.img.Env, m.Env, extra, proxyEnv(), indexEnv(m.Packages), trustEnv(p.spec))
 	}
 	return environment(p.img.Env, m.Env, extra)
 }

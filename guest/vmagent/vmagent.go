@@ -217,6 +217,9 @@ func (a *agent) serve() error {
 	if err := mountRun(&req); err != nil {
 		return err
 	}
+	if err := installTrust(&req); err != nil {
+		return err
+	}
 	// The same hostname as on every other tier, not the kernel's "(none)".
 	if err := unix.Sethostname([]byte("moat")); err != nil {
 		return fmt.Errorf("sethostname: %w", err)

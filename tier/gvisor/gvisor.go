@@ -152,6 +152,7 @@ func New(opts Options) (*GVisor, error) {
 		NetworkEgress: true,
 		WorkspaceCap:  true,
 		Sessions:      true,
+		TrustStore:    true,
 		Missing: []string{
 			"seccomp, landlock: the native tier's filters are not used; the program's system calls go to gVisor's Sentry, itself confined by gVisor's seccomp filter",
 		},

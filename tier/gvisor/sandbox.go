@@ -181,6 +181,12 @@ func (g *GVisor) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 	if spec.EgressSocket != "" {
 		s.oci.Mounts = append(s.oci.Mounts, egressMount(spec.EgressSocket))
 	}
+	// After /tmp in the mount list: the trust file lies in it.
+	trust, err := trustMounts(spec, s.tmp)
+	if err != nil {
+		return nil, err
+	}
+	s.oci.Mounts = append(s.oci.Mounts, trust...)
 	if err := writeBundle(s.bundle, s.oci); err != nil {
 		return nil, err
 	}

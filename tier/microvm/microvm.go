@@ -210,6 +210,8 @@ func (m *MicroVM) Capabilities() tier.Capabilities {
 		// port (egress.go); still no network device.
 		NetworkEgress: true,
 		WorkspaceCap:  true,
+		// The agent installs the run CA (guest/vmagent/trust.go).
+		TrustStore: true,
 		Missing: []string{
 			"sessions: one command per VM",
 		},

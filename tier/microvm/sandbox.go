@@ -309,6 +309,9 @@ func (s *Sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 	if s.spec.EgressSocket != "" {
 		req.EgressPort = tier.EgressPort
 	}
+	if len(s.spec.TrustPEM) > 0 {
+		req.TrustPEM, req.TrustFile, req.TrustBundle = s.spec.TrustPEM, tier.TrustFile, tier.TrustBundle
+	}
 	rb, _ := json.Marshal(req)
 	conn := s.vm.conn
 	var wmu sync.Mutex

@@ -109,6 +109,13 @@ type Request struct {
 	// over the egress port (see egress.go). Without it the guest's
 	// loopback stays down and the egress port, if any, unused.
 	EgressPort int `json:"egress_port,omitempty"`
+	// TrustPEM, when set, is the egress proxy's run CA (it terminates
+	// TLS for secret-bound hosts): the agent writes the image's CA bundle
+	// plus this to TrustFile, read-only, and binds it over TrustBundle
+	// when the image has one (tier.TrustFile, tier.TrustBundle).
+	TrustPEM    []byte `json:"trust_pem,omitempty"`
+	TrustFile   string `json:"trust_file,omitempty"`
+	TrustBundle string `json:"trust_bundle,omitempty"`
 }
 
 // Result is what the agent observed.
