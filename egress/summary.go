@@ -54,6 +54,7 @@ type Summary struct {
 	UnloggedReasons      map[string]int     `json:"unlogged_reasons"`
 	UnloggedDestinations []DestinationCount `json:"unlogged_destinations"`
 	UnloggedElsewhere    int                `json:"unlogged_elsewhere"`
+	SecretsUsed          []SecretUse        `json:"secrets_used,omitempty"`
 }
 
 // Since returns what happened after prev, a Summary taken earlier from the
