@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/moat-sandbox/moat/egress"
@@ -15,6 +16,9 @@ func (s *Store) GrantSecret(id, name string) error {
 		return fmt.Errorf("grant secret %q: not a secret name; want 1 to %d of a-z 0-9 _ -, starting with a letter or digit", name, egress.MaxSecretName)
 	}
 	if _, err := s.Key(id); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("grant secret %s: no such key %q (moat keys list shows the ids): %w", name, id, ErrNotFound)
+		}
 		return fmt.Errorf("grant secret %s: %w", name, err)
 	}
 	if _, err := s.w.Exec(`INSERT OR IGNORE INTO key_secrets (key_id, secret) VALUES (?, ?)`, id, name); err != nil {
