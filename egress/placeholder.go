@@ -27,12 +27,13 @@ const placeholderRandomBytes = 16
 //     sandbox session), so a placeholder is valid only while the proxy of
 //     that run serves, and dies with it;
 //   - it is recognisable: the prefix and the name say what it stands for
-//     to a person reading a log; the proxy does not rely on the prefix but
+//     to a person reading a log. The proxy must not rely on the prefix: it
 //     knows the run's exact placeholders (SecretBinding.Placeholder) and
-//     searches requests for each of them, as written, with its letters in
-//     either case (DNS and some encoders change case), percent-encoded,
+//     is to search requests for each of them, as written, with its letters
+//     in either case (DNS and some encoders change case), percent-encoded,
 //     and base64- or base32-encoded at each of the encodings' alignments
 //     (base64 of the placeholder at offsets 0, 1 and 2 of a 3-byte group).
+//     Which of these forms the proxy recognises is the proxy's to state.
 //
 // name must be a valid manifest secret name; anything else is an error,
 // never a placeholder the proxy could fail to recognise.
