@@ -26,7 +26,18 @@ func (s *session) connect(req *http.Request) {
 		s.refuse(http.StatusBadRequest, ReasonBadRequest, fmt.Sprintf("CONNECT takes host:port: %v", err))
 		return
 	}
+	if s.p.sec.inName(rawHost) {
+		// Before any lookup: resolving the name would carry the
+		// placeholder off the host.
+		s.refuseExfiltration(rawHost, port)
+		return
+	}
 	if !s.admitDestination(rawHost, port, true) {
+		return
+	}
+	bound := s.p.sec.bound(s.att.Host, port)
+	if len(bound) > 0 && s.p.ca == nil {
+		s.refuse(http.StatusServiceUnavailable, ReasonUpstreamError, "the run CA for secret-bound hosts could not be made")
 		return
 	}
 	lim := s.p.pol.limits
@@ -35,6 +46,10 @@ func (s *session) connect(req *http.Request) {
 		return
 	}
 
+	if len(bound) > 0 {
+		s.intercept(port, bound)
+		return
+	}
 	var hello []byte
 	if port == tlsPort && !isIPLiteral(s.att.Host) {
 		// The name was decided on the CONNECT line; the TLS server will

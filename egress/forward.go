@@ -74,6 +74,24 @@ func (s *session) forward(req *http.Request) {
 		s.refuse(http.StatusBadRequest, ReasonBadRequest, fmt.Sprintf("bad host in request URI: %v", err))
 		return
 	}
+	if s.p.sec.inName(rawHost) {
+		s.refuseExfiltration(rawHost, port)
+		return
+	}
+	// Placeholders are checked (and put in for a bound host) before
+	// anything is dialed: a refused request never reaches its host.
+	var bound []*secretBinding
+	var sub substitution
+	var bodyRep *streamReplacer
+	if s.p.sec != nil {
+		if h, err := normaliseHost(rawHost); err == nil {
+			bound = s.p.sec.bound(h, port)
+		}
+		if sub, err = s.p.sec.rewriteRequest(req, bound); err != nil {
+			s.refuseExfiltration(rawHost, port)
+			return
+		}
+	}
 	if !s.admitDestination(rawHost, port, false) {
 		return
 	}
@@ -102,7 +120,10 @@ func (s *session) forward(req *http.Request) {
 		out.Header["User-Agent"] = []string{""}
 	}
 	out.Close = true
-
+	if len(bound) > 0 {
+		// A compressed answer could not be scrubbed of the value.
+		out.Header.Del("Accept-Encoding")
+	}
 	idle := s.p.pol.limits.IdleTimeout
 	s.client.Conn.SetDeadline(time.Time{})
 	s.client.setIdle(idle)
@@ -113,6 +134,20 @@ func (s *session) forward(req *http.Request) {
 		if _, err := io.WriteString(s.client, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
 			return
 		}
+	}
+
+	if s.p.sec != nil {
+		cb, err := s.p.sec.prepareBody(out.Body, out.ContentLength, sub.body)
+		if cb.refused {
+			s.refuse(http.StatusForbidden, ReasonSecretExfiltration, "a secret's placeholder was sent in a request body its binding does not allow; refused")
+			return
+		}
+		if err != nil {
+			s.refuse(http.StatusBadRequest, ReasonBadRequest, "could not read the request body")
+			return
+		}
+		cb.apply(out)
+		bodyRep = cb.rep
 	}
 
 	// The request goes up while the response comes down: a destination
@@ -129,7 +164,7 @@ func (s *session) forward(req *http.Request) {
 		if err == nil {
 			err = bw.Flush()
 		}
-		if s.up.overBudget.Load() {
+		if s.up.overBudget.Load() || bodyRep.refused() {
 			// The destination would wait for the rest of the body
 			// until the idle timeout; end it now.
 			s.up.Conn.Close()
@@ -152,12 +187,47 @@ func (s *session) forward(req *http.Request) {
 			s.refuse(http.StatusServiceUnavailable, ReasonLimitBytes, "the run's network byte budget is spent")
 			return
 		}
+		// The writer closes the upstream when the body carried a
+		// placeholder; its result is put back for the deferred wait.
+		werr := <-sent
+		sent <- werr
+		if bodyRep.refused() {
+			s.refuse(http.StatusForbidden, ReasonSecretExfiltration, "a secret's placeholder was sent in a request body its binding does not allow; refused")
+			return
+		}
 		s.refuse(http.StatusBadGateway, ReasonUpstreamError, fmt.Sprintf("no valid response from %s", s.att.Host))
 		return
 	}
 	hdr.n = -1
 	stripHopByHop(resp.Header)
 	resp.Close = true
+	if bodyRep != nil {
+		// Only with secrets: the body's verdict and replacements are
+		// known once it went out; a body refused half-way closed the
+		// destination, which rarely answers first.
+		werr := <-sent
+		sent <- werr
+	}
+	if bodyRep.refused() {
+		s.refuse(http.StatusForbidden, ReasonSecretExfiltration, "a secret's placeholder was sent in a request body its binding does not allow; refused")
+		return
+	}
+	s.p.countSecretUse(append(sub.used, bodyRep.replacedIn(sub.body)...), s.att.Host)
+	if len(bound) > 0 {
+		scrub := scrubPatterns(bound)
+		for _, vs := range resp.Header {
+			for i := range vs {
+				for _, r := range scrub {
+					vs[i] = strings.ReplaceAll(vs[i], string(r.old), string(r.new))
+				}
+			}
+		}
+		if bodyAllowed(resp.StatusCode, out.Method) {
+			resp.Body = newStreamReplacer(resp.Body, scrub)
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
+		}
+	}
 	cw := bufio.NewWriterSize(s.client, 32<<10)
 	if err := resp.Write(cw); err == nil {
 		cw.Flush()

@@ -126,6 +126,7 @@ func (p Policy) Validate() error {
 			errs = append(errs, fmt.Errorf("network.allow_addresses[%d]: invalid prefix", i))
 		}
 	}
+	errs = append(errs, validateSecrets(p.Secrets)...)
 	return errors.Join(errs...)
 }
 
@@ -154,6 +155,15 @@ func compilePolicy(p Policy) policy {
 	for _, r := range p.Allow {
 		if cr, ok := compileRule(r); ok {
 			c.rules = append(c.rules, cr)
+		}
+	}
+	// A secret's hosts are where it may be sent: they are destinations
+	// of the run as much as network.allow's (secrets.go).
+	for _, b := range p.Secrets {
+		for _, r := range b.Hosts {
+			if cr, ok := compileRule(r); ok {
+				c.rules = append(c.rules, cr)
+			}
 		}
 	}
 	for _, pr := range p.AllowAddresses {

@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -71,6 +72,10 @@ type Options struct {
 	// Now stamps attempts and drives the connection rate limiter.
 	// Timeouts use the real clock (they are socket deadlines).
 	Now func() time.Time
+	// RootCAs verify the real hosts of secret-bound connections, which
+	// the proxy re-originates; nil: the system roots. Tests inject their
+	// own; production leaves it nil.
+	RootCAs *x509.CertPool
 }
 
 // ErrClosed is returned by Serve after Close.
@@ -117,7 +122,16 @@ type Proxy struct {
 	nameRate    *rateLimiter
 	lookups     int
 	lookupBytes int64
-	wg          sync.WaitGroup // Serve loops and connection handlers
+	// sec are the run's secrets (nil: none), ca the run CA that signs
+	// for their hosts (nil when there are none, or it could not be
+	// made: then bound hosts are refused), secretUses the requests that
+	// carried each secret to each host.
+	sec        *secretSet
+	ca         *runCA
+	caErr      error
+	rootCAs    *x509.CertPool
+	secretUses map[SecretUse]int
+	wg         sync.WaitGroup // Serve loops and connection handlers
 }
 
 // New returns a proxy enforcing p. Rules that ParseRule would not produce
@@ -144,6 +158,12 @@ func New(p Policy, opts Options) *Proxy {
 	}
 	if x.now == nil {
 		x.now = time.Now
+	}
+	x.sec, x.rootCAs, x.secretUses = compileSecrets(p.Secrets), opts.RootCAs, map[SecretUse]int{}
+	if x.sec != nil {
+		// An error leaves ca nil: TrustPEM says so to the engine, which
+		// refuses the run, and bound hosts are refused here.
+		x.ca, x.caErr = newRunCA(x.sec, x.now())
 	}
 	x.out.limit = pol.limits.MaxBytesOut
 	x.in.limit = pol.limits.MaxBytesIn

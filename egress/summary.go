@@ -87,6 +87,7 @@ func (s Summary) Since(prev Summary) Summary {
 		}
 	}
 	out.UnloggedDestinations = sortedDestinations(dests)
+	out.SecretsUsed = secretUsesSince(s.SecretsUsed, prev.SecretsUsed)
 	return out
 }
 
@@ -147,5 +148,8 @@ func (p *Proxy) Summary() Summary {
 		s.UnloggedReasons[r] = n
 	}
 	s.UnloggedDestinations = sortedDestinations(p.unlogged.dests)
+	if len(p.secretUses) > 0 {
+		s.SecretsUsed = secretUsesSorted(p.secretUses)
+	}
 	return s
 }

@@ -128,6 +128,9 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 			return nil, err
 		}
 		p.spec.EgressSocket = p.egress.socket
+		if err = trustRunCA(t, p.spec, p.egress.proxy); err != nil {
+			return nil, err
+		}
 	}
 	if p.sb, err = t.Prepare(ctx, p.spec); err != nil {
 		p.leftovers = errors.Is(err, tier.ErrLeftovers)
@@ -142,7 +145,7 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 		// The proxy's variables win over the manifest's: there is no
 		// other way out to configure. The manifest refuses a secret's
 		// variable that is also in env or a proxy variable.
-		return environment(p.img.Env, m.Env, extra, p.secretEnv, proxyEnv())
+		return environment(p.img.Env, m.Env, extra, p.secretEnv, proxyEnv(), trustEnv(p.spec))
 	}
 	return environment(p.img.Env, m.Env, extra)
 }

@@ -91,6 +91,13 @@ type Spec struct {
 	// socket: the sandbox's only way out. The tier makes it reachable from
 	// inside as an HTTP proxy on 127.0.0.1:EgressPort.
 	EgressSocket string
+	// TrustPEM, when set, is a CA certificate (PEM) the sandbox must
+	// trust for the run: the egress proxy's run CA, which signs for the
+	// hosts secrets are bound to (egress.Proxy.TrustPEM). A tier with
+	// Capabilities.TrustStore installs the image's CA bundle plus this at
+	// TrustFile and over TrustBundle when the image has it; the engine
+	// refuses a run that needs it on any other tier.
+	TrustPEM []byte
 	// StateDir is the run's private directory on the host (mode 0700,
 	// owned by root) for whatever the tier must keep as files (an OCI
 	// bundle, a runtime's state, a mount point). The engine removes it
@@ -124,6 +131,25 @@ func CheckNoBuild(tierName string, spec *Spec) error {
 		return fmt.Errorf("%w: the %s tier cannot run image build steps (a writable image root); only the native tier can", ErrUnavailable, tierName)
 	}
 	return nil
+}
+
+// TrustFile is where a sandbox given Spec.TrustPEM finds the image's CA
+// bundle plus the run CA, read-only; TrustEnv points the usual clients
+// there. TrustBundle is the Debian-style system bundle, replaced by the
+// same file when the image has it, for clients that read only that.
+const (
+	TrustFile   = "/tmp/.moat-run-ca.pem"
+	TrustBundle = "/etc/ssl/certs/ca-certificates.crt"
+)
+
+// TrustEnv are the variables that make OpenSSL, curl, Python's requests
+// and pip, Node and npm, and git trust TrustFile.
+func TrustEnv() map[string]string {
+	env := map[string]string{}
+	for _, k := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS", "NPM_CONFIG_CAFILE", "GIT_SSL_CAINFO"} {
+		env[k] = TrustFile
+	}
+	return env
 }
 
 // EgressPort is where a sandbox with an egress grant finds the proxy, on
@@ -216,6 +242,9 @@ type Capabilities struct {
 	// BuildSteps: the tier runs image build steps (Spec.Build): the
 	// image root writable, the program possibly uid 0 of its namespace.
 	BuildSteps bool
+	// TrustStore: the tier installs Spec.TrustPEM in the sandbox's trust
+	// store (TrustFile, TrustBundle), so secrets can be used there.
+	TrustStore bool
 	// OnlyGuests: the tier runs only its own WebAssembly guests (python3,
 	// a JavaScript engine), not Linux programs: no shell, no /proc, no
 	// processes, no raw system calls. Conformance cases that need those

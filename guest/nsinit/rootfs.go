@@ -2,6 +2,7 @@ package nsinit
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -134,7 +135,71 @@ func buildRoot(cfg *nswire.Config) error {
 	unix.Close(nswire.WorkspaceFD)
 
 	// Into the image, the host's tree detached.
-	return rootfs.PivotInto(root)
+	if err := rootfs.PivotInto(root); err != nil {
+		return err
+	}
+	if len(cfg.TrustPEM) > 0 {
+		return installTrust(cfg)
+	}
+	return nil
+}
+
+// maxTrustBundle bounds the image's CA bundle init reads (Debian's is
+// about 220 KiB).
+const maxTrustBundle = 8 << 20
+
+// installTrust makes the sandbox trust the egress proxy's run CA for the
+// run: the image's bundle plus the run CA go to TrustFile (in /tmp, the
+// one writable place, created exclusively and then bound read-only), and
+// over the image's bundle when it has one, so clients that read only
+// the system bundle trust it too. It runs after pivot_root, so the
+// image's bundle is read inside the sandbox's own tree: a symlink in the
+// image cannot name a host file.
+func installTrust(cfg *nswire.Config) error {
+	if !filepath.IsAbs(cfg.TrustFile) || !filepath.IsAbs(cfg.TrustBundle) {
+		return fmt.Errorf("setup: trust paths %q, %q are not absolute", cfg.TrustFile, cfg.TrustBundle)
+	}
+	var bundle []byte
+	imageHas := false
+	if f, err := os.Open(cfg.TrustBundle); err == nil {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			bundle, err = io.ReadAll(io.LimitReader(f, maxTrustBundle+1))
+			if err != nil || len(bundle) > maxTrustBundle {
+				f.Close()
+				return fmt.Errorf("read the image's CA bundle %s: too large or unreadable", cfg.TrustBundle)
+			}
+			imageHas = true
+		}
+		f.Close()
+	}
+	data := append(append(bundle, '\n'), cfg.TrustPEM...)
+	f, err := os.OpenFile(cfg.TrustFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o444)
+	if err != nil {
+		return fmt.Errorf("write the run CA bundle: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write the run CA bundle: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write the run CA bundle: %w", err)
+	}
+	// Read-only, so the program cannot swap what it trusts for the rest
+	// of the run behind a later process's back (sticky /tmp already
+	// keeps it from deleting the file).
+	if err := readonly(cfg.TrustFile); err != nil {
+		return err
+	}
+	if !imageHas {
+		return nil
+	}
+	if err := unix.Mount(cfg.TrustFile, cfg.TrustBundle, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind the run CA bundle over %s: %w", cfg.TrustBundle, err)
+	}
+	if err := rootfs.SetAttr(cfg.TrustBundle, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC); err != nil {
+		return fmt.Errorf("make %s read-only: %w", cfg.TrustBundle, err)
+	}
+	return nil
 }
 
 // rootAttr is the image root's mount attributes: never setuid binaries or

@@ -94,7 +94,7 @@ func New(opts Options) (*Native, error) {
 	}
 	return &Native{exe: opts.Exe, cg: cg, filter: filter, caps: tier.Capabilities{
 		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true, NetworkEgress: true,
-		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true, BuildSteps: true,
+		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true, BuildSteps: true, TrustStore: true,
 	}}, nil
 }
 
@@ -288,6 +288,9 @@ func (n *Native) Prepare(ctx context.Context, spec *tier.Spec) (_ tier.Sandbox, 
 		Seccomp:         n.filter,
 		RequireLandlock: !slices.Contains(spec.AllowMissing, "landlock"),
 		EgressPort:      egressPort(spec),
+		TrustPEM:        spec.TrustPEM,
+		TrustFile:       tier.TrustFile,
+		TrustBundle:     tier.TrustBundle,
 		Rlimits: nswire.Rlimits{
 			NoFile:     uint64(lim.OpenFiles),
 			FSize:      uint64(lim.FileSizeBytes),

@@ -132,6 +132,15 @@ type Setup struct {
 	// (EgressFD). The program's HTTP_PROXY points there.
 	EgressPort int `json:"egress_port,omitempty"`
 
+	// TrustPEM, when set, is the run CA of the egress proxy (it
+	// terminates TLS for secret-bound hosts): init writes the image's CA
+	// bundle plus this to TrustFile, read-only, and binds it over the
+	// image's bundle at TrustBundle when the image has one (the paths
+	// are tier.TrustFile and tier.TrustBundle).
+	TrustPEM    []byte `json:"trust_pem,omitempty"`
+	TrustFile   string `json:"trust_file,omitempty"`
+	TrustBundle string `json:"trust_bundle,omitempty"`
+
 	// Landlock requires the Landlock ruleset; when false and the kernel
 	// lacks Landlock, init goes on and reports the degradation.
 	RequireLandlock bool `json:"require_landlock"`
