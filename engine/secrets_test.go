@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,5 +213,97 @@ open("/workspace/seen", "wb").write(b"\n".join(seen))
 		if strings.Contains(string(b), secretValue) {
 			t.Errorf("%s holds the secret's value", what)
 		}
+	}
+}
+
+// TestSecretEndToEnd runs a real sandbox against two local plain-HTTP
+// servers: the one the secret is bound to receives the value in place of
+// the placeholder the program sent; the other, though allowed, receives
+// nothing (the proxy refuses the placeholder there), the run gets a
+// secret-exfiltration violation, and the result lists the use and never
+// the value.
+func TestSecretEndToEnd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	var mu sync.Mutex
+	got := map[string][]string{}
+	server := func(name string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got[name] = append(got[name], r.Header.Get("Authorization"))
+			mu.Unlock()
+			// An API that echoes the credential: the proxy must not let
+			// the value back in.
+			fmt.Fprintf(w, "echo %s", r.Header.Get("Authorization"))
+		}))
+		t.Cleanup(srv.Close)
+		return strings.TrimPrefix(srv.URL, "http://127.0.0.1:")
+	}
+	bound, other := server("bound"), server("other")
+	m := manifest.Default()
+	m.Network.Mode = "allowlist"
+	m.Network.Allow = []string{"localhost:" + bound, "localhost:" + other}
+	m.Network.AllowAddresses = []string{"127.0.0.1", "::1"}
+	m.Secrets = []manifest.Secret{{Name: "api-key", Hosts: []string{"localhost:" + bound}, Header: "Authorization", Env: "API_KEY"}}
+	m.Resources.Timeout = manifest.Duration(30 * time.Second)
+	m.Resources.CPUTime = m.Resources.Timeout
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	prog := fmt.Sprintf(`
+import os, urllib.request
+k = os.environ["API_KEY"]
+def get(port):
+    req = urllib.request.Request("http://localhost:%%s/" %% port, headers={"Authorization": "Bearer " + k})
+    try:
+        return urllib.request.urlopen(req, timeout=10).read().decode()
+    except Exception as e:
+        return "ERR %%s %%s" %% (type(e).__name__, getattr(e, "code", ""))
+print("bound", get(%s))
+print("other", get(%s))
+`, bound, other)
+	res, err := e.Run(context.Background(), &Request{Manifest: m, Argv: []string{"python3", "-c", prog}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.Marshal(res)
+	t.Logf("stdout %q stderr %q secrets_used %+v violations %+v", res.Stdout.Data, res.Stderr.Data, res.SecretsUsed, res.Violations)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"Bearer " + secretValue}; !reflect.DeepEqual(got["bound"], want) {
+		t.Errorf("bound server received %q, want %q", got["bound"], want)
+	}
+	if len(got["other"]) != 0 {
+		t.Errorf("the server the secret is not bound to received %q", got["other"])
+	}
+	if strings.Contains(string(js), secretValue) {
+		t.Errorf("the result holds the value (the echo reached the program, or a log holds it)")
+	}
+	if !strings.Contains(res.Stdout.Data, "bound echo Bearer "+egress.PlaceholderPrefix+"api-key-") {
+		t.Errorf("the program did not get the echo with its placeholder back: %q", res.Stdout.Data)
+	}
+	if len(res.SecretsUsed) != 1 || res.SecretsUsed[0].Name != "api-key" || res.SecretsUsed[0].Requests != 1 || !strings.HasPrefix(res.SecretsUsed[0].Host, "localhost") {
+		t.Errorf("secrets_used %+v, want one request of api-key to localhost", res.SecretsUsed)
+	}
+	found := false
+	for _, v := range res.Violations {
+		found = found || v.Kind == result.ViolationSecretExfiltration
+	}
+	if !found {
+		t.Errorf("no %s violation in %+v", result.ViolationSecretExfiltration, res.Violations)
 	}
 }
