@@ -307,3 +307,53 @@ print("other", get(%s))
 		t.Errorf("no %s violation in %+v", result.ViolationSecretExfiltration, res.Violations)
 	}
 }
+
+// TestSecretSessionPlaceholder: a session's commands share one
+// placeholder for the sandbox's life; another session gets another.
+func TestSecretSessionPlaceholder(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	m := secretManifest(t, manifest.Secret{Name: "api-key", Hosts: []string{"api.example.com"}, Env: "API_KEY"})
+	placeholders := func() []string {
+		s, err := e.NewSession(context.Background(), &SessionRequest{Manifest: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		var out []string
+		for range 2 {
+			p, err := s.Start(context.Background(), &ExecRequest{Argv: []string{"sh", "-c", `printf %s "$API_KEY"`}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-p.Done()
+			res := p.Result()
+			if strings.Contains(res.Stdout.Data, secretValue) || !egress.IsPlaceholder(res.Stdout.Data) {
+				t.Fatalf("a session command saw %q, want a placeholder", res.Stdout.Data)
+			}
+			out = append(out, res.Stdout.Data)
+		}
+		return out
+	}
+	a, b := placeholders(), placeholders()
+	if a[0] != a[1] || b[0] != b[1] {
+		t.Errorf("a session's commands saw different placeholders: %q, %q", a, b)
+	}
+	if a[0] == b[0] {
+		t.Errorf("two sessions share the placeholder %q", a[0])
+	}
+}
