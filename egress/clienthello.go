@@ -18,6 +18,17 @@ const (
 	serverNameTypeHost    = 0
 	maxSNILength          = 253
 	maxClientHelloRecords = 8
+
+	// Encrypted Client Hello (draft-ietf-tls-esni): the outer hello
+	// carries a public SNI, the encrypted inner one the real name. A
+	// proxy that checks only the outer name lets the sandbox reach any
+	// site behind the same CDN front, so a hello with any of these is
+	// refused.
+	extECH           = 0xfe0d // encrypted_client_hello, draft 13 and later (the RFC's code point)
+	extECHDraftFirst = 0xfe08 // drafts 8 to 12 numbered the extension 0xfe08..0xfe0c
+	extECHDraftLast  = 0xfe0c
+	extECHOuterExts  = 0xfd00 // ech_outer_extensions: belongs only inside an inner hello
+	extESNI          = 0xffce // encrypted_server_name, the ESNI drafts ECH replaced
 )
 
 var (
@@ -25,7 +36,18 @@ var (
 	errNoSNI       = errors.New("egress: ClientHello without server_name")
 	errBadHello    = errors.New("egress: malformed ClientHello")
 	errHelloTooBig = errors.New("egress: ClientHello too large")
+	// errECH is a ClientHello that encrypts its real server name: the
+	// SNI the proxy can read is not the one the server routes on.
+	errECH = errors.New("egress: ClientHello with Encrypted Client Hello")
 )
+
+// isECHExtension reports whether an extension type carries or belongs to
+// an encrypted ClientHello, in the final code point or a draft one that
+// deployed clients sent.
+func isECHExtension(typ int) bool {
+	return typ == extECH || typ == extESNI || typ == extECHOuterExts ||
+		(typ >= extECHDraftFirst && typ <= extECHDraftLast)
+}
 
 // readClientHello reads TLS records from r until it holds one complete
 // ClientHello, and returns the raw bytes read (to replay upstream) and the
@@ -167,6 +189,12 @@ func parseClientHello(body []byte) (string, error) {
 			return "", errBadHello
 		}
 		seen[typ] = true
+		if isECHExtension(typ) {
+			// Refused whatever the outer name: checked before the
+			// SNI is even looked at, so no outer name can make an
+			// encrypted inner one pass.
+			return "", errECH
+		}
 		if typ != extServerName {
 			continue
 		}

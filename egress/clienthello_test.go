@@ -3,6 +3,8 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"crypto/ecdh"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -25,10 +27,50 @@ func captureHello(t testing.TB, cfg *tls.Config) []byte {
 	}()
 	c2.SetDeadline(time.Now().Add(5 * time.Second))
 	raw, _, err := readClientHello(c2)
-	if err != nil && !errors.Is(err, errNoSNI) {
+	if err != nil && !errors.Is(err, errNoSNI) && !errors.Is(err, errECH) {
 		t.Fatalf("reading crypto/tls's ClientHello: %v", err)
 	}
 	return raw
+}
+
+// echConfigList returns an ECHConfigList (draft-ietf-tls-esni-18 section
+// 4) with one config for a fresh X25519 key and the given public name, so
+// that crypto/tls sends a real Encrypted Client Hello.
+func echConfigList(t testing.TB, publicName string) []byte {
+	t.Helper()
+	key, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u16 := func(b []byte, v int) []byte { return append(b, byte(v>>8), byte(v)) }
+	pub := key.PublicKey().Bytes()
+	var c []byte
+	c = append(c, 1)      // config_id
+	c = u16(c, 0x0020)    // DHKEM(X25519, HKDF-SHA256)
+	c = u16(c, len(pub))  // public_key
+	c = append(c, pub...) //
+	c = u16(c, 4)         // cipher_suites: one
+	c = u16(c, 0x0001)    // HKDF-SHA256
+	c = u16(c, 0x0001)    // AES-128-GCM
+	c = append(c, 0)      // maximum_name_length
+	c = append(c, byte(len(publicName)))
+	c = append(c, publicName...)
+	c = u16(c, 0) // no extensions
+	cfg := u16(u16(nil, 0xfe0d), len(c))
+	cfg = append(cfg, c...)
+	return append(u16(nil, len(cfg)), cfg...)
+}
+
+// echHello is crypto/tls's first flight with Encrypted Client Hello: the
+// outer SNI is publicName, the encrypted inner one innerName.
+func echHello(t testing.TB, publicName, innerName string) []byte {
+	t.Helper()
+	return captureHello(t, &tls.Config{
+		ServerName:                     innerName,
+		MinVersion:                     tls.VersionTLS13,
+		EncryptedClientHelloConfigList: echConfigList(t, publicName),
+		InsecureSkipVerify:             true,
+	})
 }
 
 // synthHello builds a ClientHello record with the given extensions block
@@ -78,6 +120,11 @@ func TestClientHello(t *testing.T) {
 	real := captureHello(t, &tls.Config{ServerName: "files.pythonhosted.org", InsecureSkipVerify: true})
 	tls12 := captureHello(t, &tls.Config{ServerName: "pypi.org", MaxVersion: tls.VersionTLS12, InsecureSkipVerify: true})
 	noSNI := captureHello(t, &tls.Config{InsecureSkipVerify: true})
+	ech := echHello(t, "allowed.test", "other.test")
+	echSame := echHello(t, "allowed.test", "allowed.test")
+	ext := func(typ int, data ...byte) []byte {
+		return append([]byte{byte(typ >> 8), byte(typ), byte(len(data) >> 8), byte(len(data))}, data...)
+	}
 	tests := []struct {
 		name    string
 		in      []byte
@@ -97,6 +144,21 @@ func TestClientHello(t *testing.T) {
 		{"empty name", synthHello(sniExt("")), "", errBadHello},
 		{"name with NUL", synthHello(sniExt("allowed.test\x00.evil")), "", errBadHello},
 		{"name with space", synthHello(sniExt("allowed test")), "", errBadHello},
+		// Encrypted Client Hello: the readable SNI is the outer one;
+		// the server may route on the encrypted inner one.
+		{"crypto/tls ECH, other inner name", ech, "", errECH},
+		{"crypto/tls ECH, same inner name", echSame, "", errECH},
+		{"crypto/tls ECH split across records", refragment(ech, 300), "", errECH},
+		{"ECH before server_name", synthHello(ext(0xfe0d, 0, 1, 2), sniExt("allowed.test")), "", errECH},
+		{"ECH after server_name", synthHello(sniExt("allowed.test"), ext(0xfe0d, 0, 1, 2)), "", errECH},
+		{"empty ECH extension", synthHello(sniExt("allowed.test"), ext(0xfe0d)), "", errECH},
+		{"ECH without server_name", synthHello(ext(0xfe0d, 1)), "", errECH},
+		{"ESNI draft 0xffce", synthHello(sniExt("allowed.test"), ext(0xffce, 0, 1)), "", errECH},
+		{"ECH draft 0xfe08", synthHello(sniExt("allowed.test"), ext(0xfe08, 0)), "", errECH},
+		{"ECH draft 0xfe0c", synthHello(sniExt("allowed.test"), ext(0xfe0c, 0)), "", errECH},
+		{"ech_outer_extensions in an outer hello", synthHello(sniExt("allowed.test"), ext(0xfd00, 2, 0, 10)), "", errECH},
+		{"neighbour code point 0xfe0e is not ECH", synthHello(sniExt("allowed.test"), ext(0xfe0e, 0)), "allowed.test", nil},
+		{"neighbour code point 0xfe07 is not ECH", synthHello(sniExt("allowed.test"), ext(0xfe07, 0)), "allowed.test", nil},
 		{"http", []byte("GET / HTTP/1.1\r\n\r\n"), "", errNotTLS},
 		{"alert record", []byte{21, 3, 1, 0, 2, 2, 40}, "", errNotTLS},
 		{"ssl2 style", []byte{0x80, 0x2e, 1, 0, 2}, "", errNotTLS},

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -58,6 +59,10 @@ func (s *session) connect(req *http.Request) {
 		// literal has no name to compare, and the grant is the address.
 		s.client.Conn.SetReadDeadline(time.Now().Add(lim.HandshakeTimeout))
 		raw, sni, err := readClientHello(s.br)
+		if errors.Is(err, errECH) {
+			s.att.Allowed, s.att.Reason = false, ReasonECHRefused
+			return
+		}
 		if err != nil || !sameHost(sni, s.att.Host) {
 			s.att.Allowed, s.att.Reason = false, ReasonSNIMismatch
 			return

@@ -23,9 +23,12 @@
 //     metadata service), CGNAT, multicast or otherwise reserved, and dials
 //     exactly the address it checked, so a second, different DNS answer
 //     (rebinding) is never used;
-//   - let a TLS tunnel on port 443 carry a different name than the one allowed
-//     (the ClientHello's SNI must equal the CONNECT host: no domain fronting
-//     through an allowed front);
+//   - let a TLS tunnel on port 443 name a different server than the one
+//     allowed in its ClientHello (the SNI must equal the CONNECT host, and a
+//     hello with Encrypted Client Hello, whose real name the proxy cannot
+//     read, is refused). This is not a cure for domain fronting: inside an
+//     opaque tunnel the HTTP Host header is encrypted, and a CDN that routes
+//     on it can still be reached through any allowlisted name it serves;
 //   - grow without bound: concurrent connections, connection rate, bytes each
 //     way per run, idle and handshake time are all limited (Limits), and a
 //     flood of connections costs at most a bounded number of goroutines;

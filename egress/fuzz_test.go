@@ -3,6 +3,7 @@ package egress
 import (
 	"bytes"
 	"crypto/tls"
+	"golang.org/x/text/unicode/norm"
 	"io"
 	"net"
 	"strings"
@@ -16,6 +17,8 @@ func FuzzParseRule(f *testing.F) {
 		"xn--bcher-kva.example", "*.com", "*.co.uk", "*", "127.0.0.1", "[::1]:443", "https://a.b/c",
 		"allowed.com@evil.test", "a..b", "a:0", "a:65536", "2130706433", "0x7f.1", "ａ.com", "\u212A.com",
 		"xn--", "xn--a", "xn--zz-.ex", strings.Repeat("a.", 130),
+		"cafe\u0301.com", "caf\u00e9.com", "xn--caf-dma.com", "*.cafe\u0301.com", "\u0430llowed.com",
+		"xn--llowed-2nf.com", "fa\u00df.de", "a\u05d0.com", "\ufb01le.example", "allowed\u3002com",
 	} {
 		f.Add(s, "allowed.com", 443)
 	}
@@ -56,6 +59,53 @@ func FuzzParseRule(f *testing.F) {
 	})
 }
 
+// FuzzNormaliseHost: the name normaliser (rules and requested names) is
+// idempotent, yields ASCII the strict IDNA profile accepts unchanged, and
+// gives one answer for the canonically equivalent (NFC and NFD) spellings
+// of a name it accepts.
+func FuzzNormaliseHost(f *testing.F) {
+	for _, s := range []string{
+		"pypi.org", "PyPI.ORG.", "b\u00fccher.example", "bu\u0308cher.example", "xn--bcher-kva.example",
+		"cafe\u0301.com", "CAF\u00c9.com", "xn--caf-dma.com", "xn--cafe-yvc.com", "\u0430llowed.com",
+		"g\u03bfogle.com", "\u212Aey.example", "\uff41.com", "allowed\u3002com", "xn--99999999999.com",
+		"\u0301a.com", "a\u05d0.com", "\u05d0\u05d1.com", "ca\u200dfe.com", "faß.de", "tokyo\u306e.jp",
+		"127.1", "a..b", "xn--", "r1---sn-abc.example", strings.Repeat("\u00e9", 70) + ".com",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := normaliseHost(s)
+		if err != nil {
+			return
+		}
+		for i := 0; i < len(n); i++ {
+			if n[i] >= 0x80 || n[i] >= 'A' && n[i] <= 'Z' {
+				t.Fatalf("%q normalised to %q, not lower-case ASCII", s, n)
+			}
+		}
+		if again, err := normaliseHost(n); err != nil || again != n {
+			t.Fatalf("%q -> %q -> %q, %v: not idempotent", s, n, again, err)
+		}
+		// Every A-label is one the strict profile writes itself. (ASCII
+		// labels keep the LDH rule only: "r1---sn-x" is a real CDN name
+		// IDNA2008's hyphen rule would refuse.)
+		for _, l := range strings.Split(n, ".") {
+			if !strings.HasPrefix(l, "xn--") {
+				continue
+			}
+			if a, err := idnaProfile.ToASCII(l); err != nil || a != l {
+				t.Fatalf("%q -> %q, whose label %q IDNA writes %q, %v", s, n, l, a, err)
+			}
+		}
+		for _, form := range []norm.Form{norm.NFC, norm.NFD} {
+			v := form.String(s)
+			if got, err := normaliseHost(v); err != nil || got != n {
+				t.Fatalf("%q -> %q, but its equivalent %q -> %q, %v", s, n, v, got, err)
+			}
+		}
+	})
+}
+
 func FuzzClientHello(f *testing.F) {
 	real := captureHello(f, &tls.Config{ServerName: "files.pythonhosted.org", InsecureSkipVerify: true})
 	f.Add(real)
@@ -65,6 +115,15 @@ func FuzzClientHello(f *testing.F) {
 	f.Add(synthHello(sniExt("allowed.test")))
 	f.Add(synthHello(sniExt("a"), sniExt("b")))
 	f.Add(synthHello())
+	// Encrypted Client Hello, real and crafted, in the final and the
+	// draft code points.
+	ech := echHello(f, "allowed.test", "other.test")
+	f.Add(ech)
+	f.Add(refragment(ech, 300))
+	f.Add(synthHello(sniExt("allowed.test"), []byte{0xfe, 0x0d, 0, 3, 0, 1, 2}))
+	f.Add(synthHello([]byte{0xff, 0xce, 0, 0}, sniExt("allowed.test")))
+	f.Add(synthHello(sniExt("allowed.test"), []byte{0xfe, 0x08, 0, 0}))
+	f.Add(synthHello(sniExt("allowed.test"), []byte{0xfd, 0x00, 0, 3, 2, 0, 10}))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	f.Add([]byte{22, 3, 1, 0, 4, 1, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {

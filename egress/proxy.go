@@ -52,6 +52,10 @@ const (
 	// already; the proxy lets nothing more through rather than leave
 	// traffic unrecorded.
 	ReasonLimitLog = "limit-log"
+	// ReasonECHRefused: a TLS ClientHello with Encrypted Client Hello
+	// (or its ESNI predecessor); its outer name may be allowed, but the
+	// server routes on an inner name the proxy cannot read.
+	ReasonECHRefused = "ech-refused"
 )
 
 // Resolver resolves host names; net.DefaultResolver fits.

@@ -301,6 +301,15 @@ func TestConnectTLS(t *testing.T) {
 			want: Attempt{Method: "CONNECT", Host: "a.wild.test", Port: 443, Address: "127.0.0.1", Reason: ReasonSNIMismatch}},
 		{name: "no SNI", target: "allowed.test:443", run: tlsGet(""),
 			want: Attempt{Method: "CONNECT", Host: "allowed.test", Port: 443, Address: "127.0.0.1", Reason: ReasonSNIMismatch}},
+		// Encrypted Client Hello: the outer SNI is the allowed CONNECT
+		// name, the encrypted inner one names another site behind the
+		// same front. Refused with its own reason, inner name or not.
+		{name: "ECH with an allowed outer name", target: "allowed.test:443", run: tlsGetConfig(&tls.Config{ServerName: "other.test", MinVersion: tls.VersionTLS13,
+			EncryptedClientHelloConfigList: echConfigList(t, "allowed.test"), InsecureSkipVerify: true}),
+			want: Attempt{Method: "CONNECT", Host: "allowed.test", Port: 443, Address: "127.0.0.1", Reason: ReasonECHRefused}},
+		{name: "ECH with the same inner name", target: "allowed.test:443", run: tlsGetConfig(&tls.Config{ServerName: "allowed.test", MinVersion: tls.VersionTLS13,
+			EncryptedClientHelloConfigList: echConfigList(t, "allowed.test"), InsecureSkipVerify: true}),
+			want: Attempt{Method: "CONNECT", Host: "allowed.test", Port: 443, Address: "127.0.0.1", Reason: ReasonECHRefused}},
 		{name: "not TLS", target: "allowed.test:443", run: plainGet,
 			want: Attempt{Method: "CONNECT", Host: "allowed.test", Port: 443, Address: "127.0.0.1", Reason: ReasonSNIMismatch}},
 		{name: "granted IP literal, no SNI needed", target: "127.0.0.1:443", run: tlsGet(""), wantOK: true,
@@ -353,8 +362,12 @@ func TestConnectTLS(t *testing.T) {
 // tlsGet does a TLS handshake with the given SNI ("" sends none) and an
 // HTTP request over it.
 func tlsGet(sni string) func(net.Conn) error {
+	return tlsGetConfig(&tls.Config{ServerName: sni, InsecureSkipVerify: true})
+}
+
+// tlsGetConfig is tlsGet with a whole client configuration.
+func tlsGetConfig(cfg *tls.Config) func(net.Conn) error {
 	return func(c net.Conn) error {
-		cfg := &tls.Config{ServerName: sni, InsecureSkipVerify: true}
 		tc := tls.Client(c, cfg)
 		tc.SetDeadline(time.Now().Add(5 * time.Second))
 		if err := tc.Handshake(); err != nil {

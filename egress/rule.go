@@ -9,6 +9,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"golang.org/x/net/idna"
 	"golang.org/x/net/publicsuffix"
 )
 
@@ -45,13 +46,14 @@ var errNumericHost = errors.New("looks like an IP address in numeric form")
 // normalised name is also what is resolved, sent as Host and compared with
 // the SNI.
 //
-// Unicode labels are lower-cased rune by rune and encoded; there is no
-// UTS #46 compatibility mapping (golang.org/x/net/idna needs x/text, which
-// the module does not carry). That only ever makes fewer names match:
-// a lookalike ("аllowed.com" with a Cyrillic а) or a fullwidth form is a
-// different punycode name, never the ASCII rule's name. Characters that
-// would lower-case into ASCII (the Kelvin sign K) and fullwidth forms are
-// refused outright, as the tricks they are.
+// Unicode labels go through IDNA (UTS #46 lookup mapping, NFC, IDNA2008
+// validity, the bidi rule; idnaProfile), so every spelling of one name,
+// composed, decomposed or already punycode, normalises to the same A-label
+// and matches the same rule. On top of IDNA, Moat refuses what IDNA would
+// quietly map: characters that stand in for ASCII (the Kelvin sign K,
+// fullwidth forms, the ideographic full stop as a dot), and labels that
+// mix the Latin, Greek and Cyrillic scripts, the lookalikes a reader of a
+// manifest or a log would take for another name (checkLookalike).
 func normaliseHost(s string) (string, error) {
 	if s == "" {
 		return "", errors.New("empty host name")
@@ -83,6 +85,23 @@ func normaliseHost(s string) (string, error) {
 	return a, nil
 }
 
+// idnaProfile is the one IDNA profile for allowlist rules and requested
+// names alike: the lookup mapping of UTS #46 (case folding, NFC), STD3
+// ASCII rules, IDNA2008 label validation (hyphens, joiners, combining marks
+// first), the bidi rule of RFC 5893 and DNS lengths. Non-transitional: ß
+// and ς stay themselves, as browsers have resolved them since 2017.
+var idnaProfile = idna.New(
+	idna.MapForLookup(),
+	idna.BidiRule(),
+	idna.ValidateLabels(true),
+	idna.StrictDomainName(true),
+	idna.VerifyDNSLength(true),
+	idna.Transitional(false),
+)
+
+// idnaMapping maps without validating, to see what one character becomes.
+var idnaMapping = idna.New(idna.MapForLookup(), idna.Transitional(false))
+
 // normaliseLabel returns the ASCII form of one label.
 func normaliseLabel(l string) (string, error) {
 	if l == "" {
@@ -104,45 +123,100 @@ func normaliseLabel(l string) (string, error) {
 			return "", err
 		}
 		if strings.HasPrefix(a, "xn--") {
-			// An A-label must be the canonical encoding of a real
+			// An A-label must be the canonical encoding of a valid
 			// Unicode label, or two spellings could mean one name.
-			u, err := punyDecode(a[4:])
+			// idna.Punycode only decodes (RFC 3492); the checks are
+			// Moat's and then the strict profile's.
+			u, err := idna.Punycode.ToUnicode(a)
+			if err != nil || strings.HasPrefix(u, "xn--") {
+				return "", fmt.Errorf("label %q is not valid punycode", l)
+			}
+			if err := checkULabel([]rune(u)); err != nil {
+				return "", fmt.Errorf("label %q: %v", l, err)
+			}
+			if err := checkLookalike(u); err != nil {
+				return "", fmt.Errorf("label %q: %v", l, err)
+			}
+			back, err := idnaProfile.ToASCII(u)
 			if err != nil {
 				return "", fmt.Errorf("label %q: %v", l, err)
 			}
-			if err := checkULabel(u); err != nil {
-				return "", fmt.Errorf("label %q: %v", l, err)
-			}
-			for i, r := range u {
-				u[i] = unicode.ToLower(r)
-			}
-			e, err := punyEncode(u)
-			if err != nil || "xn--"+e != a {
-				return "", fmt.Errorf("label %q is not canonical punycode", l)
+			if back != a {
+				return "", fmt.Errorf("label %q is not canonical punycode (IDNA writes it %q)", l, back)
 			}
 		}
 		return a, nil
 	}
-	u := []rune(l)
-	for i, r := range u {
-		lr := unicode.ToLower(r)
-		if r >= 0x80 && lr < 0x80 {
-			return "", fmt.Errorf("character %U stands in for ASCII %q", r, lr)
+	for _, r := range l {
+		if r < 0x80 {
+			continue
 		}
-		u[i] = lr
+		if r >= 0xFF00 && r <= 0xFFEF {
+			return "", fmt.Errorf("fullwidth or halfwidth character %U; write the plain form", r)
+		}
+		if !(unicode.IsLetter(r) || unicode.IsMark(r) || unicode.IsDigit(r)) {
+			return "", fmt.Errorf("character %U is not allowed in a host name", r)
+		}
+		// IDNA maps the Kelvin sign to k, ① to 1, ﬁ to fi: a name that
+		// reads as Unicode but resolves as ASCII is a trick, not a name.
+		if m, _ := idnaMapping.ToUnicode(string(r)); strings.IndexFunc(m, func(c rune) bool { return c < 0x80 }) >= 0 {
+			return "", fmt.Errorf("character %U stands in for ASCII %q", r, m)
+		}
 	}
-	if err := checkULabel(u); err != nil {
-		return "", err
-	}
-	e, err := punyEncode(u)
+	a, err := idnaProfile.ToASCII(l)
 	if err != nil {
+		return "", fmt.Errorf("label %q: %v", l, err)
+	}
+	if !strings.HasPrefix(a, "xn--") || strings.Contains(a, ".") {
+		return "", fmt.Errorf("label %q does not map to one Unicode label (%q)", l, a)
+	}
+	u, err := idna.Punycode.ToUnicode(a)
+	if err != nil {
+		return "", fmt.Errorf("label %q: %v", l, err)
+	}
+	if err := checkULabel([]rune(u)); err != nil {
 		return "", err
 	}
-	a := "xn--" + e
+	if err := checkLookalike(u); err != nil {
+		return "", err
+	}
 	if len(a) > 63 {
 		return "", errors.New("label longer than 63 characters")
 	}
 	return a, nil
+}
+
+// lookalikeScripts are the scripts whose letters stand in for one another
+// (Latin a, Cyrillic а, Greek α): a label may use one of them, not two.
+// Other scripts mix with Latin in real names (Japanese with Latin letters).
+var lookalikeScripts = []struct {
+	name  string
+	table *unicode.RangeTable
+}{
+	{"Latin", unicode.Latin},
+	{"Greek", unicode.Greek},
+	{"Cyrillic", unicode.Cyrillic},
+}
+
+// checkLookalike refuses a Unicode label that mixes two of the Latin,
+// Greek and Cyrillic scripts ("аpple" with a Cyrillic а, "pаypal"): such a
+// name is the same length and look as an ASCII one, and would be read as
+// it in a manifest review or a log.
+func checkLookalike(u string) error {
+	first := -1
+	for _, r := range u {
+		for i, sc := range lookalikeScripts {
+			if !unicode.Is(sc.table, r) {
+				continue
+			}
+			if first < 0 {
+				first = i
+			} else if first != i {
+				return fmt.Errorf("label %q mixes %s and %s letters (a lookalike of another name); write it in one script", u, lookalikeScripts[first].name, sc.name)
+			}
+		}
+	}
+	return nil
 }
 
 // checkLDH checks an ASCII label: letters, digits, hyphens, 1 to 63 long,

@@ -242,26 +242,81 @@ func TestReservedAddress(t *testing.T) {
 	}
 }
 
-func TestPunycode(t *testing.T) {
-	tests := []struct{ unicode, ascii string }{
-		{"bücher", "bcher-kva"},
-		{"münchen", "mnchen-3ya"},
-		{"пример", "e1afmkfd"},
-		{"测试", "0zwm56d"},
-		{"ü", "tda"},
+// TestIDNA: every spelling of one international name (composed, decomposed,
+// upper case, punycode) normalises to the one A-label IDNA gives it, in
+// rules and in requests; invalid punycode and lookalikes are refused.
+func TestIDNA(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    string // normalised; "" with wantErr
+		wantErr string
+	}{
+		{name: "composed", in: "caf\u00e9.com", want: "xn--caf-dma.com"},
+		{name: "decomposed", in: "cafe\u0301.com", want: "xn--caf-dma.com"},
+		{name: "upper decomposed", in: "CAFE\u0301.COM", want: "xn--caf-dma.com"},
+		{name: "punycode", in: "xn--caf-dma.com", want: "xn--caf-dma.com"},
+		{name: "punycode upper", in: "XN--CAF-DMA.com", want: "xn--caf-dma.com"},
+		{name: "german", in: "bücher.example", want: "xn--bcher-kva.example"},
+		{name: "cyrillic", in: "пример.test", want: "xn--e1afmkfd.test"},
+		{name: "han", in: "测试.test", want: "xn--0zwm56d.test"},
+		{name: "sharp s kept (non-transitional)", in: "faß.de", want: "xn--fa-hia.de"},
+		{name: "japanese with latin", in: "tokyoの.jp", want: "xn--tokyo-ud4d.jp"},
+
+		{name: "invalid punycode digits", in: "xn--a-.com", wantErr: "hyphen"},
+		{name: "punycode that decodes badly", in: "xn--99999999999.com", wantErr: "punycode"},
+		{name: "punycode of ascii only", in: "xn--abc-.com", wantErr: "hyphen"},
+		{name: "punycode not canonical (decomposed inside)", in: "xn--cafe-yvc.com", wantErr: "canonical"},
+		{name: "punycode of upper case", in: "xn--CAF-dma.com", want: "xn--caf-dma.com"},
+		{name: "punycode of a disallowed symbol", in: "xn--n3h.com", wantErr: "not allowed"},
+		{name: "leading combining mark", in: "\u0301cafe.com", wantErr: "label"},
+		{name: "bidi rule", in: "a\u05d0.com", wantErr: "label"},
+		{name: "cyrillic a in latin name", in: "\u0430llowed.com", wantErr: "mixes Cyrillic and Latin"},
+		{name: "cyrillic a in latin name, punycode", in: "xn--llowed-2nf.com", wantErr: "mixes Cyrillic and Latin"},
+		{name: "greek omicron in latin name", in: "g\u03bfogle.com", wantErr: "mixes Latin and Greek"},
+		{name: "kelvin sign", in: "\u212Aey.example", wantErr: "stands in for ASCII"},
+		{name: "circled digit", in: "a\u2460.example", wantErr: "not allowed"},
+		{name: "ligature fi", in: "\ufb01le.example", wantErr: "stands in for ASCII"},
+		{name: "fullwidth", in: "\uff41llowed.com", wantErr: "fullwidth"},
+		{name: "ideographic full stop", in: "allowed\u3002com", wantErr: "not allowed"},
+		{name: "zero width joiner", in: "ca\u200dfe.com", wantErr: "not allowed"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.ascii, func(t *testing.T) {
-			got, err := punyEncode([]rune(tc.unicode))
-			if err != nil || got != tc.ascii {
-				t.Fatalf("encode %q = %q, %v; want %q", tc.unicode, got, err, tc.ascii)
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := normaliseHost(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("normaliseHost(%q) = %q, %v; want error containing %q", tc.in, got, err, tc.wantErr)
+				}
+				if _, err := ParseRule(tc.in); err == nil {
+					t.Fatalf("ParseRule(%q) accepted what normaliseHost refuses", tc.in)
+				}
+				return
 			}
-			back, err := punyDecode(tc.ascii)
-			if err != nil || string(back) != tc.unicode {
-				t.Fatalf("decode %q = %q, %v; want %q", tc.ascii, string(back), err, tc.unicode)
+			if err != nil || got != tc.want {
+				t.Fatalf("normaliseHost(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+			}
+			// A rule in this spelling matches every other spelling.
+			r, err := ParseRule(tc.in)
+			if err != nil || r.Host != tc.want {
+				t.Fatalf("ParseRule(%q) = %+v, %v; want host %q", tc.in, r, err, tc.want)
 			}
 		})
 	}
+	t.Run("decomposed, composed and punycode rules match each other", func(t *testing.T) {
+		forms := []string{"cafe\u0301.com", "caf\u00e9.com", "xn--caf-dma.com", "CAF\u00c9.com", "xn--caf-dma.com."}
+		for _, rule := range forms {
+			r := MustParseRule(rule)
+			for _, host := range forms {
+				if !r.Matches(host, 443) {
+					t.Errorf("rule %q does not match %q", rule, host)
+				}
+			}
+			if r.Matches("cafe.com", 443) {
+				t.Errorf("rule %q matches the ASCII cafe.com", rule)
+			}
+		}
+	})
 }
 
 func TestCanonicalPrefix(t *testing.T) {

@@ -83,7 +83,7 @@ func ParseRequirements(data []byte, file string) ([]Requirement, error) {
 		reqs = append(reqs, r)
 	}
 	if len(reqs) == 0 {
-		return nil, fmt.Errorf("%s: has no requirements; list at least one name==version --hash=sha256:...", file)
+		return nil, fmt.Errorf("%s: has no requirements; list at least one as name==version --hash=sha256:HEX", file)
 	}
 	return reqs, nil
 }

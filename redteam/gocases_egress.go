@@ -68,6 +68,12 @@ func registerEgressCases() {
 			custom: egressFronting,
 		},
 		{
+			ID: "net-egress-ech", Category: "network", Severity: "high",
+			Threat: "domain fronting with Encrypted Client Hello: CONNECT to a granted localhost:443 and send a real ECH ClientHello (crypto/tls's bytes) whose outer SNI is the granted localhost and whose encrypted inner SNI is evil.example",
+			Why:    "the proxy can read only the outer SNI; a CDN routes on the inner one, so any ClientHello with ECH (0xfe0d, its drafts, or ESNI 0xffce) is refused (ech-refused) before a byte reaches the destination, whatever its outer name; a plain ClientHello with SNI localhost is the control that must arrive",
+			custom: egressECH,
+		},
+		{
 			ID: "net-egress-bypass-proxy", Category: "network", Severity: "critical",
 			Threat: "ignore HTTP_PROXY and connect straight to a granted host server (curl --noproxy, raw sockets to 127.0.0.1:PORT, 127.0.0.2, [::1])",
 			Why:    "the sandbox's loopback is its own: the only way out is the proxy. The host server sees exactly the requests sent through the proxy, none of the direct ones",

@@ -76,6 +76,7 @@ var wasmTable = map[string]TierExpect{
 	"net-egress-dns":                 {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-ip-literal":          {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-fronting":            {Reason: wasmAllow, NotApplicable: true},
+	"net-egress-ech":                 {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-metadata":            {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-name-to-loopback":    {Reason: wasmAllow, NotApplicable: true},
 	"net-egress-matcher-tricks":      {Reason: wasmAllow, NotApplicable: true},

@@ -291,8 +291,9 @@ type NetworkAttempt struct {
 	Address string `json:"address,omitempty"`
 	Allowed bool   `json:"allowed"`
 	// Reason is one of: allowed, not-allowlisted, private-address,
-	// ip-literal, dns-failure, sni-mismatch, limit-conns, limit-bytes,
-	// limit-rate, limit-names, limit-log, bad-request, upstream-error.
+	// ip-literal, dns-failure, sni-mismatch, ech-refused, limit-conns,
+	// limit-bytes, limit-rate, limit-names, limit-log, bad-request,
+	// upstream-error.
 	Reason   string `json:"reason"`
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
