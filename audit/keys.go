@@ -164,6 +164,12 @@ func (s *Store) Keys() ([]Key, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list keys: %w", err)
 	}
+	rows.Close()
+	for i := range keys {
+		if keys[i], err = s.withSecrets(keys[i], nil); err != nil {
+			return nil, err
+		}
+	}
 	return keys, nil
 }
 
@@ -176,7 +182,7 @@ func (s *Store) Key(id string) (Key, error) {
 	if err != nil {
 		return Key{}, fmt.Errorf("key %q: %w", id, err)
 	}
-	return k, nil
+	return s.withSecrets(k, nil)
 }
 
 // RevokeKey revokes the key with this id: Authenticate refuses it from now
@@ -226,7 +232,7 @@ func (s *Store) Authenticate(token string) (Key, error) {
 		return Key{}, ErrBadKey
 	}
 	k.Created = fromNanos(created)
-	return k, nil
+	return s.withSecrets(k, nil)
 }
 
 // parseToken splits "moat_<id>_<secret>" and decodes the secret. Only the

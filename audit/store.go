@@ -26,7 +26,7 @@ var (
 
 // SchemaVersion is the version of the database layout this package writes.
 // Open upgrades an older database and refuses a newer one.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // migrations[i] takes a database from schema version i to i+1. Append only:
 // a released migration never changes.
@@ -110,6 +110,16 @@ CREATE TABLE violations (
 	// in SQL; '' for records without one.
 	`
 ALTER TABLE records ADD COLUMN network_summary TEXT NOT NULL DEFAULT '';
+`,
+	// 3 -> 4: the secrets each key may use (manifest secrets[].name); a
+	// key starts with none. Names only: values live in the secret store,
+	// never in this database.
+	`
+CREATE TABLE IF NOT EXISTS key_secrets (
+	key_id TEXT NOT NULL REFERENCES keys(id),
+	secret TEXT NOT NULL,
+	PRIMARY KEY (key_id, secret)
+) STRICT, WITHOUT ROWID;
 `,
 }
 

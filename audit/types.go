@@ -17,6 +17,9 @@ type Key struct {
 	// Admin keys may read what concerns the whole server and every key
 	// (GET /metrics); a tenant's key sees only its own sandboxes and runs.
 	Admin bool `json:"admin,omitempty"`
+	// Secrets are the names of the host's secrets the key's manifests may
+	// name (GrantSecret), sorted; none by default.
+	Secrets []string `json:"secrets,omitempty"`
 }
 
 // Quota bounds what one key may use.

@@ -27,10 +27,17 @@ type egressRun struct {
 // the tier hands to its init. res resolves the names the proxy looks up
 // (nil: the host's resolver).
 func (e *Engine) startEgress(runDir string, n manifest.Network, res egress.Resolver) (*egressRun, error) {
+	return e.startEgressSecrets(runDir, n, res, nil)
+}
+
+// startEgressSecrets is startEgress with the run's secret bindings, which
+// only the proxy keeps.
+func (e *Engine) startEgressSecrets(runDir string, n manifest.Network, res egress.Resolver, secrets []egress.SecretBinding) (*egressRun, error) {
 	pol, err := egressPolicy(n)
 	if err != nil {
 		return nil, err
 	}
+	pol.Secrets = secrets
 	sock := filepath.Join(runDir, "egress.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
@@ -48,12 +55,13 @@ func (e *Engine) startEgress(runDir string, n manifest.Network, res egress.Resol
 }
 
 // stop closes the proxy and returns what it logged and its account of
-// every attempt.
-func (r *egressRun) stop() ([]result.NetworkAttempt, *result.NetworkSummary) {
+// every attempt, with the secrets it put into requests.
+func (r *egressRun) stop() ([]result.NetworkAttempt, *result.NetworkSummary, []result.SecretUse) {
 	r.proxy.Close()
 	<-r.done
 	os.Remove(r.socket)
-	return r.attempts(0), networkSummary(r.proxy.Summary())
+	s := r.proxy.Summary()
+	return r.attempts(0), networkSummary(s), secretUses(s.SecretsUsed, nil)
 }
 
 // networkSummary is the result's form of the proxy's Summary.

@@ -52,6 +52,9 @@ type Options struct {
 	Tiers map[string]tier.Tier
 	// Pools are warm pools, filled once StartPools is called.
 	Pools []PoolConfig
+	// Secrets gives the values of the secrets manifests name (the host's
+	// secret store). Nil: a manifest with secrets is refused.
+	Secrets SecretSource
 }
 
 // Engine runs sandboxed programs.

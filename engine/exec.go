@@ -174,9 +174,12 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 		out = &tier.Outcome{Termination: result.InfraError, ExitCode: 125, Error: err.Error()}
 	}
 	res := x.res
-	res.Network, res.NetworkSummary = x.network()
+	res.Network, res.NetworkSummary, res.SecretsUsed = x.network()
 	fillOutcome(res, out, x.stdout, x.stderr, x.m)
 	res.Violations = append(res.Violations, packageViolations(res.Network)...)
+	if v := exfiltrationViolation(res.Network, res.NetworkSummary); v != nil {
+		res.Violations = append(res.Violations, *v)
+	}
 
 	res.Files = []result.FileChange{}
 	if x.gone != nil && x.gone() {
@@ -237,18 +240,20 @@ func (x *execution) outcome(ctx context.Context) (*tier.Outcome, error) {
 }
 
 // network is the command's network log and summary (an empty log and no
-// summary without a proxy).
-func (x *execution) network() ([]result.NetworkAttempt, *result.NetworkSummary) {
+// summary without a proxy), and the secrets the proxy put into its
+// requests.
+func (x *execution) network() ([]result.NetworkAttempt, *result.NetworkSummary, []result.SecretUse) {
 	if x.mode != execSession {
 		// The program is gone and the sandbox serves no other: close the
 		// proxy (and every connection through it) and take its log.
-		return x.p.stopEgress()
+		return x.p.stopEgressSecrets()
 	}
 	eg := x.eg
 	if eg == nil {
-		return []result.NetworkAttempt{}, nil
+		return []result.NetworkAttempt{}, nil, nil
 	}
-	return eg.attempts(x.netFrom), networkSummary(eg.proxy.Summary().Since(x.netBefore))
+	now := eg.proxy.Summary()
+	return eg.attempts(x.netFrom), networkSummary(now.Since(x.netBefore)), secretUses(now.SecretsUsed, x.netBefore.SecretsUsed)
 }
 
 // closeStdin closes the writing end of an open stdin (writers then get

@@ -36,9 +36,15 @@ type prepared struct {
 
 	// egressMu guards egress, network and netSummary: a session's Close
 	// stops the proxy while its commands start and finish.
-	egressMu   sync.Mutex
-	network    []result.NetworkAttempt
-	netSummary *result.NetworkSummary
+	egressMu    sync.Mutex
+	network     []result.NetworkAttempt
+	netSummary  *result.NetworkSummary
+	secretsUsed []result.SecretUse
+
+	// secretEnv holds the placeholders of the manifest's secrets, by
+	// variable, for the sandbox's life (a session's commands share them).
+	// The values are only in the proxy.
+	secretEnv map[string]string
 }
 
 // liveEgress is the sandbox's proxy while it serves (nil without one, or
@@ -113,7 +119,12 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 		StateDir:     filepath.Join(e.opts.Home, "runs", id),
 	}
 	if m.Network.Mode == "allowlist" {
-		if p.egress, err = e.startEgress(filepath.Join(e.opts.Home, "runs", id), m.Network, res); err != nil {
+		bindings, env, err := e.secretBindings(m)
+		if err != nil {
+			return nil, err
+		}
+		p.secretEnv = env
+		if p.egress, err = e.startEgressSecrets(filepath.Join(e.opts.Home, "runs", id), m.Network, res, bindings); err != nil {
 			return nil, err
 		}
 		p.spec.EgressSocket = p.egress.socket
@@ -137,8 +148,9 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 	if p.egress != nil {
 		// The proxy's variables win over the manifest's: there is no
-		// other way out to configure.
-		return environment(p.img.Env, m.Env, extra, proxyEnv(), indexEnv(m.Packages), trustEnv(p.spec))
+		// other way out to configure. The manifest refuses a secret's
+		// variable that is also in env or a proxy variable.
+		return environment(p.img.Env, m.Env, extra, p.secretEnv, proxyEnv(), indexEnv(m.Packages), trustEnv(p.spec))
 	}
 	return environment(p.img.Env, m.Env, extra)
 }
@@ -146,16 +158,23 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 // stopEgress closes the proxy (and every connection through it) and keeps
 // its log and summary (nil without a proxy).
 func (p *prepared) stopEgress() ([]result.NetworkAttempt, *result.NetworkSummary) {
+	log, sum, _ := p.stopEgressSecrets()
+	return log, sum
+}
+
+// stopEgressSecrets is stopEgress with the secrets the proxy put into
+// requests.
+func (p *prepared) stopEgressSecrets() ([]result.NetworkAttempt, *result.NetworkSummary, []result.SecretUse) {
 	p.egressMu.Lock()
 	defer p.egressMu.Unlock()
 	if p.egress != nil {
-		p.network, p.netSummary = p.egress.stop()
+		p.network, p.netSummary, p.secretsUsed = p.egress.stop()
 		p.egress = nil
 	}
 	if p.network == nil {
-		return []result.NetworkAttempt{}, p.netSummary
+		return []result.NetworkAttempt{}, p.netSummary, p.secretsUsed
 	}
-	return p.network, p.netSummary
+	return p.network, p.netSummary, p.secretsUsed
 }
 
 // close destroys the sandbox and releases everything around it.

@@ -20,6 +20,11 @@ func (m *Manifest) normalized() *Manifest {
 	if c.Env == nil {
 		c.Env = map[string]string{}
 	}
+	c.Secrets = nil
+	for _, sec := range m.Secrets {
+		sec.Hosts = append([]string{}, sec.Hosts...)
+		c.Secrets = append(c.Secrets, sec)
+	}
 	c.Security.AllowMissing = nil
 	if len(m.Security.AllowMissing) > 0 {
 		c.Security.AllowMissing = slices.Sorted(slices.Values(m.Security.AllowMissing))

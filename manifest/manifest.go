@@ -29,6 +29,10 @@ type Manifest struct {
 	// Packages grants installs through the guarded package index of the
 	// egress proxy (needs network.mode allowlist). Empty: none.
 	Packages Packages `json:"packages,omitzero" yaml:"packages,omitempty"`
+	// Secrets are bound to hosts: the program sees only a per-run
+	// placeholder; the egress proxy puts the real value, which lives on
+	// the host and never in the manifest, into requests to those hosts.
+	Secrets []Secret `json:"secrets,omitempty" yaml:"secrets,omitempty"`
 	// Env are the only variables the program sees beyond the image's
 	// defaults (PATH, HOME=/workspace, LANG). The host environment is never
 	// inherited.
@@ -129,6 +133,34 @@ type PackageIndex struct {
 
 // Granted reports whether any index is granted.
 func (p Packages) Granted() bool { return len(p.PyPI.Allow) > 0 || len(p.NPM.Allow) > 0 }
+
+// Secret binds one secret of the host to the hosts it may be sent to.
+// The manifest names the secret; its value comes from the host's secret
+// store (`moat secrets add`), which may itself refer to a file or an
+// environment variable of moat's process. A manifest never holds a value
+// and never names a host path or variable.
+type Secret struct {
+	// Name is the secret's name in the host's store: 1 to 64 of
+	// a-z 0-9 _ -, starting with a letter or digit; unique.
+	Name string `json:"name" yaml:"name"`
+	// Hosts are where the secret may be sent, written as network.allow
+	// entries; each must also be granted by network.allow.
+	Hosts []string `json:"hosts" yaml:"hosts"`
+	// Header, when set, is the only request header the placeholder is
+	// replaced in (e.g. Authorization); empty: any header.
+	Header string `json:"header,omitempty" yaml:"header,omitempty"`
+	// PathPrefix, when set, limits the replacement to requests whose URL
+	// path starts with it (e.g. /v1/).
+	PathPrefix string `json:"path_prefix,omitempty" yaml:"path_prefix,omitempty"`
+	// Query and Body also replace the placeholder in the query string and
+	// the body of requests to the bound hosts (default: headers only).
+	Query bool `json:"query,omitempty" yaml:"query,omitempty"`
+	Body  bool `json:"body,omitempty" yaml:"body,omitempty"`
+	// Env is the environment variable that holds the placeholder.
+	// Default: the name upper-cased, '-' turned into '_' (github-token:
+	// GITHUB_TOKEN).
+	Env string `json:"env" yaml:"env"`
+}
 
 // Security holds explicit, audited acceptances of a weaker sandbox. The
 // default is empty: a protection that cannot be applied refuses the run.

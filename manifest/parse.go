@@ -132,6 +132,11 @@ func Parse(data []byte, filename string) (m *Manifest, err error) {
 	if !d.seen["resources.cpu_time"] {
 		m.Resources.CPUTime = m.Resources.Timeout
 	}
+	for i := range m.Secrets {
+		if m.Secrets[i].Env == "" {
+			m.Secrets[i].Env = DefaultSecretEnv(m.Secrets[i].Name)
+		}
+	}
 	for i := range m.Inputs {
 		if m.Inputs[i].Dst == "" {
 			m.Inputs[i].Dst = defaultDst(m.Inputs[i].Src)
@@ -410,6 +415,12 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 			return
 		}
 		v.SetInt(i)
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
+			d.typeError(n, path, "true or false")
+			return
+		}
+		v.SetBool(strings.EqualFold(n.Value, "true"))
 	case reflect.Float64:
 		tag := n.ShortTag()
 		if n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") {

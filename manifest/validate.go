@@ -176,6 +176,7 @@ func (m *Manifest) validate(errs *errorList) {
 	m.validateNetwork(errs)
 	m.validatePackages(errs)
 	m.validateEnv(errs)
+	m.validateSecrets(errs)
 	for i, a := range m.Security.AllowMissing {
 		field := fmt.Sprintf("security.allow_missing[%d]", i)
 		switch {

@@ -75,7 +75,11 @@ type Result struct {
 	// NetworkSummary accounts for every attempt through the egress proxy,
 	// listed in Network or not; nil with network mode none.
 	NetworkSummary *NetworkSummary `json:"network_summary,omitempty"`
-	Violations     []Violation     `json:"violations"`
+	// SecretsUsed lists the manifest's secrets the egress proxy put into
+	// requests, by host, with how many requests: never their values or
+	// placeholders. Absent when none was used.
+	SecretsUsed []SecretUse `json:"secrets_used,omitempty"`
+	Violations  []Violation `json:"violations"`
 	// Degradations lists protections that were asked for but could not be
 	// applied on this host, and were accepted by the manifest. Empty means
 	// the full protection of the tier applied.
@@ -206,11 +210,25 @@ func decodeName(field, s, encoding string) (string, error) {
 	return "", fmt.Errorf("encoding %q: want utf-8 or base64", encoding)
 }
 
+// SecretUse says that the egress proxy put a secret's value into
+// requests to one host, in place of its placeholder.
+type SecretUse struct {
+	Name     string `json:"name"`
+	Host     string `json:"host"`
+	Requests int    `json:"requests"`
+}
+
+// ViolationSecretExfiltration is the Violation.Kind of requests refused
+// for carrying a secret's placeholder to a host the secret is not bound
+// to (network[].reason secret-exfiltration).
+const ViolationSecretExfiltration = "secret-exfiltration"
+
 // Violation records a limit or policy the run ran into.
 type Violation struct {
 	// Kind is one of: timeout, cpu-time, memory, pids, output, disk, files,
 	// file-size, syscall, diff, cancelled, package (a typosquat, a package
-	// not allowed or a file failing its hash at the guarded index).
+	// not allowed or a file failing its hash at the guarded index),
+	// secret-exfiltration.
 	Kind   string `json:"kind"`
 	Detail string `json:"detail"`
 	Limit  string `json:"limit,omitempty"`

@@ -76,6 +76,7 @@ var schemaTypes = map[string]reflect.Type{
 	"NetworkSummary":     reflect.TypeFor[result.NetworkSummary](),
 	"NetworkDestination": reflect.TypeFor[result.NetworkDestination](),
 	"Violation":          reflect.TypeFor[result.Violation](),
+	"SecretUse":          reflect.TypeFor[result.SecretUse](),
 	"CopyOut":            reflect.TypeFor[result.CopyOut](),
 	"Skip":               reflect.TypeFor[result.Skip](),
 	"SandboxRequest":     reflect.TypeFor[SandboxRequest](),

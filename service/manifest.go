@@ -3,9 +3,12 @@ package service
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
 )
@@ -103,6 +106,23 @@ func CheckMetadata(md map[string]string) *Error {
 			return InvalidField(field, "is not a key of 1 to %d bytes of UTF-8", maxMetadataKeyLen)
 		case len(v) > maxMetadataValueLen:
 			return InvalidField(field, "is %d bytes long; at most %d are accepted", len(v), maxMetadataValueLen)
+		}
+	}
+	return nil
+}
+
+// CheckSecretGrants refuses a manifest that names a secret the key was
+// not granted (moat keys grant): a key uses only the host's secrets the
+// operator gave it, whatever its manifest asks for. The refusal names the
+// secret and the fix; it never says whether the host holds the secret.
+func CheckSecretGrants(key audit.Key, m *manifest.Manifest) *Error {
+	if m == nil {
+		return nil
+	}
+	for i, s := range m.Secrets {
+		if !slices.Contains(key.Secrets, s.Name) {
+			return Errorf(Forbidden, ManifestField(fmt.Sprintf("secrets[%d].name", i)),
+				"key %s is not granted secret %s; the operator grants it with: moat keys grant %s %s", key.ID, Quote(s.Name), key.ID, s.Name)
 		}
 	}
 	return nil

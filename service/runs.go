@@ -27,6 +27,9 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 	if len(args.Argv) > 0 && args.Argv[0] == "" {
 		return RunResponse{}, InvalidField("argv[0]", "is empty; it names the program, e.g. \"python3\"")
 	}
+	if e := CheckSecretGrants(key, args.Manifest); e != nil {
+		return RunResponse{}, e
+	}
 	leave, release, e := s.admit(key)
 	if e != nil {
 		return RunResponse{}, e

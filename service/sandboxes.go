@@ -55,6 +55,9 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 	if args.Manifest == nil {
 		args.Manifest = manifest.Default()
 	}
+	if e := CheckSecretGrants(key, args.Manifest); e != nil {
+		return Sandbox{}, e
+	}
 	leave, release, e := s.admit(key)
 	if e != nil {
 		return Sandbox{}, e

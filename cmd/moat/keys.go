@@ -13,19 +13,24 @@ import (
 	"text/tabwriter"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 )
 
 const keysUsage = `Usage:
-  moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin]
+  moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--secret NAME...]
   moat keys list [--json]
   moat keys revoke ID
+  moat keys grant ID SECRET
+  moat keys ungrant ID SECRET
 
 Manages the API keys of moat serve. create prints the new key's token
 (moat_<id>_<secret>) on stdout, once: the database keeps only a SHA-256
 of its secret, so it cannot be shown again. list shows every key, revoked
-ones included; revoke refuses the key from its next request on.
+ones included; revoke refuses the key from its next request on. grant lets
+the key's manifests name the stored secret SECRET (moat secrets add);
+ungrant takes it back. A key starts with no secrets.
 
 Every subcommand takes --db FILE (default: audit.db in moat's state
 directory, $MOAT_HOME or /var/lib/moat). Run 'moat keys SUBCOMMAND --help'
@@ -43,18 +48,30 @@ func cmdKeys(args []string) int {
 		return keysList(args[1:])
 	case "revoke":
 		return keysRevoke(args[1:])
+	case "grant":
+		return keysGrant(args[1:], true)
+	case "ungrant":
+		return keysGrant(args[1:], false)
 	}
-	fmt.Fprintf(os.Stderr, "moat keys: unknown subcommand %q; accepted: create, list, revoke\n\n%s", args[0], keysUsage)
+	fmt.Fprintf(os.Stderr, "moat keys: unknown subcommand %q; accepted: create, list, revoke, grant, ungrant\n\n%s", args[0], keysUsage)
 	return exitUsage
 }
 
 func keysCreate(args []string) int {
-	fs := newFlags("keys create", "Usage: moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin]\n\n"+
+	fs := newFlags("keys create", "Usage: moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--secret NAME...]\n\n"+
 		"Creates an API key for moat serve and prints its token on stdout. The token is\n"+
 		"shown once: Moat keeps only a hash of it.\n\nFlags:\n")
 	db := dbFlag(fs)
 	name := fs.String("name", "", "the key's `NAME`, 1 to 64 printable characters, e.g. agent-1 (required)")
 	admin := fs.Bool("admin", false, "an admin key: it may also read what concerns the whole server (GET /metrics); give it to monitoring, never to a tenant")
+	var secrets []string
+	fs.Func("secret", "grant the stored secret `NAME` to the key (repeat for more; moat keys grant adds more later)", func(s string) error {
+		if !egress.ValidSecretName(s) {
+			return fmt.Errorf("want a secret name: 1 to %d of a-z 0-9 _ -, starting with a letter or digit", egress.MaxSecretName)
+		}
+		secrets = append(secrets, s)
+		return nil
+	})
 	q := audit.DefaultQuota
 	fs.Func("max-sandboxes", fmt.Sprintf("`N` sandboxes and runs the key may hold at once, 1 to %d (default %d)", audit.MaxQuotaSandboxes, audit.DefaultQuota.MaxSandboxes), func(s string) error {
 		n, err := strconv.Atoi(s)
@@ -101,6 +118,14 @@ func keysCreate(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	for _, s := range secrets {
+		if err := st.GrantSecret(k.ID, s); err != nil {
+			// The key exists without its grants: take it back rather
+			// than hand out a token that does less than was asked.
+			st.RevokeKey(k.ID)
+			return fail(fmt.Errorf("%w (key %s revoked; create it again)", err, k.ID))
+		}
+	}
 	fmt.Println(token)
 	fmt.Fprintf(os.Stderr, "Created %s %s (%s): at most %d sandboxes at once, %g CPU-seconds per day.\n"+
 		"The token above is shown only this once and cannot be shown again: store it now.\n"+
@@ -141,7 +166,7 @@ func keysList(args []string) int {
 		return 0
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tCREATED\tSTATE\tMAX SANDBOXES\tCPU-S/DAY")
+	fmt.Fprintln(tw, "ID\tNAME\tCREATED\tSTATE\tMAX SANDBOXES\tCPU-S/DAY\tSECRETS")
 	for _, k := range keys {
 		state := "active"
 		if k.Revoked != nil {
@@ -150,7 +175,11 @@ func keysList(args []string) int {
 		if k.Admin {
 			state += " (admin)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%g\n", k.ID, audit.Display(k.Name), k.Created.Format("2006-01-02 15:04"), state, k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
+		secrets := "-"
+		if len(k.Secrets) > 0 {
+			secrets = strings.Join(k.Secrets, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%g\t%s\n", k.ID, audit.Display(k.Name), k.Created.Format("2006-01-02 15:04"), state, k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay, secrets)
 	}
 	tw.Flush()
 	return 0
@@ -188,6 +217,56 @@ func keysRevoke(args []string) int {
 		return fail(err)
 	}
 	fmt.Fprintf(os.Stderr, "revoked key %s\n", audit.Display(id))
+	return 0
+}
+
+func keysGrant(args []string, grant bool) int {
+	cmd, does := "grant", "Lets the API key ID name the stored secret SECRET in its manifests."
+	if !grant {
+		cmd, does = "ungrant", "Takes the secret SECRET back from the API key ID: its runs naming it are refused."
+	}
+	fs := newFlags("keys "+cmd, "Usage: moat keys "+cmd+" ID SECRET\n\n"+does+"\n\nFlags:\n")
+	db := dbFlag(fs)
+	if c := parse(fs, args); c >= 0 {
+		return c
+	}
+	if fs.NArg() != 2 {
+		fmt.Fprintf(os.Stderr, "moat keys %s: want a key ID and a secret name, e.g. moat keys %s k0123456789ab github-token\n", cmd, cmd)
+		return exitUsage
+	}
+	id, secret := fs.Arg(0), fs.Arg(1)
+	if !egress.ValidSecretName(secret) {
+		fmt.Fprintf(os.Stderr, "moat keys %s: %q is not a secret name; give 1 to %d of a-z 0-9 _ -, starting with a letter or digit\n", cmd, secret, egress.MaxSecretName)
+		return exitUsage
+	}
+	st, err := openAudit(*db, false)
+	if err != nil {
+		return fail(err)
+	}
+	if st == nil {
+		noDatabase(*db)
+		fmt.Fprintf(os.Stderr, "moat keys %s: no key %s\n", cmd, audit.Display(id))
+		return exitUsage
+	}
+	defer st.Close()
+	op := st.GrantSecret
+	if !grant {
+		op = st.RevokeSecret
+	}
+	if err := op(id, secret); err != nil {
+		if errors.Is(err, audit.ErrNotFound) {
+			return fail(usageError{err})
+		}
+		return fail(err)
+	}
+	if grant {
+		fmt.Fprintf(os.Stderr, "granted secret %s to key %s\n", secret, audit.Display(id))
+		if !openSecrets("").Has(secret) {
+			fmt.Fprintf(os.Stderr, "note: this host holds no secret %s yet; add it with moat secrets add %s\n", secret, secret)
+		}
+	} else {
+		fmt.Fprintf(os.Stderr, "took secret %s back from key %s\n", secret, audit.Display(id))
+	}
 	return 0
 }
 

@@ -45,6 +45,7 @@ func init() {
 		{"bench", "measure per-run overhead against the bare command and bubblewrap", cmdBench},
 		{"serve", "serve the HTTP API with warm pools and an audit log (docs/API.md)", cmdServe},
 		{"keys", "create, list and revoke API keys of moat serve (moat keys create --name NAME)", cmdKeys},
+		{"secrets", "store the secrets runs use without seeing them (moat secrets add NAME)", cmdSecrets},
 		{"audit", "list what ran, or report what it attempted and cost (moat audit report)", cmdAudit},
 		{"policy", "suggest the tightest manifest from the audit log (moat policy suggest)", cmdPolicy},
 		{"doctor", "explain what this host supports and which tiers can run", cmdDoctor},

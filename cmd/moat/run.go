@@ -217,7 +217,7 @@ func cmdRun(args []string) int {
 		})
 	}
 
-	e, err := engine.New(engine.Options{Progress: progressWriter(), NoAutoBuild: *noBuild})
+	e, err := engine.New(engine.Options{Progress: progressWriter(), NoAutoBuild: *noBuild, Secrets: openSecrets("")})
 	if err != nil {
 		return fail(err)
 	}

@@ -100,7 +100,7 @@ func cmdServe(args []string) int {
 	if *sessionPool > 0 {
 		pools = append(pools, engine.PoolConfig{Manifest: class, Size: *sessionPool, Session: true})
 	}
-	e, err := engine.New(engine.Options{Progress: os.Stderr, Pools: pools})
+	e, err := engine.New(engine.Options{Progress: os.Stderr, Pools: pools, Secrets: openSecrets("")})
 	if err != nil {
 		return fail(err)
 	}

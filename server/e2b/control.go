@@ -161,7 +161,7 @@ func sandboxManifestWith(req *newSandbox, hasBase bool) (m map[string]any, templ
 		case n.MaskRequestHost != nil:
 			return nil, "", 0, badField("network.maskRequestHost", "is not supported: Moat exposes no sandbox port")
 		case isSet(n.Rules):
-			return nil, "", 0, badField("network.rules", "are not supported; use network.allowOut")
+			return nil, "", 0, rulesError(n.Rules)
 		}
 		for _, d := range n.DenyOut {
 			// Everything not allowed is denied already; a narrower deny

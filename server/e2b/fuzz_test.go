@@ -41,7 +41,7 @@ func FuzzWorkspacePath(f *testing.F) {
 // valid JSON with the image set.
 func FuzzSandboxManifest(f *testing.F) {
 	for _, s := range []string{`{"templateID":"base"}`, `{"templateID":"base","timeout":5,"envVars":{"A":"b"},"metadata":{"k":"v"}}`,
-		`{"network":{"allowOut":["example.com","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`, `{"autoPause":true}`, `{"timeout":-1}`, `{"x":1}`, `[]`, `{"mcp":null}`} {
+		`{"network":{"allowOut":["example.com","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`, `{"autoPause":true}`, `{"network":{"rules":{"api.openai.com":[{"transform":{"headers":{"Authorization":"Bearer {{secrets.K}}"}}}]}}}`, `{"timeout":-1}`, `{"x":1}`, `[]`, `{"mcp":null}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
