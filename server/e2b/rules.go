@@ -35,17 +35,17 @@ func rulesError(raw json.RawMessage) *apiError {
 	if err := json.Unmarshal(raw, &rules); err != nil || len(rules) == 0 {
 		return badField("network.rules", "are not supported: "+secretsHint+"; limit the hosts with network.allowOut")
 	}
-	for _, host := range slices.Sorted(maps.Keys(rules)) {
-		field := "network.rules[" + strconv.Quote(host) + "]"
-		for i, r := range rules[host] {
-			f := field + "[" + strconv.Itoa(i) + "]"
-			if r.Transform != nil && len(r.Transform.Headers) > 0 {
-				name := slices.Sorted(maps.Keys(r.Transform.Headers))[0]
-				return badField(f+".transform.headers."+name, "is not supported: E2B's transform sets this header on requests to %s; %s", host, secretsHint)
-			}
-			return badField(f, "is not supported: Moat applies no per-host transform; %s", secretsHint)
-		}
+	// The first host, in sorted order, and its first rule: one refusal
+	// names one field.
+	host := slices.Sorted(maps.Keys(rules))[0]
+	field := "network.rules[" + strconv.Quote(host) + "]"
+	if len(rules[host]) == 0 {
 		return badField(field, "is not supported: an empty rule list grants nothing in Moat; list the host in network.allowOut, and "+secretsHint)
 	}
-	return badField("network.rules", "are not supported; use network.allowOut")
+	f := field + "[0]"
+	if r := rules[host][0]; r.Transform != nil && len(r.Transform.Headers) > 0 {
+		name := slices.Sorted(maps.Keys(r.Transform.Headers))[0]
+		return badField(f+".transform.headers."+name, "is not supported: E2B's transform sets this header on requests to %s; %s", host, secretsHint)
+	}
+	return badField(f, "is not supported: Moat applies no per-host transform; %s", secretsHint)
 }
