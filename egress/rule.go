@@ -183,6 +183,13 @@ func normaliseLabel(l string) (string, error) {
 	if len(a) > 63 {
 		return "", errors.New("label longer than 63 characters")
 	}
+	// The A-label must pass the checks it gets when written as such:
+	// the profile checks the bidi rule before mapping, so ℷ (GIMEL
+	// SYMBOL, left-to-right) passes where the ג it maps to (right-to-
+	// left) would not. One name, one verdict, however it is spelt.
+	if _, err := normaliseLabel(a); err != nil {
+		return "", fmt.Errorf("label %q maps to %q, which is refused: %v", l, a, err)
+	}
 	return a, nil
 }
 
