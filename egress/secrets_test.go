@@ -585,7 +585,8 @@ func TestEncodedForms(t *testing.T) {
 			}
 		}
 	}
-	for _, v := range []string{hex.EncodeToString([]byte(testPH)), strings.ToUpper(hex.EncodeToString([]byte(testPH))), "x" + testPH} {
+	for _, v := range []string{hex.EncodeToString([]byte(testPH)), strings.ToUpper(hex.EncodeToString([]byte(testPH))), "x" + testPH,
+		strings.ToUpper(testPH), "Bearer " + strings.ToUpper(testPH[:10]) + testPH[10:]} {
 		if !s.containsString(v) {
 			t.Errorf("%s not recognised", v)
 		}

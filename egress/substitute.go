@@ -28,6 +28,10 @@ type secretSet struct {
 	// not go; detectLower the same in lower case, for host names.
 	detect      [][]byte
 	detectLower [][]byte
+	// fold are the placeholders in lower case: the raw placeholder is
+	// also recognised with its letters in any case (an encoder or a
+	// program may change it), where base64 forms cannot be folded.
+	fold [][]byte
 }
 
 type secretBinding struct {
@@ -59,6 +63,7 @@ func compileSecrets(bs []SecretBinding) *secretSet {
 		}
 		s.bindings = append(s.bindings, sb)
 		if b.Placeholder != "" {
+			s.fold = append(s.fold, bytes.ToLower([]byte(b.Placeholder)))
 			for _, f := range encodedForms([]byte(b.Placeholder)) {
 				s.detect = append(s.detect, f)
 				s.detectLower = append(s.detectLower, bytes.ToLower(f))
@@ -126,6 +131,12 @@ func (s *secretSet) contains(b []byte) bool {
 	}
 	for _, f := range s.detect {
 		if bytes.Contains(b, f) {
+			return true
+		}
+	}
+	lower := bytes.ToLower(b)
+	for _, f := range s.fold {
+		if bytes.Contains(lower, f) {
 			return true
 		}
 	}
