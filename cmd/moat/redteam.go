@@ -50,7 +50,13 @@ Flags:
 		}
 		return 0
 	}
-	e, err := engine.New(engine.Options{NoAutoBuild: false, Progress: os.Stderr})
+	// The secret cases bind random values in this in-memory store, one
+	// per case, never printed; the host's own secret store is not used.
+	secrets, err := redteam.NewSecretStore()
+	if err != nil {
+		return fail(err)
+	}
+	e, err := engine.New(engine.Options{NoAutoBuild: false, Progress: os.Stderr, Secrets: secrets, UpstreamRootCAs: secrets.RootCAs()})
 	if err != nil {
 		return fail(err)
 	}
@@ -74,7 +80,7 @@ Flags:
 	if !*jsonOut {
 		fmt.Printf("%-34s %-8s %-15s %s\n", "CASE", "TIER", "VERDICT", "EVIDENCE")
 	}
-	verdicts, err := redteam.Run(ctx, e, redteam.Options{Tiers: strings.Split(*tiers, ","), Case: *only, Parallel: *parallel, Progress: progress, Image: *imageName})
+	verdicts, err := redteam.Run(ctx, e, redteam.Options{Tiers: strings.Split(*tiers, ","), Case: *only, Parallel: *parallel, Progress: progress, Image: *imageName, Secrets: secrets})
 	if err != nil {
 		return fail(err)
 	}
