@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -225,7 +226,14 @@ func (r *runner) secretCase(ctx context.Context, prog string, extra ...string) (
 	argv := append(egressProg(secretPy+prog, strconv.Itoa(api.port), strconv.Itoa(atk.port)), extra...)
 	res, err := r.exec(ctx, &engine.Request{Manifest: m, Argv: argv})
 	if err != nil {
-		v, ev, _ := guardErr(err)
+		// A tier without an egress proxy (network mode allowlist
+		// refused) has no proxy to hold a secret's value: nothing to
+		// attack. Anything else is an error.
+		var fe *manifest.FieldError
+		if errors.As(err, &fe) && fe.Field == "network.mode" {
+			return nil, NotApplicable, "the tier has no egress proxy, so no secret can be bound: " + err.Error()
+		}
+		v, ev, _ := runErr(err)
 		return nil, v, ev
 	}
 	sr := &secretRun{res: res, value: value, api: api, attacker: atk.requests()}
