@@ -22,7 +22,9 @@ a real attack judged from the host side (planted canaries, host listeners,
 host file hashes, the sandbox's processes as the host's /proc shows them,
 the result's fields). Prints one verdict per case and tier: contained,
 escaped, not-applicable (with the reason; never counted as contained) or
-error. Exit status 0 only if nothing escaped and nothing errored.
+error. Exit status 0 only if nothing escaped and nothing errored. The
+secret cases bind a random value per case in this process's memory; the
+host's secret store is neither read nor written.
 
 Flags:
 `)
