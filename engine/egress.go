@@ -49,7 +49,7 @@ func (e *Engine) startEgressSecrets(runDir string, n manifest.Network, res egres
 		l.Close()
 		return nil, fmt.Errorf("egress: %w", err)
 	}
-	r := &egressRun{proxy: egress.New(pol, egress.Options{Resolver: res}), socket: sock, done: make(chan error, 1)}
+	r := &egressRun{proxy: egress.New(pol, egress.Options{Resolver: res, RootCAs: e.opts.UpstreamRootCAs}), socket: sock, done: make(chan error, 1)}
 	go func() { r.done <- r.proxy.Serve(l) }()
 	return r, nil
 }

@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -55,6 +56,12 @@ type Options struct {
 	// Secrets gives the values of the secrets manifests name (the host's
 	// secret store). Nil: a manifest with secrets is refused.
 	Secrets SecretSource
+	// UpstreamRootCAs verify the real hosts of secret-bound connections,
+	// which the egress proxy re-originates TLS to. Nil (production): the
+	// system roots. The red-team runner and tests set it to reach a local
+	// test API that has its own certificate; it never changes what the
+	// sandbox trusts (the run CA only).
+	UpstreamRootCAs *x509.CertPool
 }
 
 // Engine runs sandboxed programs.

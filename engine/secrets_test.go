@@ -2,9 +2,16 @@ package engine
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -356,4 +363,117 @@ func TestSecretSessionPlaceholder(t *testing.T) {
 	if a[0] == b[0] {
 		t.Errorf("two sessions share the placeholder %q", a[0])
 	}
+}
+
+// TestSecretUpstreamRootCAs: a secret bound to an HTTPS host whose
+// certificate is its own reaches it only when Options.UpstreamRootCAs
+// trusts that certificate; with the system roots (nil, production) the
+// proxy's re-originated TLS fails verification and the value is sent
+// nowhere.
+func TestSecretUpstreamRootCAs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprintf(w, "echo %s", r.Header.Get("Authorization"))
+	}))
+	// httptest's own certificate names example.com, not localhost, which
+	// the binding must name (IP literals are no hosts for secrets).
+	cert, leaf := localhostCert(t)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	port := strings.TrimPrefix(srv.URL, "https://127.0.0.1:")
+	roots := x509.NewCertPool()
+	roots.AddCert(leaf)
+	tests := []struct {
+		name     string
+		roots    *x509.CertPool
+		wantSent bool
+	}{
+		{name: "the upstream's certificate is trusted", roots: roots, wantSent: true},
+		{name: "system roots only: verification fails, nothing sent", roots: nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}, UpstreamRootCAs: tc.roots})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			if _, err := e.Images().Lookup("python"); err != nil {
+				t.Skipf("the python image is not built (%v): run moat image build python", err)
+			}
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			m := manifest.Default()
+			m.Network.Mode = "allowlist"
+			m.Network.Allow = []string{"localhost:" + port}
+			m.Network.AllowAddresses = []string{"127.0.0.1"}
+			m.Secrets = []manifest.Secret{{Name: "api-key", Hosts: []string{"localhost:" + port}, Header: "Authorization", Env: "API_KEY"}}
+			if err := m.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			prog := `
+import os, sys, urllib.request
+req = urllib.request.Request("https://localhost:%s/" % sys.argv[1], headers={"Authorization": "Bearer " + os.environ["API_KEY"]})
+try:
+    print(urllib.request.urlopen(req, timeout=10).read().decode())
+except Exception as e:
+    print("ERR", type(e).__name__, getattr(e, "code", ""))
+`
+			res, err := e.Run(context.Background(), &Request{Manifest: m, Argv: []string{"python3", "-c", prog, port}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, _ := json.Marshal(res)
+			if strings.Contains(string(js), secretValue) {
+				t.Fatalf("the result holds the value")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			sent := len(got) == 1 && got[0] == "Bearer "+secretValue
+			if sent != tc.wantSent {
+				t.Errorf("the upstream received %q; want the value: %v (stdout %q, network %+v)", got, tc.wantSent, res.Stdout.Data, res.Network)
+			}
+			if tc.wantSent && !strings.Contains(res.Stdout.Data, "echo Bearer "+egress.PlaceholderPrefix+"api-key-") {
+				t.Errorf("the program did not get the echo with its placeholder: %q", res.Stdout.Data)
+			}
+		})
+	}
+}
+
+// localhostCert is a self-signed certificate for localhost.
+func localhostCert(t *testing.T) (tls.Certificate, *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"localhost"}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, leaf
 }

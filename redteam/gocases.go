@@ -32,6 +32,7 @@ func goCases() []Case {
 		registerEgressCases()
 		registerEgressLogCases()
 		registerGuardCases()
+		registerSecretCases()
 		registerFSCases()
 		registerHostWideCases()
 		registerHostIdentityCase()

@@ -37,6 +37,10 @@ type Options struct {
 	// (python3, sh, coreutils): an image imported from its rootfs, or
 	// one built on it, keeps every case meaningful.
 	Image string
+	// Secrets is the secret source the engine was given (engine.Options
+	// Secrets and UpstreamRootCAs): the secret cases bind their values in
+	// it. Nil: those cases are not applicable.
+	Secrets *SecretStore
 }
 
 // Run executes the selected cases on every selected tier, then the
@@ -64,7 +68,7 @@ func Run(ctx context.Context, e *engine.Engine, opts Options) ([]Verdict, error)
 	var out []Verdict
 	for _, label := range opts.Tiers {
 		tierName, mode, _ := strings.Cut(label, "+")
-		r := &runner{e: e, tier: tierName, label: label, session: mode == "session", image: opts.Image}
+		r := &runner{e: e, tier: tierName, label: label, session: mode == "session", image: opts.Image, secrets: opts.Secrets}
 		if mode != "" && mode != "session" {
 			return nil, fmt.Errorf("tier %q: the only mode is +session (each case as the only command of a session sandbox)", label)
 		}
@@ -146,6 +150,8 @@ type runner struct {
 	// the host-side process check is that the run created no host
 	// process at all.
 	inProcess bool
+	// secrets is the engine's secret source, nil without one.
+	secrets *SecretStore
 }
 
 // exec runs one request the way this runner attacks the tier. On a tier

@@ -120,11 +120,15 @@ func TestCorpusOnNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cleanup()
-	e, err := engine.New(engine.Options{Exe: bin, NoAutoBuild: true})
+	secrets, err := NewSecretStore()
 	if err != nil {
 		t.Fatal(err)
 	}
-	verdicts, err := Run(context.Background(), e, Options{Tiers: []string{"native"}})
+	e, err := engine.New(engine.Options{Exe: bin, NoAutoBuild: true, Secrets: secrets, UpstreamRootCAs: secrets.RootCAs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verdicts, err := Run(context.Background(), e, Options{Tiers: []string{"native"}, Secrets: secrets})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,9 @@ a real attack judged from the host side (planted canaries, host listeners,
 host file hashes, the sandbox's processes as the host's /proc shows them,
 the result's fields). Prints one verdict per case and tier: contained,
 escaped, not-applicable (with the reason; never counted as contained) or
-error. Exit status 0 only if nothing escaped and nothing errored.
+error. Exit status 0 only if nothing escaped and nothing errored. The
+secret cases bind a random value per case in this process's memory; the
+host's secret store is neither read nor written.
 
 Flags:
 `)
@@ -50,7 +52,13 @@ Flags:
 		}
 		return 0
 	}
-	e, err := engine.New(engine.Options{NoAutoBuild: false, Progress: os.Stderr})
+	// The secret cases bind random values in this in-memory store, one
+	// per case, never printed; the host's own secret store is not used.
+	secrets, err := redteam.NewSecretStore()
+	if err != nil {
+		return fail(err)
+	}
+	e, err := engine.New(engine.Options{NoAutoBuild: false, Progress: os.Stderr, Secrets: secrets, UpstreamRootCAs: secrets.RootCAs()})
 	if err != nil {
 		return fail(err)
 	}
@@ -74,7 +82,7 @@ Flags:
 	if !*jsonOut {
 		fmt.Printf("%-34s %-8s %-15s %s\n", "CASE", "TIER", "VERDICT", "EVIDENCE")
 	}
-	verdicts, err := redteam.Run(ctx, e, redteam.Options{Tiers: strings.Split(*tiers, ","), Case: *only, Parallel: *parallel, Progress: progress, Image: *imageName})
+	verdicts, err := redteam.Run(ctx, e, redteam.Options{Tiers: strings.Split(*tiers, ","), Case: *only, Parallel: *parallel, Progress: progress, Image: *imageName, Secrets: secrets})
 	if err != nil {
 		return fail(err)
 	}
