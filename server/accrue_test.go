@@ -28,9 +28,11 @@ func TestAccrue(t *testing.T) {
 		c.AccrueInterval = 10 * time.Millisecond
 	})
 
+	// The run outlives the checks below even on a loaded machine: its
+	// audit record must still be running when they look.
 	ran := make(chan response, 1)
 	go func() {
-		ran <- e.do(req{method: "POST", path: "/v1/runs", token: token, body: map[string]any{"argv": []string{"fake", "sleep:1s"}}})
+		ran <- e.do(req{method: "POST", path: "/v1/runs", token: token, body: map[string]any{"argv": []string{"fake", "sleep:5s"}}})
 	}()
 	sb := e.createSandbox(token, nil)
 	ex := e.exec(token, sb.ID, map[string]any{"argv": []string{"fake", "block"}, "wait": false}, http.StatusAccepted)
