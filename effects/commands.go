@@ -254,7 +254,8 @@ func readsArgs(n string) bool {
 }
 
 func (a *analyser) readArg(v string) origin {
-	if v == "" {
+	// Longer than PATH_MAX: not a path (and not worth a regexp scan).
+	if v == "" || len(v) > 4096 {
 		return origin{}
 	}
 	o, _ := a.fileOrigin(v)

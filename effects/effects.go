@@ -96,6 +96,9 @@ const (
 	MaxDepth = 16
 	// MaxSteps bounds the statements analysed per command.
 	MaxSteps = 20000
+	// MaxParseBytes bounds the text parsed per command, counting nested
+	// sh -c, eval and here-document text each time it is parsed.
+	MaxParseBytes = 1 << 20
 	// MaxSessionCommands bounds how many commands a session remembers.
 	MaxSessionCommands = 10000
 )

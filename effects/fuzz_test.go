@@ -47,6 +47,7 @@ func TestBounded(t *testing.T) {
 		{"nested subshells", strings.Repeat("( ", 500) + "ls" + strings.Repeat(" )", 500)},
 		{"too long", "echo " + strings.Repeat("a", MaxCommandBytes)},
 		{"many statements", strings.Repeat("ls;", MaxSteps+10)},
+		{"function re-parsing long text", "f() { sh -c 'echo " + strings.Repeat("a", 30000) + "'; }; " + strings.Repeat("f;", 2000)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,22 +21,32 @@ type word struct {
 }
 
 type analyser struct {
-	s     *Session
-	idx   int
-	vars  map[string]word
-	funcs map[string]any // name -> *syntax.Stmt body
-	cwd   string
-	steps int
-	out   []Effect
-	over  bool
-	hdoc  *word    // the here-document the current command reads, if any
-	reads []string // paths the current statement reads, to spot cmd f > f
+	s      *Session
+	idx    int
+	vars   map[string]word
+	funcs  map[string]any // name -> *syntax.Stmt body
+	cwd    string
+	steps  int
+	out    []Effect
+	over   bool
+	parsed int      // bytes of text parsed for this command, nested ones too
+	hdoc   *word    // the here-document the current command reads, if any
+	reads  []string // paths the current statement reads, to spot cmd f > f
 }
 
 // script parses text as a shell script and analyses it with stdin in.
 // It returns the flow of its standard output.
 func (a *analyser) script(text string, in origin, depth int) origin {
 	if depth > MaxDepth {
+		a.tooDeep()
+		return origin{}
+	}
+	// Nested text (sh -c, eval, here-documents, function bodies run many
+	// times) is parsed again at each level: bound the total, or a
+	// function that runs sh -c on a long string 20000 times would cost
+	// gigabytes of parsing.
+	a.parsed += len(text)
+	if a.parsed > MaxParseBytes {
 		a.tooDeep()
 		return origin{}
 	}
@@ -62,7 +72,7 @@ func (a *analyser) tooDeep() {
 		return
 	}
 	a.over = true
-	a.add(Opaque, fmt.Sprintf("command %d nests shells, substitutions or functions deeper than %d levels, or has more than %d statements: the rest was not analysed", a.idx, MaxDepth, MaxSteps), nil, nil)
+	a.add(Opaque, fmt.Sprintf("command %d nests shells, substitutions or functions deeper than %d levels, has more than %d statements or %d bytes of nested text: the rest was not analysed", a.idx, MaxDepth, MaxSteps, MaxParseBytes), nil, nil)
 }
 
 func (a *analyser) stmts(list []*syntax.Stmt, in origin, depth int) origin {
@@ -78,7 +88,7 @@ func (a *analyser) stmt(s *syntax.Stmt, in origin, depth int) origin {
 		return origin{}
 	}
 	a.steps++
-	if a.steps > MaxSteps || depth > MaxDepth {
+	if a.over || a.steps > MaxSteps || depth > MaxDepth {
 		a.tooDeep()
 		return origin{}
 	}
