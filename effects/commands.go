@@ -682,7 +682,10 @@ func (a *analyser) xargs(rest []word, in origin, depth int) origin {
 		}
 		i++
 	}
-	sub := rest[i:]
+	var sub []word
+	if i < len(rest) {
+		sub = rest[i:]
+	}
 	if len(sub) == 0 {
 		sub = []word{{val: "echo", plain: true}}
 	}

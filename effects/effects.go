@@ -185,8 +185,9 @@ func (s *Session) Commands() int { return s.n }
 // Shell analyses one shell command line (as sh -c would run it) as the
 // session's next command and returns its effects, composed with what
 // earlier commands did.
-func (s *Session) Shell(line string) []Effect {
+func (s *Session) Shell(line string) (effects []Effect) {
 	a := s.begin()
+	defer a.recover(&effects)
 	if len(line) > MaxCommandBytes {
 		a.add(Opaque, fmt.Sprintf("command %d is %d bytes long, more than the %d the analyser reads", a.idx, len(line), MaxCommandBytes), nil, nil, a.idx)
 		return a.finish()
@@ -197,8 +198,9 @@ func (s *Session) Shell(line string) []Effect {
 
 // Exec analyses one exec request's argv (no shell between: words are
 // taken literally) as the session's next command.
-func (s *Session) Exec(argv []string) []Effect {
+func (s *Session) Exec(argv []string) (effects []Effect) {
 	a := s.begin()
+	defer a.recover(&effects)
 	total := 0
 	for _, w := range argv {
 		total += len(w)
@@ -286,4 +288,18 @@ func (s *Session) Clone() *Session {
 		c.files[k] = v
 	}
 	return c
+}
+
+// analyserFailed starts the detail of the effect a bug in the analyser
+// becomes: FuzzAnalyse fails on it.
+const analyserFailed = "the analyser failed on command"
+
+// recover turns a bug of the analyser into an Opaque effect instead of a
+// panic across the package boundary (a server's request must not take
+// the server down): a command the analyser could not read is unreadable.
+func (a *analyser) recover(effects *[]Effect) {
+	if r := recover(); r != nil {
+		a.add(Opaque, fmt.Sprintf("%s %d (%v): what it does was not analysed", analyserFailed, a.idx, r), nil, nil)
+		*effects = a.finish()
+	}
 }

@@ -22,12 +22,14 @@ func FuzzAnalyse(f *testing.F) {
 		start := time.Now()
 		s := NewSession()
 		for _, part := range strings.SplitN(line, "\x00", 3) {
-			for _, e := range s.Shell(part) {
+			for _, e := range append(s.Shell(part), s.Exec(strings.Fields(part))...) {
 				if !e.Kind.Valid() || e.Detail == "" || len(e.Commands) == 0 {
 					t.Fatalf("malformed effect %+v for %q", e, part)
 				}
+				if strings.HasPrefix(e.Detail, analyserFailed) {
+					t.Fatalf("%q: %s", part, e.Detail)
+				}
 			}
-			s.Exec(strings.Fields(part))
 		}
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("analysis of %d bytes took %v", len(line), d)
