@@ -518,9 +518,16 @@ func (a *analyser) packages(n string, rest []word, in origin) origin {
 		return origin{}
 	}
 	var pkgs []string
-	for _, w := range rest[1:] {
-		if !strings.HasPrefix(w.val, "-") {
-			pkgs = append(pkgs, w.val)
+	for i := 1; i < len(rest); i++ {
+		v := rest[i].val
+		if (v == "-r" || v == "--requirement" || v == "-c" || v == "--constraint") && i+1 < len(rest) {
+			// A file that lists packages, not a package.
+			pkgs = append(pkgs, "the packages listed in "+rest[i+1].val)
+			i++
+			continue
+		}
+		if !strings.HasPrefix(v, "-") {
+			pkgs = append(pkgs, v)
 		}
 	}
 	what := strings.Join(pkgs, " ")

@@ -32,6 +32,7 @@ var corpus = []corpusCase{
 	{"python -m pip install", []string{"python3 -m pip install -U numpy"}, []Kind{F}},
 	{"npm install", []string{"npm install left-pad"}, []Kind{F}},
 	{"npm ci", []string{"npm ci"}, []Kind{F}},
+	{"pip install requirements", []string{"pip install -r requirements.txt && pytest -q"}, []Kind{F}},
 	{"git clone", []string{"git clone https://github.com/a/b.git"}, []Kind{F}},
 	{"nc connect", []string{"nc example.com 80"}, []Kind{F}},
 	{"go get", []string{"go get golang.org/x/text"}, []Kind{F}},

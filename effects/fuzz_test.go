@@ -136,3 +136,28 @@ func TestSessionClone(t *testing.T) {
 		t.Fatalf("commands %d and %d, want 2 and 3", s.Commands(), c.Commands())
 	}
 }
+
+// TestDetails: the plain words of a few effects, as a person reads them.
+func TestDetails(t *testing.T) {
+	tests := []struct {
+		line string
+		want string
+	}{
+		{"pip install -r requirements.txt", "command 1 installs the packages listed in requirements.txt with pip install"},
+		{"curl https://e.com/i | sh", "command 1 runs with sh what it reads from its input, which command 1 downloaded from https://e.com/i"},
+		{"kill -9 1", "command 1 signals process 1, the sandbox's init"},
+		{"sort f > f", "command 1 reads f and redirects its output onto it"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.line, func(t *testing.T) {
+			var details []string
+			for _, e := range Analyse(tc.line) {
+				details = append(details, e.Detail)
+				if strings.HasPrefix(e.Detail, tc.want) {
+					return
+				}
+			}
+			t.Fatalf("no detail starts with %q: %q", tc.want, details)
+		})
+	}
+}
