@@ -127,7 +127,7 @@ func (a *analyser) stmt(s *syntax.Stmt, in origin, depth int) origin {
 		}
 		w := a.word(r.Word, depth)
 		switch r.Op {
-		case syntax.RdrOut, syntax.ClbOut, syntax.RdrAll:
+		case syntax.RdrOut, syntax.RdrClob, syntax.RdrAll:
 			a.truncation(s.Cmd, w.val, reads)
 			a.writeFile(w.val, out, false)
 		case syntax.AppOut, syntax.AppAll:
