@@ -14,6 +14,7 @@ require (
 	golang.org/x/text v0.44.0
 	google.golang.org/protobuf v1.36.9
 	modernc.org/sqlite v1.62.0
+	mvdan.cc/sh/v3 v3.14.1
 )
 
 require (
