@@ -35,60 +35,60 @@ const MaxKeys = 4096
 type Policy struct {
 	// RequireJustifications: every widening beyond manifest.Default needs
 	// an entry in the manifest's justifications (default true).
-	RequireJustifications bool `yaml:"require_justifications"`
+	RequireJustifications bool `json:"require_justifications" yaml:"require_justifications"`
 	// Default is the ceiling of every key not in Keys, and of local runs.
-	Default Ceiling `yaml:"default"`
+	Default Ceiling `json:"default" yaml:"default"`
 	// Keys are per-key ceilings by API key id. A key's entry replaces
 	// Default; it does not add to it.
-	Keys map[string]Ceiling `yaml:"keys"`
+	Keys map[string]Ceiling `json:"keys" yaml:"keys"`
 
 	// Source names the file, for messages ("policy /etc/moat/policy.yaml").
-	Source string `yaml:"-"`
+	Source string `json:"-" yaml:"-"`
 }
 
 // Ceiling is the widest manifest allowed. Every field that is absent (or
 // zero) is Moat's default, so a ceiling only widens what it names.
 type Ceiling struct {
 	// Tiers are the tiers a run may choose. Absent: the default tier only.
-	Tiers []string `yaml:"tiers"`
+	Tiers []string `json:"tiers" yaml:"tiers"`
 	// Workspace and Resources bound each numeric field from above.
-	Workspace manifest.Workspace `yaml:"workspace"`
-	Resources manifest.Resources `yaml:"resources"`
+	Workspace manifest.Workspace `json:"workspace" yaml:"workspace"`
+	Resources manifest.Resources `json:"resources" yaml:"resources"`
 	// Network: mode allowlist permits a network; allow lists the rules a
 	// requested entry must lie inside ("*.example.com" covers
 	// "api.example.com"); allow_addresses the prefixes a requested
 	// address or prefix must lie inside; the numeric limits bound the
 	// proxy's budgets.
-	Network manifest.Network `yaml:"network"`
+	Network manifest.Network `json:"network" yaml:"network"`
 	// Secrets are the secret names a run may bind (the key must also be
 	// granted each: moat keys grant).
-	Secrets []string `yaml:"secrets"`
+	Secrets []string `json:"secrets" yaml:"secrets"`
 	// Packages bound the guarded package index.
-	Packages Packages `yaml:"packages"`
+	Packages Packages `json:"packages" yaml:"packages"`
 	// Security.AllowMissing lists the protections a run may go without.
-	Security manifest.Security `yaml:"security"`
+	Security manifest.Security `json:"security" yaml:"security"`
 }
 
 // Packages is the ceiling of a manifest's packages section.
 type Packages struct {
-	PyPI Index `yaml:"pypi"`
-	NPM  Index `yaml:"npm"`
+	PyPI Index `json:"pypi" yaml:"pypi"`
+	NPM  Index `json:"npm" yaml:"npm"`
 	// Typosquat "warn" permits runs to ask for typosquat: warn; absent or
 	// "refuse": only the default.
-	Typosquat string `yaml:"typosquat"`
+	Typosquat string `json:"typosquat" yaml:"typosquat"`
 	// Yanked "allow" permits yanked: allow; absent or "refuse": only the
 	// default.
-	Yanked string `yaml:"yanked"`
+	Yanked string `json:"yanked" yaml:"yanked"`
 }
 
 // Index is the ceiling of one package index.
 type Index struct {
 	// Indexes are the upstreams a run may name. Absent: the default
 	// upstream only.
-	Indexes []string `yaml:"indexes"`
+	Indexes []string `json:"indexes" yaml:"indexes"`
 	// Allow lists the package names a run may ask for (any version), or
 	// "*" for every name. Absent: none.
-	Allow []string `yaml:"allow"`
+	Allow []string `json:"allow" yaml:"allow"`
 }
 
 // Load reads and parses the policy file at path.
