@@ -109,3 +109,25 @@ func TestPolicySuggestCeilings(t *testing.T) {
 	out = moat(t, invocation{args: []string{"policy", "suggest", "--ceilings", "--json", "--db", db}, env: env})
 	out.check(t, 0, []string{`"policy"`, `"require_justifications": true`}, nil, nil)
 }
+
+// TestRunPolicyAdmits: a local run within the policy's ceiling, with its
+// widening justified, runs, and its result carries the justification.
+func TestRunPolicyAdmits(t *testing.T) {
+	needSandbox(t)
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	m := filepath.Join(dir, "m.yaml")
+	if err := os.WriteFile(pol, []byte("default:\n  resources:\n    memory: 1GiB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(m, []byte("resources: {memory: 1GiB}\njustifications: {resources.memory: pandas on a 700MB frame}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, out := runJSON(t, invocation{args: []string{"--policy", pol, "--manifest", m, "--", "true"}})
+	if out.code != 0 || res.ExitCode != 0 {
+		t.Fatalf("admitted run failed: %s", out)
+	}
+	if got := res.Justifications["resources.memory"]; got != "pandas on a 700MB frame" {
+		t.Errorf("result justifications = %v", res.Justifications)
+	}
+}
