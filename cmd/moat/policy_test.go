@@ -131,3 +131,15 @@ func TestRunPolicyAdmits(t *testing.T) {
 		t.Errorf("result justifications = %v", res.Justifications)
 	}
 }
+
+// TestServePolicyInvalid: moat serve refuses to start with a policy file
+// it cannot parse, naming the file and the field.
+func TestServePolicyInvalid(t *testing.T) {
+	_, env := auditEnv(t)
+	bad := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(bad, []byte("keys:\n  ka:\n    tiers: [docker]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := moat(t, invocation{args: []string{"serve", "--listen", "127.0.0.1:0", "--pool", "0", "--session-pool", "0", "--policy", bad}, env: env})
+	out.check(t, exitUsage, nil, []string{bad, "keys.ka.tiers[0]", "docker"}, nil)
+}
