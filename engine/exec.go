@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -125,14 +126,17 @@ func (p *prepared) start(ctx context.Context, m *manifest.Manifest, spec *execSp
 	x.stdout = output.NewCapture(int64(m.Resources.StdoutBytes), spec.stdout)
 	x.stderr = output.NewCapture(int64(m.Resources.StderrBytes), spec.stderr)
 	x.res = &result.Result{
-		Schema:    result.SchemaVersion,
-		ID:        spec.id,
-		Tier:      p.tier.Name(),
-		Image:     result.Image{Name: p.img.Name, Digest: p.img.Digest, Source: p.img.Source, SourceDigest: p.img.SourceDigest},
-		Manifest:  m.Digest(),
-		Command:   spec.argv,
-		Pooled:    p.pooled,
-		StartedAt: time.Now().UTC(),
+		Schema:   result.SchemaVersion,
+		ID:       spec.id,
+		Tier:     p.tier.Name(),
+		Image:    result.Image{Name: p.img.Name, Digest: p.img.Digest, Source: p.img.Source, SourceDigest: p.img.SourceDigest},
+		Manifest: m.Digest(),
+		// A copy: the result outlives the request and is encoded while
+		// nothing else may hold the manifest's map.
+		Justifications: maps.Clone(m.Justifications),
+		Command:        spec.argv,
+		Pooled:         p.pooled,
+		StartedAt:      time.Now().UTC(),
 	}
 	x.cmd = &tier.Command{
 		Argv:    spec.argv,

@@ -33,6 +33,7 @@ func FuzzParse(f *testing.F) {
 		"network: {mode: allowlist}",
 		"network: {mode: allowlist}\npackages: {pypi: {index: \"http://127.0.0.1:1/simple\", allow: [\"requests==2.31.0 --hash=sha256:00\", idna]}, npm: {allow: [\"@types/node@>=20\"]}, typosquat: warn}",
 		"a: 1\n---\nb: 2\n",
+		"resources: {memory: 1GiB}\njustifications: {resources.memory: \"pandas\", network.allow: x, bogus: \"\\u202e\"}",
 		"? [a, b]\n: c\n",
 		"image: !!binary aGVsbG8=",
 		`{"image": "python", "env": {"K": "\u00e9\ud83d\ude00"}, "resources": {"cpus": 1e-2}}`,

@@ -39,6 +39,12 @@ type Manifest struct {
 	Env map[string]string `json:"env" yaml:"env"`
 	// Security lists explicit acceptances of a weaker sandbox.
 	Security Security `json:"security" yaml:"security"`
+	// Justifications say why each widening beyond Default is needed,
+	// keyed by the widened field's path ("resources.memory",
+	// "network.allow"; Widenings lists them). An operator policy can
+	// require one per widening (package policy); they are recorded in
+	// the audit log and the result.
+	Justifications map[string]string `json:"justifications,omitempty" yaml:"justifications,omitempty"`
 }
 
 // Input is one host file or directory copied into the workspace.

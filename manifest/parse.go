@@ -583,3 +583,56 @@ func parseDecimalFloat(s string) (float64, error) {
 	}
 	return strconv.ParseFloat(s, 64)
 }
+
+// DecodeStrict decodes a YAML or JSON document (as Parse tells them apart
+// by filename) into v, a pointer to a struct with yaml tags whose fields
+// already hold their defaults, with the manifest's strict rules: unknown
+// and duplicate keys, anchors, quoted numbers and non-decimal integers are
+// errors, null keeps the default. Manifest types (Size, Duration, Resources)
+// decode as in a manifest. It is for other documents of the same family,
+// such as the operator policy, so they need no second YAML dialect.
+// Errors are *FieldError values joined with errors.Join, prefixed with
+// filename; it never panics on any input.
+func DecodeStrict(data []byte, filename string, v any) (err error) {
+	name := filename
+	if name == "" {
+		name = "document"
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: internal error while parsing (a bug in moat, please report): %v", name, r)
+		}
+	}()
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() || rv.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("%s: DecodeStrict needs a pointer to a struct, not %T", name, v)
+	}
+	if len(data) > MaxBytes {
+		return fmt.Errorf("%s: is larger than %d bytes", name, MaxBytes)
+	}
+	if !utf8.Valid(data) {
+		return fmt.Errorf("%s: is not valid UTF-8", name)
+	}
+	var root *yaml.Node
+	if isJSON(data, filename) {
+		root, err = parseJSON(data)
+	} else {
+		root, err = parseYAML(data)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	var errs errorList
+	d := decoder{errs: &errs, seen: map[string]bool{}}
+	switch {
+	case root == nil || isNull(root):
+	case root.Kind != yaml.MappingNode:
+		errs.add("", "", "the document is "+describeNode(root)+"; expected a mapping of keys")
+	default:
+		d.decode(root, rv.Elem(), "")
+	}
+	if err := errs.err(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}

@@ -177,6 +177,7 @@ func (m *Manifest) validate(errs *errorList) {
 	m.validatePackages(errs)
 	m.validateEnv(errs)
 	m.validateSecrets(errs)
+	m.validateJustifications(errs)
 	for i, a := range m.Security.AllowMissing {
 		field := fmt.Sprintf("security.allow_missing[%d]", i)
 		switch {
@@ -453,3 +454,6 @@ func (m *Manifest) validatePackages(errs *errorList) {
 		errs.add("packages", "", "needs network.mode: allowlist (the guarded index is served by the egress proxy); the index itself needs no network.allow entry")
 	}
 }
+
+// Tiers returns the accepted tier names.
+func Tiers() []string { return slices.Clone(tiers) }

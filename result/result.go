@@ -41,12 +41,16 @@ const SchemaVersion = 1
 // Result is the structured outcome of one run. Its JSON form is documented in
 // docs/RESULT.md and is the same for every tier.
 type Result struct {
-	Schema   int      `json:"schema"`
-	ID       string   `json:"id"`
-	Tier     string   `json:"tier"`
-	Image    Image    `json:"image"`
-	Manifest string   `json:"manifest_digest"`
-	Command  []string `json:"command"`
+	Schema   int    `json:"schema"`
+	ID       string `json:"id"`
+	Tier     string `json:"tier"`
+	Image    Image  `json:"image"`
+	Manifest string `json:"manifest_digest"`
+	// Justifications are the manifest's reasons for its widenings beyond
+	// Moat's defaults, by field ("resources.memory"), so a reviewer of the
+	// result reads why the run had what it had. Absent: none given.
+	Justifications map[string]string `json:"justifications,omitempty"`
+	Command        []string          `json:"command"`
 	// Pooled is true when the sandbox came prepared from a warm pool.
 	Pooled      bool        `json:"pooled,omitempty"`
 	Termination Termination `json:"termination"`

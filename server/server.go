@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/policy"
 	"log/slog"
 	"net/http"
 	"runtime"
@@ -82,6 +83,9 @@ type Config struct {
 	// to the audit log (when the Auditor is an Accruer): what a crash of
 	// the server can lose of a run's accounting. Default 2s.
 	AccrueInterval time.Duration
+	// Policy is the operator's policy (--policy): per-key ceilings and
+	// required justifications (service.Config.Policy). Nil: none.
+	Policy *policy.Policy
 }
 
 func (c *Config) setDefaults() error {
@@ -111,6 +115,7 @@ func (c *Config) serviceConfig() service.Config {
 		MaxConcurrent: c.MaxConcurrent, QueueWait: c.QueueWait,
 		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, KeepRuns: c.KeepRuns, KeepExecs: c.KeepExecs,
 		ReapInterval: c.ReapInterval, AccrueInterval: c.AccrueInterval,
+		Policy: c.Policy,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/policy"
 )
 
 // What a caller may give a sandbox: its manifest and its metadata.
@@ -126,4 +127,30 @@ func CheckSecretGrants(key audit.Key, m *manifest.Manifest) *Error {
 		}
 	}
 	return nil
+}
+
+// CheckPolicy refuses a manifest beyond the key's ceiling in the
+// operator's policy (Forbidden: the caller cannot fix it but by asking
+// for less) or widening Moat's defaults without a justification the
+// policy requires (Invalid: the caller adds one). The refusal names the
+// manifest field, the requested value and the ceiling. A nil policy
+// admits everything.
+func CheckPolicy(p *policy.Policy, key audit.Key, m *manifest.Manifest) *Error {
+	if p == nil || m == nil {
+		return nil
+	}
+	err := p.Check(key.ID, m)
+	if err == nil {
+		return nil
+	}
+	var r *policy.Refusal
+	if !errors.As(err, &r) {
+		return InternalError(fmt.Errorf("policy check: %w", err))
+	}
+	kind := Forbidden
+	field := r.Field
+	if r.Unjustified {
+		kind, field = Invalid, "justifications."+r.Field
+	}
+	return &Error{Kind: kind, Field: ManifestField(field), Message: "manifest." + r.Error()}
 }

@@ -30,6 +30,9 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 	if e := CheckSecretGrants(key, args.Manifest); e != nil {
 		return RunResponse{}, e
 	}
+	if e := CheckPolicy(s.cfg.Policy, key, args.Manifest); e != nil {
+		return RunResponse{}, e
+	}
 	leave, release, e := s.admit(key)
 	if e != nil {
 		return RunResponse{}, e

@@ -58,6 +58,9 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 	if e := CheckSecretGrants(key, args.Manifest); e != nil {
 		return Sandbox{}, e
 	}
+	if e := CheckPolicy(s.cfg.Policy, key, args.Manifest); e != nil {
+		return Sandbox{}, e
+	}
 	leave, release, e := s.admit(key)
 	if e != nil {
 		return Sandbox{}, e

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 )
 
@@ -70,6 +71,11 @@ type Config struct {
 	// Observe, when set, is called with the result of every program that
 	// ended (one-shot runs and commands), for metrics.
 	Observe func(*result.Result)
+	// Policy, when set, is the operator's policy (--policy): every
+	// manifest is checked against the caller's key's ceiling, and for
+	// justifications, before anything is admitted. Nil: no ceiling
+	// beyond the manifest's own ranges.
+	Policy *policy.Policy
 }
 
 // SetDefaults checks the required fields and fills in the defaults.

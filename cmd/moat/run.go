@@ -19,6 +19,7 @@ import (
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
+	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/server"
 	"github.com/moat-sandbox/moat/service"
@@ -51,6 +52,11 @@ symlink rules, and sent as files; a symlink inside an input is sent as a
 copy of the file it leads to. The API key comes from --api-key or, better
 (flags are visible to other users in ps), MOAT_API_KEY. A request the server
 refuses as invalid (HTTP 400, 401, 403, 413) exits 2, any other failure 125.
+
+With --policy FILE (or MOAT_POLICY), a local run is checked against the
+policy's default ceiling first, and refused (exit 2) naming the field, the
+value and the ceiling; also when a widening lacks a justification the
+policy requires. A run on a server is checked by the server's policy.
 --output and --no-build are refused with --server. --server "" runs locally
 even when MOAT_SERVER is set.
 
@@ -74,6 +80,7 @@ func cmdRun(args []string) int {
 		noBuild      = fs.Bool("no-build", false, "fail instead of building a missing image")
 		serverURL    = fs.String("server", "", "run on the Moat server at `URL` instead of locally (default $MOAT_SERVER)")
 		apiKey       = fs.String("api-key", "", "API `KEY` for --server (default $MOAT_API_KEY, which is safer: flags show in ps)")
+		policyPath   = fs.String("policy", "", "operator policy `FILE` whose default ceiling a local run must fit (default $"+policy.EnvVar+")")
 	)
 	var inputs []manifest.Input
 	var envs [][2]string
@@ -203,6 +210,11 @@ func cmdRun(args []string) int {
 	if server == "" && *apiKey != "" {
 		fmt.Fprintln(os.Stderr, "moat run: --api-key is for a run on a server: add --server URL (or set MOAT_SERVER)")
 		return exitUsage
+	}
+	if server == "" {
+		if c := checkLocalPolicy(*policyPath, m); c >= 0 {
+			return c
+		}
 	}
 	if server != "" {
 		// No command: the server runs the image's Entrypoint and Cmd,

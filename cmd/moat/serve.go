@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/policy"
 	"log/slog"
 	"net"
 	"net/http"
@@ -67,6 +68,7 @@ func cmdServe(args []string) int {
 		keepRuns      = fs.Int("keep-runs", 1000, "one-shot results kept for GET /v1/runs/{id}")
 		drain         = fs.Duration("drain", 30*time.Second, "how long shutdown waits for running one-shot runs")
 		e2bAPI        = fs.Bool("e2b", false, "also serve E2B's API on the same listener, for the unmodified E2B SDKs (E2B_API_URL and E2B_SANDBOX_URL = this server's URL; see README)")
+		policyPath    = fs.String("policy", "", "operator policy `FILE`: per-key ceilings and required justifications (default $"+policy.EnvVar+"; see README)")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -77,6 +79,10 @@ func cmdServe(args []string) int {
 	}
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return fail(usageError{errors.New("--tls-cert and --tls-key go together")})
+	}
+	pol, err := loadPolicy(*policyPath)
+	if err != nil {
+		return fail(usageError{err})
 	}
 	body, err := manifest.ParseSize(*maxBody)
 	if err != nil || body <= 0 {
@@ -153,6 +159,7 @@ func cmdServe(args []string) int {
 		MaxConcurrent: *maxConcurrent,
 		MaxTTL:        *maxTTL,
 		KeepRuns:      *keepRuns,
+		Policy:        pol,
 	})
 	if err != nil {
 		return fail(usageError{err})

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/server"
 	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/service/servicetest"
@@ -45,6 +46,12 @@ func newEnv(t *testing.T) *env {
 // handler's Config.HasImage.
 func newEnvWith(t *testing.T, images []string, hasImage func(string) bool) *env {
 	t.Helper()
+	return newEnvPolicy(t, images, hasImage, nil)
+}
+
+// newEnvPolicy is newEnvWith under the operator policy pol (nil: none).
+func newEnvPolicy(t *testing.T, images []string, hasImage func(string) bool, pol *policy.Policy) *env {
+	t.Helper()
 	b := &servicetest.Backend{Dir: t.TempDir(), Images: images}
 	au := servicetest.NewAuditor()
 	for token, k := range keys {
@@ -52,7 +59,7 @@ func newEnvWith(t *testing.T, images []string, hasImage func(string) bool) *env 
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	api, err := server.New(server.Config{Backend: b, Auditor: au, Logger: log, MaxBodyBytes: 1 << 16,
-		ReapInterval: 20 * time.Millisecond})
+		ReapInterval: 20 * time.Millisecond, Policy: pol})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func (p *program) run() *result.Result {
 	}
 	res := &result.Result{
 		Schema: result.SchemaVersion, ID: "fake-" + service.NewID(4), Tier: "fake",
-		Image: result.Image{Name: "python", Digest: "sha256:fake"}, Manifest: p.manifest.Digest(),
+		Image: result.Image{Name: "python", Digest: "sha256:fake"}, Manifest: p.manifest.Digest(), Justifications: p.manifest.Justifications,
 		Command: p.argv, Termination: result.Exited, StartedAt: start.UTC(),
 		Files: []result.FileChange{}, Network: []result.NetworkAttempt{}, Violations: []result.Violation{}, Degradations: []string{},
 	}
