@@ -3,13 +3,14 @@ package egress
 import (
 	"bytes"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/moat-sandbox/moat/output"
 )
 
 // Placeholder substitution and scrubbing (issue 20 §1). Everything here
@@ -86,27 +87,9 @@ func placeholderChars(p string) bool {
 	return true
 }
 
-// encodedForms are the byte strings whose presence shows p was sent: p
-// itself, its hex (both cases) and, for base64 and base64url, the part of
-// the encoding that does not depend on where p starts in the encoded
-// input (three alignments) nor on what follows it.
-func encodedForms(p []byte) [][]byte {
-	forms := [][]byte{p, []byte(hex.EncodeToString(p)), []byte(strings.ToUpper(hex.EncodeToString(p)))}
-	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
-		for pad := 0; pad < 3; pad++ {
-			in := append(bytes.Repeat([]byte{0}, pad), p...)
-			e := enc.EncodeToString(in)
-			// The first ceil(pad*8/6) characters carry the padding
-			// bytes; the last group may carry what follows p.
-			start := (pad*8 + 5) / 6
-			end := (len(in) / 3) * 4
-			if end-start >= minPlaceholder {
-				forms = append(forms, []byte(e[start:end]))
-			}
-		}
-	}
-	return forms
-}
+// encodedForms are the forms of a placeholder the proxy recognises
+// (output.EncodedForms, the one owner of that rule).
+func encodedForms(p []byte) [][]byte { return output.EncodedForms(p, minPlaceholder) }
 
 // inName reports whether a host name, as the sandbox wrote it, carries a
 // placeholder: asking the resolver for it would carry the placeholder off
