@@ -20,7 +20,6 @@ func randomBytes(t testing.TB, n int) []byte {
 	return b
 }
 
-
 func TestScanFormats(t *testing.T) {
 	sum := sha256.Sum256([]byte("hello"))
 	sum512 := sha512.Sum512([]byte("hello"))
