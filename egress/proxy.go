@@ -169,7 +169,7 @@ func New(p Policy, opts Options) *Proxy {
 	if x.now == nil {
 		x.now = time.Now
 	}
-	x.sec, x.rootCAs, x.secretUses = compileSecrets(p.Secrets), opts.RootCAs, map[SecretUse]int{}
+	x.sec, x.rootCAs, x.secretUses = compileGuarded(p.Secrets, p.Canaries), opts.RootCAs, map[SecretUse]int{}
 	if x.sec != nil {
 		// An error leaves ca nil: TrustPEM says so to the engine, which
 		// refuses the run, and bound hosts are refused here.
@@ -301,6 +301,10 @@ func (p *Proxy) untrack(c net.Conn) {
 	p.mu.Unlock()
 	c.Close()
 }
+
+// CanarySeen reports whether a request, host name or body the proxy
+// checked carried one of Policy.Canaries (and was refused for it).
+func (p *Proxy) CanarySeen() bool { return p.sec != nil && p.sec.canarySeen.Load() }
 
 // Close stops accepting, closes every connection and waits for every
 // goroutine the proxy started. A closed proxy refuses everything.
