@@ -28,7 +28,7 @@ func TestCanaryRefused(t *testing.T) {
 		{name: "base64 body", method: "POST", url: "http://allowed.test/up", body: base64.StdEncoding.EncodeToString([]byte("id=" + testCanary)), canary: true},
 		{name: "hex body", method: "POST", url: "http://allowed.test/up", body: hex.EncodeToString([]byte(testCanary)), canary: true},
 		{name: "dns label", method: "GET", url: "http://" + strings.ToLower(testCanary) + ".wild.test/", canary: true},
-		{name: "base64url cookie", method: "GET", url: "http://allowed.test/", header: http.Header{"Cookie": {"c=" + base64.RawURLEncoding.EncodeToString([]byte("z" + testCanary))}}, canary: true},
+		{name: "base64url cookie", method: "GET", url: "http://allowed.test/", header: http.Header{"Cookie": {"c=" + base64.RawURLEncoding.EncodeToString([]byte("z"+testCanary))}}, canary: true},
 		{name: "benign request", method: "POST", url: "http://allowed.test/up", body: "hello", canary: false},
 	}
 	for _, tc := range tests {
