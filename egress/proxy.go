@@ -170,7 +170,8 @@ func New(p Policy, opts Options) *Proxy {
 		x.now = time.Now
 	}
 	x.sec, x.rootCAs, x.secretUses = compileGuarded(p.Secrets, p.Canaries), opts.RootCAs, map[SecretUse]int{}
-	if x.sec != nil {
+	if len(p.Secrets) > 0 {
+		// Only bound secrets need a CA: canaries bind nothing.
 		// An error leaves ca nil: TrustPEM says so to the engine, which
 		// refuses the run, and bound hosts are refused here.
 		x.ca, x.caErr = newRunCA(x.sec, x.now())

@@ -264,6 +264,16 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
 	}
+	if err := p.plantCanaries(ws.Dir, owner, wsLim); err != nil {
+		return nil, err
+	}
+	if p.canaries != nil && len(req.Files) == 0 {
+		// The decoys are part of the baseline: the diff shows them
+		// only when the program changed them.
+		if snap, err = workspace.Scan(ws.Dir, workspace.DiffLimits{MaxEntries: wsLim.Files + 1, MaxHashBytes: wsLim.Bytes}); err != nil {
+			return nil, fmt.Errorf("%w: canaries: %w", ErrUsage, err)
+		}
+	}
 	if len(req.Files) > 0 {
 		if snap, err = writeFiles(ws.Dir, owner, wsLim, req.Files); err != nil {
 			return nil, err
@@ -306,7 +316,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if err != nil {
 		return nil, err
 	}
-	if req.OutputDir != "" {
+	if req.OutputDir != "" && !res.Withheld {
 		rep, err := workspace.CopyOut(ws.Dir, res.Files, req.OutputDir, wsLim)
 		if err != nil {
 			return nil, fmt.Errorf("copy results to %s: %w", req.OutputDir, err)

@@ -175,6 +175,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 	}
 	res := x.res
 	res.Network, res.NetworkSummary, res.SecretsUsed = x.network()
+	redacted := x.redact()
 	fillOutcome(res, out, x.stdout, x.stderr, x.m)
 	res.Violations = append(res.Violations, packageViolations(res.Network)...)
 	if v := exfiltrationViolation(res.Network, res.NetworkSummary); v != nil {
@@ -183,6 +184,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 
 	res.Files = []result.FileChange{}
 	if x.gone != nil && x.gone() {
+		x.report(res, redacted, x.p.egressCanarySeen())
 		return res, nil
 	}
 	lim := x.p.lim
@@ -195,6 +197,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 		return nil, fmt.Errorf("workspace diff: %w", err)
 	}
 	res.Violations = append(res.Violations, v...)
+	x.report(res, redacted, x.p.egressCanarySeen())
 	return res, nil
 }
 

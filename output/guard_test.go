@@ -222,3 +222,55 @@ func FuzzScan(f *testing.F) {
 		}
 	})
 }
+
+func TestCaptureRedact(t *testing.T) {
+	tests := []struct {
+		name    string
+		written string
+		cap     int64
+		want    string
+		found   int
+	}{
+		{"value echoed", "echo: s3cr3t-value-123\n", 1 << 20, "echo: [moat: secret api redacted]\n", 1},
+		{"nothing", "hello\n", 1 << 20, "hello\n", 0},
+		{"value cut by the cap is not whole", "xx s3cr3t-val", 12, "xx s3cr3t-va", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCapture(tc.cap, nil)
+			c.Write([]byte(tc.written))
+			found := c.Redact("stdout", []Secret{{"api", "s3cr3t-value-123"}})
+			if got := c.Stream().Data; got != tc.want || len(found) != tc.found {
+				t.Errorf("stream %q, %d findings; want %q, %d", got, len(found), tc.want, tc.found)
+			}
+			if c.Total() != int64(len(tc.written)) {
+				t.Errorf("Total %d, want what the program wrote (%d)", c.Total(), len(tc.written))
+			}
+		})
+	}
+}
+
+func TestUnsafeName(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want bool
+	}{
+		{"plain", "src/main.go", false},
+		{"spaces and unicode", "my file – ünïcode.txt", false},
+		{"osc title", "a\x1b]0;pwned\x07b", true},
+		{"csi", "x\x1b[2J", true},
+		{"newline", "a\nb", true},
+		{"bidi override", "evil\u202etxt.sh", true},
+		{"c1 csi", "a\u009bb", true},
+		{"raw 8-bit csi", "a\x9bb", true},
+		{"invalid utf-8", "a\xffb", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := UnsafeName(tc.in); got != tc.want {
+				t.Errorf("UnsafeName(%q) = %v, want %v", tc.in, got, tc.want)
+			}
+		})
+	}
+}

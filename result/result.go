@@ -265,8 +265,9 @@ type Finding struct {
 	// Where is "stdout", "stderr", "file:PATH" (a file of the diff),
 	// "files" (a diff entry's name) or "egress".
 	Where string `json:"where"`
-	// Offset and Length locate the match in the stream or file as the
-	// program wrote it (before any redaction).
+	// Offset and Length locate the match: for secret-value, in the
+	// stream as the program wrote it; for the others, in the stream as
+	// the result holds it (after redaction) or in the file.
 	Offset int64 `json:"offset"`
 	Length int   `json:"length"`
 	// Preview is a redacted hint: the first characters, escaped, and
