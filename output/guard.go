@@ -37,7 +37,7 @@ const (
 	// least this entropy, is reported as a high-entropy token (an API
 	// key of unknown format). Hex alone cannot reach it (at most 4 bits).
 	MinHighEntropy  = 32
-	MinTokenEntropy = 4.5
+	MinTokenEntropy = 4.2
 	// maxFindings bounds the report of one stream or file: output
 	// made of blobs must not make the result huge.
 	maxFindings = 64
