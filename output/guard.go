@@ -141,8 +141,24 @@ func findForms(token, b []byte) [][2]int {
 	for _, f := range EncodedForms(token, minCanaryForm) {
 		find(b, f)
 	}
-	find(bytes.ToLower(b), bytes.ToLower(token))
+	// ASCII folding only: bytes.ToLower changes the length of text
+	// that is not UTF-8 (an invalid byte becomes U+FFFD), which would
+	// shift the offsets (the fuzzer found it).
+	find(asciiLower(b), asciiLower(token))
 	return spans
+}
+
+// asciiLower is b with A-Z in lower case, every other byte as is: same
+// length, same offsets.
+func asciiLower(b []byte) []byte {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // minCanaryForm is the shortest base64 part of a canary that counts:
