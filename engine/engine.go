@@ -25,6 +25,7 @@ import (
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/workspace"
@@ -256,6 +257,14 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, err
 	}
 	defer p.close()
+	if m.Output.Canaries && p.canaries == nil {
+		// A sandbox without egress (from a warm pool, whose key does
+		// not hold output:, or new) gets its decoys here; with egress,
+		// prepare made them for the proxy.
+		if p.canaries, err = output.NewCanaries(); err != nil {
+			return nil, err
+		}
+	}
 
 	ws := p.sb.Workspace()
 	owner := workspace.Owner{UID: ws.UID, GID: ws.GID}

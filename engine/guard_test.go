@@ -179,3 +179,68 @@ func TestOutputGuardSessionRefused(t *testing.T) {
 		t.Fatalf("NewSession = %v, want a refusal naming output.canaries", err)
 	}
 }
+
+// TestOutputGuardPooled: a sandbox from a warm pool (whose key does not
+// hold output:) still gets this run's decoys when the run asks, and a
+// run that does not ask gets none.
+func TestOutputGuardPooled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	pm := manifest.Default()
+	pm.Resources.Timeout = manifest.Duration(30 * time.Second)
+	pm.Resources.CPUTime = pm.Resources.Timeout
+	if err := pm.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Exe: bin, NoAutoBuild: true, Pools: []PoolConfig{{Manifest: pm, Size: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	if err := e.StartPools(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		canaries bool
+	}{
+		{"asks for canaries", true},
+		{"does not ask", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			deadline := time.Now().Add(60 * time.Second)
+			for e.PoolStats()[0].Ready == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the pool never filled: %+v", e.PoolStats())
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			m := *pm
+			m.Output.Canaries = tc.canaries
+			res, err := e.Run(context.Background(), &Request{Manifest: &m, Argv: []string{"sh", "-c", "cat .netrc 2>&1; echo key=$AWS_ACCESS_KEY_ID"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Pooled {
+				t.Fatalf("the run did not take the pooled sandbox")
+			}
+			flagged := false
+			for _, v := range res.Violations {
+				flagged = flagged || v.Kind == result.ViolationCanary
+			}
+			if flagged != tc.canaries || strings.Contains(res.Stdout.Data, "password") != tc.canaries {
+				t.Errorf("flagged %v, stdout %q; want decoys planted and flagged: %v", flagged, res.Stdout.Data, tc.canaries)
+			}
+		})
+	}
+}

@@ -154,11 +154,6 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 			return nil, err
 		}
 	}
-	if m.Output.Canaries && p.canaries == nil {
-		if p.canaries, err = output.NewCanaries(); err != nil {
-			return nil, err
-		}
-	}
 	if p.sb, err = t.Prepare(ctx, p.spec); err != nil {
 		p.leftovers = errors.Is(err, tier.ErrLeftovers)
 		return nil, fmt.Errorf("prepare sandbox: %w", err)
