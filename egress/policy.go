@@ -21,7 +21,13 @@ type Policy struct {
 	// reached through TLS the proxy terminates, with the placeholder
 	// replaced by the value; a placeholder sent elsewhere is refused.
 	Secrets []SecretBinding
-	Limits  Limits
+	// Canaries are the run's decoy credentials (output.NewCanaries):
+	// any request, host name or body the proxy sees carrying one, in any
+	// form it recognises for a placeholder, is refused as a placeholder
+	// bound nowhere is (reason secret-exfiltration), and CanarySeen
+	// says so. Each must be 16+ characters of [A-Za-z0-9_-].
+	Canaries []string
+	Limits   Limits
 }
 
 // Limits bound what a run can spend through the proxy. A zero or negative
@@ -127,6 +133,11 @@ func (p Policy) Validate() error {
 		}
 	}
 	errs = append(errs, validateSecrets(p.Secrets)...)
+	for i, c := range p.Canaries {
+		if len(c) < minPlaceholder || !placeholderChars(c) {
+			errs = append(errs, fmt.Errorf("canaries[%d]: must be at least %d characters of [A-Za-z0-9_-] (output.NewCanaries makes such)", i, minPlaceholder))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -169,8 +169,9 @@ func New(p Policy, opts Options) *Proxy {
 	if x.now == nil {
 		x.now = time.Now
 	}
-	x.sec, x.rootCAs, x.secretUses = compileSecrets(p.Secrets), opts.RootCAs, map[SecretUse]int{}
-	if x.sec != nil {
+	x.sec, x.rootCAs, x.secretUses = compileGuarded(p.Secrets, p.Canaries), opts.RootCAs, map[SecretUse]int{}
+	if len(p.Secrets) > 0 {
+		// Only bound secrets need a CA: canaries bind nothing.
 		// An error leaves ca nil: TrustPEM says so to the engine, which
 		// refuses the run, and bound hosts are refused here.
 		x.ca, x.caErr = newRunCA(x.sec, x.now())
@@ -301,6 +302,10 @@ func (p *Proxy) untrack(c net.Conn) {
 	p.mu.Unlock()
 	c.Close()
 }
+
+// CanarySeen reports whether a request, host name or body the proxy
+// checked carried one of Policy.Canaries (and was refused for it).
+func (p *Proxy) CanarySeen() bool { return p.sec != nil && p.sec.canarySeen.Load() }
 
 // Close stops accepting, closes every connection and waits for every
 // goroutine the proxy started. A closed proxy refuses everything.

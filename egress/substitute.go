@@ -3,13 +3,15 @@ package egress
 import (
 	"bytes"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
+
+	"github.com/moat-sandbox/moat/output"
 )
 
 // Placeholder substitution and scrubbing (issue 20 §1). Everything here
@@ -32,6 +34,12 @@ type secretSet struct {
 	// also recognised with its letters in any case (an encoder or a
 	// program may change it), where base64 forms cannot be folded.
 	fold [][]byte
+	// canaryLower are the forms of the run's canaries (Policy.Canaries)
+	// in lower case; they are also in detect and fold, so a canary is
+	// refused everywhere as a placeholder bound nowhere is. canarySeen
+	// records that a check found one (Proxy.CanarySeen).
+	canaryLower [][]byte
+	canarySeen  atomic.Bool
 }
 
 type secretBinding struct {
@@ -44,11 +52,27 @@ type secretBinding struct {
 // NewPlaceholder makes).
 const minPlaceholder = 16
 
-func compileSecrets(bs []SecretBinding) *secretSet {
-	if len(bs) == 0 {
+func compileSecrets(bs []SecretBinding) *secretSet { return compileGuarded(bs, nil) }
+
+// compileGuarded is compileSecrets with the run's canaries.
+func compileGuarded(bs []SecretBinding, canaries []string) *secretSet {
+	if len(bs) == 0 && len(canaries) == 0 {
 		return nil
 	}
 	s := &secretSet{}
+	for _, c := range canaries {
+		if len(c) < minPlaceholder || !placeholderChars(c) {
+			continue // Validate reports it
+		}
+		// A canary binds nothing and goes nowhere: its forms are
+		// refused in every request, host name and body.
+		s.fold = append(s.fold, bytes.ToLower([]byte(c)))
+		for _, f := range encodedForms([]byte(c)) {
+			s.detect = append(s.detect, f)
+			s.detectLower = append(s.detectLower, bytes.ToLower(f))
+			s.canaryLower = append(s.canaryLower, bytes.ToLower(f))
+		}
+	}
 	for _, b := range bs {
 		if len(b.Placeholder) < minPlaceholder || b.Value == "" || !placeholderChars(b.Placeholder) {
 			// Validate reports it; an unusable binding binds nothing
@@ -86,27 +110,9 @@ func placeholderChars(p string) bool {
 	return true
 }
 
-// encodedForms are the byte strings whose presence shows p was sent: p
-// itself, its hex (both cases) and, for base64 and base64url, the part of
-// the encoding that does not depend on where p starts in the encoded
-// input (three alignments) nor on what follows it.
-func encodedForms(p []byte) [][]byte {
-	forms := [][]byte{p, []byte(hex.EncodeToString(p)), []byte(strings.ToUpper(hex.EncodeToString(p)))}
-	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
-		for pad := 0; pad < 3; pad++ {
-			in := append(bytes.Repeat([]byte{0}, pad), p...)
-			e := enc.EncodeToString(in)
-			// The first ceil(pad*8/6) characters carry the padding
-			// bytes; the last group may carry what follows p.
-			start := (pad*8 + 5) / 6
-			end := (len(in) / 3) * 4
-			if end-start >= minPlaceholder {
-				forms = append(forms, []byte(e[start:end]))
-			}
-		}
-	}
-	return forms
-}
+// encodedForms are the forms of a placeholder the proxy recognises
+// (output.EncodedForms, the one owner of that rule).
+func encodedForms(p []byte) [][]byte { return output.EncodedForms(p, minPlaceholder) }
 
 // inName reports whether a host name, as the sandbox wrote it, carries a
 // placeholder: asking the resolver for it would carry the placeholder off
@@ -116,6 +122,7 @@ func (s *secretSet) inName(host string) bool {
 		return false
 	}
 	h := []byte(strings.ToLower(host))
+	s.noteCanary(h)
 	for _, f := range s.detectLower {
 		if bytes.Contains(h, f) {
 			return true
@@ -131,16 +138,29 @@ func (s *secretSet) contains(b []byte) bool {
 	}
 	for _, f := range s.detect {
 		if bytes.Contains(b, f) {
+			s.noteCanary(bytes.ToLower(b))
 			return true
 		}
 	}
 	lower := bytes.ToLower(b)
+	s.noteCanary(lower)
 	for _, f := range s.fold {
 		if bytes.Contains(lower, f) {
 			return true
 		}
 	}
 	return false
+}
+
+// noteCanary records whether lower (bytes in lower case) carries one of
+// the run's canaries.
+func (s *secretSet) noteCanary(lower []byte) {
+	for _, f := range s.canaryLower {
+		if bytes.Contains(lower, f) {
+			s.canarySeen.Store(true)
+			return
+		}
+	}
 }
 
 func (s *secretSet) containsString(v string) bool { return s.contains([]byte(v)) }
@@ -300,6 +320,9 @@ func unescapeLoose(s string) string {
 type replacement struct {
 	old, new []byte
 	refuse   bool
+	// seen, when set, is stored true when this refused pattern is met
+	// (a canary's: secretSet.canarySeen).
+	seen *atomic.Bool
 }
 
 // streamReplacer reads r and returns its bytes with every pattern acted
@@ -403,6 +426,9 @@ func (s *streamReplacer) decide(final bool) {
 		}
 		s.out = append(s.out, s.buf[:at]...)
 		if s.pats[which].refuse {
+			if s.pats[which].seen != nil {
+				s.pats[which].seen.Store(true)
+			}
 			s.buf = nil
 			s.failed = errExfiltration
 			return
@@ -451,8 +477,16 @@ func (s *secretSet) requestBodyPatterns(body []*secretBinding) []replacement {
 	for _, b := range body {
 		out = append(out, replacement{old: []byte(b.Placeholder), new: []byte(b.Value)})
 	}
+	canary := map[string]bool{}
+	for _, f := range s.canaryLower {
+		canary[string(f)] = true
+	}
 	for _, f := range s.detect {
-		out = append(out, replacement{old: f, refuse: true})
+		r := replacement{old: f, refuse: true}
+		if canary[string(bytes.ToLower(f))] {
+			r.seen = &s.canarySeen
+		}
+		out = append(out, r)
 	}
 	return out
 }

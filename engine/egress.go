@@ -27,17 +27,19 @@ type egressRun struct {
 // the tier hands to its init. res resolves the names the proxy looks up
 // (nil: the host's resolver).
 func (e *Engine) startEgress(runDir string, n manifest.Network, res egress.Resolver) (*egressRun, error) {
-	return e.startEgressSecrets(runDir, n, res, nil)
+	return e.startEgressGuarded(runDir, n, res, nil, nil)
 }
 
-// startEgressSecrets is startEgress with the run's secret bindings, which
-// only the proxy keeps.
-func (e *Engine) startEgressSecrets(runDir string, n manifest.Network, res egress.Resolver, secrets []egress.SecretBinding) (*egressRun, error) {
+// startEgressGuarded is startEgress with the run's secret bindings, which
+// the proxy puts into requests to their hosts, and its canaries, which it
+// refuses everywhere (egress.Policy.Canaries).
+func (e *Engine) startEgressGuarded(runDir string, n manifest.Network, res egress.Resolver, secrets []egress.SecretBinding, canaries []string) (*egressRun, error) {
 	pol, err := egressPolicy(n)
 	if err != nil {
 		return nil, err
 	}
 	pol.Secrets = secrets
+	pol.Canaries = canaries
 	sock := filepath.Join(runDir, "egress.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/workspace"
@@ -256,6 +257,14 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		return nil, err
 	}
 	defer p.close()
+	if m.Output.Canaries && p.canaries == nil {
+		// A sandbox without egress (from a warm pool, whose key does
+		// not hold output:, or new) gets its decoys here; with egress,
+		// prepare made them for the proxy.
+		if p.canaries, err = output.NewCanaries(); err != nil {
+			return nil, err
+		}
+	}
 
 	ws := p.sb.Workspace()
 	owner := workspace.Owner{UID: ws.UID, GID: ws.GID}
@@ -263,6 +272,16 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	snap, err := workspace.CopyIn(ws.Dir, m.Inputs, owner, wsLim)
 	if err != nil {
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
+	}
+	if err := p.plantCanaries(ws.Dir, owner, wsLim); err != nil {
+		return nil, err
+	}
+	if p.canaries != nil && len(req.Files) == 0 {
+		// The decoys are part of the baseline: the diff shows them
+		// only when the program changed them.
+		if snap, err = workspace.Scan(ws.Dir, workspace.DiffLimits{MaxEntries: wsLim.Files + 1, MaxHashBytes: wsLim.Bytes}); err != nil {
+			return nil, fmt.Errorf("%w: canaries: %w", ErrUsage, err)
+		}
 	}
 	if len(req.Files) > 0 {
 		if snap, err = writeFiles(ws.Dir, owner, wsLim, req.Files); err != nil {
@@ -306,7 +325,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if err != nil {
 		return nil, err
 	}
-	if req.OutputDir != "" {
+	if req.OutputDir != "" && !res.Withheld {
 		rep, err := workspace.CopyOut(ws.Dir, res.Files, req.OutputDir, wsLim)
 		if err != nil {
 			return nil, fmt.Errorf("copy results to %s: %w", req.OutputDir, err)

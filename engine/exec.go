@@ -179,6 +179,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 	}
 	res := x.res
 	res.Network, res.NetworkSummary, res.SecretsUsed = x.network()
+	redacted := x.redact()
 	fillOutcome(res, out, x.stdout, x.stderr, x.m)
 	res.Violations = append(res.Violations, packageViolations(res.Network)...)
 	if v := exfiltrationViolation(res.Network, res.NetworkSummary); v != nil {
@@ -187,6 +188,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 
 	res.Files = []result.FileChange{}
 	if x.gone != nil && x.gone() {
+		x.report(res, redacted, x.p.egressCanarySeen())
 		return res, nil
 	}
 	lim := x.p.lim
@@ -199,6 +201,7 @@ func (x *execution) wait(ctx context.Context) (*result.Result, error) {
 		return nil, fmt.Errorf("workspace diff: %w", err)
 	}
 	res.Violations = append(res.Violations, v...)
+	x.report(res, redacted, x.p.egressCanarySeen())
 	return res, nil
 }
 

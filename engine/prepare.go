@@ -11,6 +11,7 @@ import (
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -43,8 +44,16 @@ type prepared struct {
 
 	// secretEnv holds the placeholders of the manifest's secrets, by
 	// variable, for the sandbox's life (a session's commands share them).
-	// The values are only in the proxy.
+	// The values go to the proxy, and to redactValues for the
+	// output-channel guard; never into the sandbox.
 	secretEnv map[string]string
+	// redactValues are the secrets' real values, which the guard
+	// removes from the captured output (guard.go).
+	redactValues []output.Secret
+	// canaries are the run's decoys (manifest output.canaries), nil
+	// without; canarySeen is set when the proxy saw one (under egressMu).
+	canaries   *output.Canaries
+	canarySeen bool
 }
 
 // liveEgress is the sandbox's proxy while it serves (nil without one, or
@@ -124,7 +133,15 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 			return nil, err
 		}
 		p.secretEnv = env
-		if p.egress, err = e.startEgressSecrets(filepath.Join(e.opts.Home, "runs", id), m.Network, res, bindings); err != nil {
+		for _, b := range bindings {
+			p.redactValues = append(p.redactValues, output.Secret{Name: b.Name, Value: b.Value})
+		}
+		if m.Output.Canaries {
+			if p.canaries, err = output.NewCanaries(); err != nil {
+				return nil, err
+			}
+		}
+		if p.egress, err = e.startEgressGuarded(filepath.Join(e.opts.Home, "runs", id), m.Network, res, bindings, p.canaryTokens()); err != nil {
 			return nil, err
 		}
 		p.spec.EgressSocket = p.egress.socket
@@ -150,9 +167,9 @@ func (p *prepared) env(m *manifest.Manifest, extra map[string]string) []string {
 		// The proxy's variables win over the manifest's: there is no
 		// other way out to configure. The manifest refuses a secret's
 		// variable that is also in env or a proxy variable.
-		return environment(p.img.Env, m.Env, extra, p.secretEnv, proxyEnv(), indexEnv(m.Packages), trustEnv(p.spec))
+		return environment(p.img.Env, p.canaryEnv(), m.Env, extra, p.secretEnv, proxyEnv(), indexEnv(m.Packages), trustEnv(p.spec))
 	}
-	return environment(p.img.Env, m.Env, extra)
+	return environment(p.img.Env, p.canaryEnv(), m.Env, extra)
 }
 
 // stopEgress closes the proxy (and every connection through it) and keeps
@@ -168,6 +185,7 @@ func (p *prepared) stopEgressSecrets() ([]result.NetworkAttempt, *result.Network
 	p.egressMu.Lock()
 	defer p.egressMu.Unlock()
 	if p.egress != nil {
+		p.canarySeen = p.egress.proxy.CanarySeen()
 		p.network, p.netSummary, p.secretsUsed = p.egress.stop()
 		p.egress = nil
 	}

@@ -113,6 +113,11 @@ func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Sessio
 		return nil, fmt.Errorf("%w: no manifest", ErrUsage)
 	}
 	m := req.Manifest
+	if m.Output.Canaries {
+		// Each command's findings would need the canaries of the whole
+		// session and a verdict per command; not built yet.
+		return nil, &manifest.FieldError{Field: "output.canaries", Value: "true", Problem: "is supported for one-shot runs only, not for sessions of many commands; drop it or use `moat run`"}
+	}
 	t, img, err := e.resolve(ctx, m, true)
 	if err != nil {
 		return nil, err

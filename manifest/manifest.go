@@ -45,6 +45,25 @@ type Manifest struct {
 	// require one per widening (package policy); they are recorded in
 	// the audit log and the result.
 	Justifications map[string]string `json:"justifications,omitempty" yaml:"justifications,omitempty"`
+	// Output configures the output-channel guard beyond what it always
+	// does (report findings, redact known secret values). Empty: no
+	// canaries, nothing withheld.
+	Output OutputGuard `json:"output,omitzero" yaml:"output,omitempty"`
+}
+
+// OutputGuard is the manifest's "output:" section (issue 21 §3).
+type OutputGuard struct {
+	// Canaries plants per-run decoy credentials in the sandbox (env
+	// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN unless env
+	// sets them; files .aws/credentials, .ssh/id_ed25519, .netrc,
+	// .config/gh/hosts.yml in the workspace, which is HOME). Seeing one
+	// in stdout, stderr, a file of the diff or a request through the
+	// egress proxy is a "canary" violation. One-shot runs only.
+	Canaries bool `json:"canaries,omitempty" yaml:"canaries,omitempty"`
+	// WithholdFlagged replaces the output of a run with a canary
+	// violation by a notice: stdout and stderr say so, files is empty,
+	// nothing is copied out.
+	WithholdFlagged bool `json:"withhold_flagged,omitempty" yaml:"withhold_flagged,omitempty"`
 }
 
 // Input is one host file or directory copied into the workspace.

@@ -172,3 +172,21 @@ func completeLen(b []byte) int {
 	}
 	return len(b)
 }
+
+// Redact replaces the known secrets' values in what was captured (Redact)
+// and returns where they were, as findings of where. Call it once the
+// program has ended: later writes are not redacted. Bytes and Stream
+// return the redacted bytes from then on; Total still counts what the
+// program wrote.
+func (c *Capture) Redact(where string, secrets []Secret) []result.Finding {
+	if len(secrets) == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out, found := Redact(c.buf, where, secrets)
+	if len(found) > 0 {
+		c.buf = out
+	}
+	return found
+}

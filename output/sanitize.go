@@ -268,3 +268,18 @@ func (s *SanitizingWriter) Flush() error {
 	_, err := s.w.Write(b)
 	return err
 }
+
+// UnsafeName reports whether a name (a file name in a diff) holds a
+// character a terminal acts on or that reorders text (unsafeRune), or a
+// byte that is not UTF-8 (a raw 8-bit CSI, 0x9b, among them): such a name
+// is shown escaped (Display) and flagged.
+func UnsafeName(s string) bool {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || unsafeRune(r) {
+			return true
+		}
+		i += size
+	}
+	return false
+}

@@ -33,6 +33,7 @@ func goCases() []Case {
 		registerEgressLogCases()
 		registerGuardCases()
 		registerSecretCases()
+		registerCanaryCases()
 		registerFSCases()
 		registerHostWideCases()
 		registerHostIdentityCase()

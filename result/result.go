@@ -84,6 +84,17 @@ type Result struct {
 	// placeholders. Absent when none was used.
 	SecretsUsed []SecretUse `json:"secrets_used,omitempty"`
 	Violations  []Violation `json:"violations"`
+	// Findings are what the output-channel guard saw in stdout, stderr
+	// and the diff's files that looks like data on its way out (canaries,
+	// known secret formats, blobs, real secret values it redacted) and
+	// file names with terminal escapes: kind, where and offset, never the
+	// content. Absent when there is none.
+	Findings []Finding `json:"findings,omitempty"`
+	// Withheld is true when the run was flagged (a canary seen) and the
+	// manifest asked for output.withhold_flagged: stdout and stderr hold a
+	// notice instead of the program's output, files is empty and nothing
+	// was copied out.
+	Withheld bool `json:"withheld,omitempty"`
 	// Degradations lists protections that were asked for but could not be
 	// applied on this host, and were accepted by the manifest. Empty means
 	// the full protection of the tier applied.
@@ -232,10 +243,40 @@ type Violation struct {
 	// Kind is one of: timeout, cpu-time, memory, pids, output, disk, files,
 	// file-size, syscall, diff, cancelled, package (a typosquat, a package
 	// not allowed or a file failing its hash at the guarded index),
-	// secret-exfiltration.
+	// secret-exfiltration, canary, filename.
 	Kind   string `json:"kind"`
 	Detail string `json:"detail"`
 	Limit  string `json:"limit,omitempty"`
+}
+
+// ViolationCanary is the Violation.Kind of a run in which one of its
+// planted decoy credentials was seen outside the sandbox: in stdout,
+// stderr, a file of the diff, or a request through the egress proxy.
+const ViolationCanary = "canary"
+
+// ViolationFilename is the Violation.Kind of a run whose diff holds a file
+// name with characters a terminal acts on (controls, escapes, bidi
+// overrides).
+const ViolationFilename = "filename"
+
+// Finding is one thing the output-channel guard saw. It never holds the
+// matched bytes beyond Preview (their first few characters and length).
+type Finding struct {
+	// Kind is one of: canary, aws-access-key, github-token, private-key,
+	// jwt, slack-token, hex-blob, base64-blob, high-entropy, secret-value
+	// (a real secret's value, redacted), filename-escape, canary-egress.
+	Kind string `json:"kind"`
+	// Where is "stdout", "stderr", "file:PATH" (a file of the diff),
+	// "files" (a diff entry's name) or "egress".
+	Where string `json:"where"`
+	// Offset and Length locate the match: for secret-value, in the
+	// stream as the program wrote it; for the others, in the stream as
+	// the result holds it (after redaction) or in the file.
+	Offset int64 `json:"offset"`
+	Length int   `json:"length"`
+	// Preview is a redacted hint: the first characters, escaped, and
+	// the length.
+	Preview string `json:"preview,omitempty"`
 }
 
 // CopyOut reports a copy of the workspace changes to a host directory.

@@ -77,6 +77,7 @@ var schemaTypes = map[string]reflect.Type{
 	"NetworkDestination": reflect.TypeFor[result.NetworkDestination](),
 	"Violation":          reflect.TypeFor[result.Violation](),
 	"SecretUse":          reflect.TypeFor[result.SecretUse](),
+	"Finding":            reflect.TypeFor[result.Finding](),
 	"CopyOut":            reflect.TypeFor[result.CopyOut](),
 	"Skip":               reflect.TypeFor[result.Skip](),
 	"SandboxRequest":     reflect.TypeFor[SandboxRequest](),

@@ -78,6 +78,8 @@ func cmdRun(args []string) int {
 		outDir       = fs.String("output", "", "copy added and modified workspace files into `DIR` (must be empty or absent)")
 		stdin        = fs.Bool("stdin", false, "forward moat's standard input to the program (default: empty input)")
 		noBuild      = fs.Bool("no-build", false, "fail instead of building a missing image")
+		canaries     = fs.Bool("canaries", false, "plant per-run decoy credentials (manifest output.canaries); one seen outside the sandbox is a canary violation")
+		withhold     = fs.Bool("withhold-flagged", false, "withhold the output of a run flagged by a canary (manifest output.withhold_flagged)")
 		serverURL    = fs.String("server", "", "run on the Moat server at `URL` instead of locally (default $MOAT_SERVER)")
 		apiKey       = fs.String("api-key", "", "API `KEY` for --server (default $MOAT_API_KEY, which is safer: flags show in ps)")
 		policyPath   = fs.String("policy", "", "operator policy `FILE` whose default ceiling a local run must fit (default $"+policy.EnvVar+")")
@@ -134,6 +136,12 @@ func cmdRun(args []string) int {
 	}
 	if *img != "" {
 		m.Image = *img
+	}
+	if *canaries {
+		m.Output.Canaries = true
+	}
+	if *withhold {
+		m.Output.WithholdFlagged = true
 	}
 	if *tierName != "" {
 		m.Tier = *tierName
@@ -287,7 +295,9 @@ func cmdRun(args []string) int {
 			req.OutputDir = abs
 		}
 	}
-	if !*jsonOut {
+	if !*jsonOut && !m.Output.WithholdFlagged {
+		// With output.withhold_flagged nothing is streamed: the output
+		// is shown once the run is known not to be flagged.
 		stdout, stderr := liveWriter(os.Stdout), liveWriter(os.Stderr)
 		req.LiveStdout, req.LiveStderr = stdout, stderr
 	}
@@ -319,6 +329,11 @@ func cmdRun(args []string) int {
 	}
 	if f, ok := req.LiveStderr.(flusher); ok {
 		f.Flush()
+	}
+	if req.LiveStdout == nil {
+		if err := printStreams(res); err != nil {
+			return fail(err)
+		}
 	}
 	report(res)
 	if ctx.Err() != nil {
@@ -352,6 +367,16 @@ func report(res *result.Result) {
 	for _, d := range res.Degradations {
 		say("moat: warning: ran without %s (accepted by the manifest)\n", d)
 	}
+	for i, f := range res.Findings {
+		if i == maxFindingLines {
+			say("moat: output guard: and %d more finding(s) (--json lists them)\n", len(res.Findings)-i)
+			break
+		}
+		say("moat: output guard: %s in %s at offset %d, %d bytes (%s)\n", f.Kind, output.Display(f.Where), f.Offset, f.Length, output.Display(f.Preview))
+	}
+	if res.Withheld {
+		say("moat: the output was withheld: the run was flagged (output.withhold_flagged)\n")
+	}
 	if co := res.CopyOut; co != nil {
 		say("moat: copied %d file(s), %d bytes, to %s\n", co.Files, co.Bytes, output.Display(co.Dir))
 		for _, s := range co.Skipped {
@@ -366,6 +391,27 @@ func report(res *result.Result) {
 	case result.InfraError:
 		say("moat: the sandbox failed: %s\n", res.Error)
 	}
+}
+
+// maxFindingLines bounds the output guard's lines on a terminal.
+const maxFindingLines = 10
+
+// printStreams writes a finished run's stdout and stderr through the
+// writers of live output (escaped on a terminal).
+func printStreams(res *result.Result) error {
+	for _, s := range []struct {
+		f      *os.File
+		stream result.Stream
+	}{{os.Stdout, res.Stdout}, {os.Stderr, res.Stderr}} {
+		data, err := client.StreamBytes(s.stream)
+		if err != nil {
+			return err
+		}
+		w := liveWriter(s.f)
+		w.Write(data)
+		w.Flush()
+	}
+	return nil
 }
 
 // remoteRun is a `moat run --server`: the manifest built from the flags,
@@ -466,17 +512,8 @@ func runRemote(r remoteRun) int {
 	}
 	// The API returns the output once the run is over; it goes out through
 	// the same writers as a local run's live output.
-	for _, s := range []struct {
-		f      *os.File
-		stream result.Stream
-	}{{os.Stdout, res.Stdout}, {os.Stderr, res.Stderr}} {
-		data, err := client.StreamBytes(s.stream)
-		if err != nil {
-			return fail(fmt.Errorf("the server's result: %w", err))
-		}
-		w := liveWriter(s.f)
-		w.Write(data)
-		w.Flush()
+	if err := printStreams(res); err != nil {
+		return fail(fmt.Errorf("the server's result: %w", err))
 	}
 	report(res)
 	if ctx.Err() != nil {
