@@ -24,6 +24,7 @@ import (
 
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
+	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
@@ -63,6 +64,13 @@ type Options struct {
 	// test API that has its own certificate; it never changes what the
 	// sandbox trusts (the run CA only).
 	UpstreamRootCAs *x509.CertPool
+	// Incidents keeps the evidence bundles of flagged runs (package
+	// incident). Nil: $MOAT_HOME/incidents with incident's default
+	// policy.
+	Incidents *incident.Store
+	// NoIncidents turns incident evidence off: a flagged run leaves
+	// nothing behind (the operator's choice; a manifest cannot make it).
+	NoIncidents bool
 }
 
 // Engine runs sandboxed programs.
@@ -207,6 +215,9 @@ type Request struct {
 	// with one of its own what would have left the host as DNS queries,
 	// without sending any).
 	Resolver egress.Resolver
+	// Evidence says who asked for the run, for its incident bundle when
+	// it ends flagged.
+	Evidence Evidence
 }
 
 // ErrUsage marks errors in what the caller asked for (bad manifest, bad
@@ -337,6 +348,10 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		res.CopyOut = co
 		res.Violations = append(res.Violations, rep.Violations...)
 	}
+	// The result is final: a flagged run's evidence is copied out while
+	// the sandbox (its workspace, its processes) still exists; then the
+	// sandbox is destroyed like any other.
+	e.keepEvidence(p, m, res, req.Evidence, ws.Dir)
 	if err := p.close(); err != nil {
 		return nil, err
 	}
