@@ -65,12 +65,11 @@ type Options struct {
 	// sandbox trusts (the run CA only).
 	UpstreamRootCAs *x509.CertPool
 	// Incidents keeps the evidence bundles of flagged runs (package
-	// incident). Nil: $MOAT_HOME/incidents with incident's default
-	// policy.
+	// incident), normally incident.Open(IncidentDir(Home), policy): moat
+	// run and moat serve set it unless the operator turned evidence off.
+	// Nil: none are kept (a library user, the red-team runner and tests
+	// opt in; a manifest cannot turn it on or off).
 	Incidents *incident.Store
-	// NoIncidents turns incident evidence off: a flagged run leaves
-	// nothing behind (the operator's choice; a manifest cannot make it).
-	NoIncidents bool
 }
 
 // Engine runs sandboxed programs.

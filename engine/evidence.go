@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -29,26 +30,15 @@ type Evidence struct {
 	Audit json.RawMessage
 }
 
-// incidents is where this engine keeps bundles; nil when turned off.
-func (e *Engine) incidents() *incident.Store {
-	if e.opts.NoIncidents {
-		return nil
-	}
-	if e.opts.Incidents != nil {
-		return e.opts.Incidents
-	}
-	return incident.Open(IncidentDir(e.opts.Home), incident.Policy{})
-}
-
 // IncidentDir is where an engine with home keeps incident bundles.
-func IncidentDir(home string) string { return home + "/incidents" }
+func IncidentDir(home string) string { return filepath.Join(home, "incidents") }
 
 // keepEvidence keeps res's bundle when res is flagged, and names it in
 // res.Incident. Failing to keep one is not the run's failure: it is said
 // in the result's degradations and on Progress, and the run's result
 // stands.
 func (e *Engine) keepEvidence(p *prepared, m *manifest.Manifest, res *result.Result, ev Evidence, wsDir string) {
-	st := e.incidents()
+	st := e.opts.Incidents
 	if st == nil || !incident.Flagged(res) {
 		return
 	}

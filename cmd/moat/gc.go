@@ -14,6 +14,12 @@ func cmdGC(args []string) int {
 	if c := parse(fs, args); c >= 0 {
 		return c
 	}
+	// The incident policy first: a mistake in it is refused before
+	// anything is removed.
+	pol, err := incidentPolicy()
+	if err != nil {
+		return fail(err)
+	}
 	e, err := engine.New(engine.Options{})
 	if err != nil {
 		return fail(err)
@@ -24,10 +30,6 @@ func cmdGC(args []string) int {
 		return fail(err)
 	}
 	// Incident bundles past the operator's age and total caps.
-	pol, err := incidentPolicy()
-	if err != nil {
-		return fail(err)
-	}
 	pruned, err := incident.Open(engine.IncidentDir(e.Home()), pol).Prune(0)
 	if len(pruned) > 0 {
 		fmt.Printf("pruned %d incident bundles past the retention policy\n", len(pruned))

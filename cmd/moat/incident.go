@@ -254,7 +254,6 @@ func incidentPolicy() (incident.Policy, error) {
 // policy, or none when off (--no-incidents, or MOAT_INCIDENTS=off).
 func incidentOptions(opts *engine.Options, off bool) error {
 	if off || os.Getenv("MOAT_INCIDENTS") == "off" {
-		opts.NoIncidents = true
 		return nil
 	}
 	pol, err := incidentPolicy()

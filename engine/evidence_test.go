@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moat-sandbox/moat/incident"
+	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/manifest"
+)
+
+// TestIncidentEvidenceNative runs real native sandboxes: a run that
+// prints a canary is flagged and leaves a bundle with the expected files
+// (and its stolen file), and nothing else of the sandbox (no run
+// directory, cgroup or mount); a clean run and an engine with evidence
+// turned off leave no bundle.
+func TestIncidentEvidenceNative(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	st := incident.Open(filepath.Join(t.TempDir(), "incidents"), incident.Policy{})
+	on, err := New(Options{Exe: bin, NoAutoBuild: true, Incidents: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { on.Close() })
+	if _, err := on.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	off, err := New(Options{Exe: bin, NoAutoBuild: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { off.Close() })
+
+	tests := []struct {
+		name    string
+		e       *Engine
+		script  string
+		session bool
+		flagged bool
+		bundle  bool
+	}{
+		{name: "canary printed", e: on, script: "cp .aws/credentials loot.txt; cat .aws/credentials", flagged: true, bundle: true},
+		{name: "canary printed through a session sandbox", e: on, script: "cat .netrc", session: true, flagged: true, bundle: true},
+		{name: "clean run", e: on, script: "echo hello > out.txt"},
+		{name: "evidence off", e: off, script: "cat .aws/credentials", flagged: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := manifest.Default()
+			m.Output.Canaries = true
+			before, _ := st.List()
+			res, err := tc.e.Run(context.Background(), &Request{Manifest: m, Argv: []string{"sh", "-c", tc.script}, Session: tc.session,
+				Evidence: Evidence{Key: "ktest", Audit: json.RawMessage(`{"id":"audit-of-the-run"}`)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := incident.Flagged(res); got != tc.flagged {
+				t.Fatalf("flagged = %v, want %v (violations %v)", got, tc.flagged, res.Violations)
+			}
+			after, _ := st.List()
+			if !tc.bundle {
+				if res.Incident != "" || len(after) != len(before) {
+					t.Fatalf("incident %q kept, bundles %d -> %d; want none", res.Incident, len(before), len(after))
+				}
+				return
+			}
+			if res.Incident == "" || len(after) != len(before)+1 {
+				t.Fatalf("incident %q, bundles %d -> %d; want one new (degradations %v)", res.Incident, len(before), len(after), res.Degradations)
+			}
+			sum, err := st.Get(res.Incident)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum.RunID != res.ID || sum.Key != "ktest" || len(sum.Reasons) == 0 || !strings.HasPrefix(sum.Reasons[0], "canary") {
+				t.Errorf("summary %+v", sum)
+			}
+			dir, _ := st.Path(sum.ID)
+			for _, f := range []string{"manifest.json", "commands.json", "result.json", "network.json", "processes.json", "audit.json", "workspace.json", "summary.json"} {
+				fi, err := os.Stat(filepath.Join(dir, f))
+				if err != nil || fi.Mode().Perm() != 0o400 {
+					t.Errorf("%s: %v %v, want a 0400 file", f, fi.Mode(), err)
+				}
+				if !slices.Contains(sum.Files, f) {
+					t.Errorf("summary does not list %s", f)
+				}
+			}
+			if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o500 {
+				t.Errorf("bundle directory: %v %v, want 0500", fi.Mode(), err)
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, "result.json"))
+			if !strings.Contains(string(b), `"kind": "canary"`) {
+				t.Errorf("result.json lacks the canary violation: %.500s", b)
+			}
+			b, _ = os.ReadFile(filepath.Join(dir, "audit.json"))
+			if string(b) != `{"id":"audit-of-the-run"}` {
+				t.Errorf("audit.json = %q", b)
+			}
+			b, _ = os.ReadFile(filepath.Join(dir, "processes.json"))
+			if !strings.Contains(string(b), `"processes"`) {
+				t.Errorf("processes.json = %q", b)
+			}
+			if !tc.session {
+				b, _ = os.ReadFile(filepath.Join(dir, "workspace", "1"))
+				if !strings.Contains(string(b), "aws_access_key_id") {
+					t.Errorf("workspace/1 = %q, want the stolen credentials file", b)
+				}
+			}
+			// Everything else of the sandbox is gone.
+			var left []string
+			if _, err := os.Stat(filepath.Join(on.Home(), "runs", res.ID)); err == nil {
+				left = append(left, "run directory")
+			}
+			for _, pat := range []string{"/sys/fs/cgroup/*/moat/" + res.ID, "/sys/fs/cgroup/moat/" + res.ID, "/sys/fs/cgroup/*/*/moat/" + res.ID} {
+				m, _ := filepath.Glob(pat)
+				left = append(left, m...)
+			}
+			if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), res.ID) {
+				left = append(left, "a mount mentioning the run")
+			}
+			if len(left) > 0 {
+				t.Errorf("flagged run %s left residual state: %s", res.ID, strings.Join(left, "; "))
+			}
+		})
+	}
+}
