@@ -350,7 +350,7 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	// The result is final: a flagged run's evidence is copied out while
 	// the sandbox (its workspace, its processes) still exists; then the
 	// sandbox is destroyed like any other.
-	e.keepEvidence(p, m, res, req.Evidence, ws.Dir)
+	e.keepEvidence(x, res, req.Evidence, ws.Dir)
 	if err := p.close(); err != nil {
 		return nil, err
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/moat-sandbox/moat/incident"
-	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
 )
@@ -33,11 +32,13 @@ type Evidence struct {
 // IncidentDir is where an engine with home keeps incident bundles.
 func IncidentDir(home string) string { return filepath.Join(home, "incidents") }
 
-// keepEvidence keeps res's bundle when res is flagged, and names it in
-// res.Incident. Failing to keep one is not the run's failure: it is said
+// keepEvidence keeps the bundle of x's result res when it is flagged, and
+// names it in res.Incident; the bundle's result is the evidence
+// (x.evidence: with output withheld from the caller). Failing to keep one is not the run's failure: it is said
 // in the result's degradations and on Progress, and the run's result
 // stands.
-func (e *Engine) keepEvidence(p *prepared, m *manifest.Manifest, res *result.Result, ev Evidence, wsDir string) {
+func (e *Engine) keepEvidence(x *execution, res *result.Result, ev Evidence, wsDir string) {
+	p, m := x.p, x.m
 	st := e.opts.Incidents
 	if st == nil || !incident.Flagged(res) {
 		return
@@ -45,7 +46,7 @@ func (e *Engine) keepEvidence(p *prepared, m *manifest.Manifest, res *result.Res
 	procs, note := sandboxProcs(p.sb)
 	sum, err := st.Keep(&incident.Evidence{
 		RunID: res.ID, Key: ev.Key, Manifest: m, Commands: [][]string{res.Command},
-		Result: res, Procs: procs, ProcsNote: note, Audit: ev.Audit, WorkspaceDir: wsDir,
+		Result: x.evidence(res), Procs: procs, ProcsNote: note, Audit: ev.Audit, WorkspaceDir: wsDir,
 	})
 	if err != nil {
 		fmt.Fprintf(e.opts.Progress, "moat: run %s is flagged but its incident evidence could not be kept: %v\n", res.ID, err)

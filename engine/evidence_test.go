@@ -44,14 +44,16 @@ func TestIncidentEvidenceNative(t *testing.T) {
 	t.Cleanup(func() { off.Close() })
 
 	tests := []struct {
-		name    string
-		e       *Engine
-		script  string
-		session bool
-		flagged bool
-		bundle  bool
+		name     string
+		e        *Engine
+		script   string
+		session  bool
+		withhold bool
+		flagged  bool
+		bundle   bool
 	}{
 		{name: "canary printed", e: on, script: "cp .aws/credentials loot.txt; cat .aws/credentials", flagged: true, bundle: true},
+		{name: "canary printed, output withheld from the caller", e: on, script: "cp .aws/credentials loot.txt; cat .aws/credentials", withhold: true, flagged: true, bundle: true},
 		{name: "canary printed through a session sandbox", e: on, script: "cat .netrc", session: true, flagged: true, bundle: true},
 		{name: "clean run", e: on, script: "echo hello > out.txt"},
 		{name: "evidence off", e: off, script: "cat .aws/credentials", flagged: true},
@@ -60,6 +62,7 @@ func TestIncidentEvidenceNative(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := manifest.Default()
 			m.Output.Canaries = true
+			m.Output.WithholdFlagged = tc.withhold
 			before, _ := st.List()
 			res, err := tc.e.Run(context.Background(), &Request{Manifest: m, Argv: []string{"sh", "-c", tc.script}, Session: tc.session,
 				Evidence: Evidence{Key: "ktest", Audit: json.RawMessage(`{"id":"audit-of-the-run"}`)}})
@@ -102,6 +105,14 @@ func TestIncidentEvidenceNative(t *testing.T) {
 			b, _ := os.ReadFile(filepath.Join(dir, "result.json"))
 			if !strings.Contains(string(b), `"kind": "canary"`) {
 				t.Errorf("result.json lacks the canary violation: %.500s", b)
+			}
+			// The evidence holds the output, even what the caller was not
+			// given.
+			if !strings.Contains(string(b), "aws_access_key_id") && !tc.session {
+				t.Errorf("result.json lacks the printed credentials: %.800s", b)
+			}
+			if tc.withhold && (!res.Withheld || strings.Contains(res.Stdout.Data, "aws_access_key_id") || len(res.Files) != 0) {
+				t.Errorf("the caller's result is not withheld: withheld=%v stdout=%q files=%v", res.Withheld, res.Stdout.Data, res.Files)
 			}
 			b, _ = os.ReadFile(filepath.Join(dir, "audit.json"))
 			if string(b) != `{"id":"audit-of-the-run"}` {

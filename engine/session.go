@@ -250,7 +250,7 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		if s.open() != nil {
 			wsDir = "" // closed: the workspace is being destroyed
 		}
-		s.e.keepEvidence(s.p, s.m, res, req.Evidence, wsDir)
+		s.e.keepEvidence(x, res, req.Evidence, wsDir)
 		pr.res.Store(res)
 	}()
 	return pr, nil

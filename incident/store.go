@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/moat-sandbox/moat/manifest"
@@ -60,6 +62,10 @@ var ErrExists = errors.New("file exists")
 
 // Store is a directory of bundles ($MOAT_HOME/incidents).
 type Store struct {
+	// mu orders this process's writers and pruners (moat serve keeps
+	// bundles of concurrent runs); a bundle another process removed
+	// meanwhile is simply gone.
+	mu  sync.Mutex
 	dir string
 	pol Policy
 	// now is the clock (tests move it).
@@ -271,6 +277,13 @@ func removeBundle(p string) error {
 // until the rest take at most MaxTotalBytes less reserve (the size of a
 // bundle about to be written). It returns the ids it removed.
 func (s *Store) Prune(reserve int64) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prune(reserve)
+}
+
+func (s *Store) prune(reserve int64) ([]string, error) {
+	s.removeStale()
 	sums, err := s.List()
 	if err != nil {
 		return nil, err
@@ -282,7 +295,7 @@ func (s *Store) Prune(reserve int64) ([]string, error) {
 	keep := sums[:0:0]
 	for _, sum := range sums { // newest first
 		if sum.Time.Before(cutoff) {
-			if err := s.Remove(sum.ID); err != nil {
+			if err := s.Remove(sum.ID); err != nil && !errors.Is(err, ErrNotFound) {
 				errs = append(errs, err)
 				continue
 			}
@@ -293,7 +306,7 @@ func (s *Store) Prune(reserve int64) ([]string, error) {
 		keep = append(keep, sum)
 	}
 	for i := len(keep) - 1; i >= 0 && total+reserve > s.pol.MaxTotalBytes; i-- {
-		if err := s.Remove(keep[i].ID); err != nil {
+		if err := s.Remove(keep[i].ID); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, err)
 			continue
 		}
@@ -301,4 +314,21 @@ func (s *Store) Prune(reserve int64) ([]string, error) {
 		removed = append(removed, keep[i].ID)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// staleAfter is how old a bundle still being written (".tmp-*") must be
+// before pruning takes it for the remains of a writer that died.
+const staleAfter = time.Hour
+
+// removeStale removes the remains of writes cut short.
+func (s *Store) removeStale() {
+	ents, _ := os.ReadDir(s.dir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".tmp-") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && s.now().Sub(fi.ModTime()) > staleAfter {
+			removeBundle(filepath.Join(s.dir, e.Name()))
+		}
+	}
 }

@@ -104,7 +104,9 @@ func (s *Store) Keep(ev *Evidence) (Summary, error) {
 	if w.err != nil {
 		return Summary{}, fmt.Errorf("keep incident: %w", w.err)
 	}
-	if _, err := s.Prune(sum.Bytes); err != nil {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.prune(sum.Bytes); err != nil {
 		return Summary{}, fmt.Errorf("keep incident: prune: %w", err)
 	}
 	if err := os.Chmod(filepath.Join(tmp, "workspace"), dirMode); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -188,9 +190,9 @@ func (w *writer) workspace(wsDir string, files []result.FileChange, capBytes int
 		root = r
 		defer root.Close()
 	}
-	// The JSON files and workspace.json itself come first: reserve room
-	// for the index (bounded by the diff's entries).
-	budget := capBytes - w.bytes - int64(256*len(files)) - 1024
+	// The JSON files come first: reserve room for workspace.json (about
+	// 256 bytes an entry) and summary.json.
+	budget := capBytes - w.bytes - int64(256*len(files)) - 4096
 	n := 0
 	for _, f := range files {
 		e := workspaceEntry{Path: f.Path, Change: f.Change, Size: f.Size}
