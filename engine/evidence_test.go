@@ -146,3 +146,76 @@ func TestIncidentEvidenceNative(t *testing.T) {
 		})
 	}
 }
+
+// TestIncidentEvidenceSession: a session's command that ends flagged
+// (here by SIGSYS, which the result reports as a seccomp kill) keeps a
+// bundle with its file while the session goes on; a clean command of the
+// same session keeps none.
+func TestIncidentEvidenceSession(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	st := incident.Open(filepath.Join(t.TempDir(), "incidents"), incident.Policy{})
+	e, err := New(Options{Exe: bin, NoAutoBuild: true, Incidents: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	s, err := e.NewSession(context.Background(), &SessionRequest{Manifest: manifest.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	tests := []struct {
+		name   string
+		script string
+		bundle bool
+	}{
+		{"clean command", "echo fine > ok.txt", false},
+		{"seccomp-style kill", "echo loot > loot.txt; kill -SYS $$", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pr, err := s.Start(context.Background(), &ExecRequest{Argv: []string{"sh", "-c", tc.script}, Evidence: Evidence{Key: "ksession"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-pr.Done()
+			res := pr.Result()
+			if (res.Incident != "") != tc.bundle {
+				t.Fatalf("incident %q, want one: %v (violations %v, degradations %v)", res.Incident, tc.bundle, res.Violations, res.Degradations)
+			}
+			if !tc.bundle {
+				return
+			}
+			sum, err := st.Get(res.Incident)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum.Key != "ksession" || !strings.HasPrefix(sum.Reasons[0], "syscall") {
+				t.Errorf("summary %+v", sum)
+			}
+			dir, _ := st.Path(sum.ID)
+			if b, err := os.ReadFile(filepath.Join(dir, "workspace", "1")); err != nil || string(b) != "loot\n" {
+				t.Errorf("workspace/1 = %q (%v), want the command's file", b, err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dir, "processes.json")); !strings.Contains(string(b), `"pid"`) {
+				t.Errorf("processes.json = %s, want the session's live processes (its init at least)", b)
+			}
+		})
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.Home(), "runs", s.ID())); err == nil {
+		t.Errorf("session %s left its run directory", s.ID())
+	}
+}
