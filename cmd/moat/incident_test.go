@@ -19,6 +19,11 @@ import (
 func incidentHome(t *testing.T) (env []string, sum incident.Summary) {
 	t.Helper()
 	home, env := auditEnv(t)
+	// The home as the engine makes it (0711), so moat gc accepts it.
+	if err := os.MkdirAll(home, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(home, 0o711)
 	dir := engine.IncidentDir(home)
 	t.Cleanup(func() {
 		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
