@@ -152,12 +152,12 @@ func TestKeepBundle(t *testing.T) {
 		rel, _ := filepath.Rel(dir, p)
 		switch {
 		case d.IsDir():
-			if fi.Mode().Perm() != dirMode {
-				t.Errorf("directory %s has mode %04o, want %04o", rel, fi.Mode().Perm(), dirMode)
+			if fi.Mode().Perm() != 0o500 {
+				t.Errorf("directory %s has mode %04o, want %04o", rel, fi.Mode().Perm(), 0o500)
 			}
 		case fi.Mode().IsRegular():
-			if fi.Mode().Perm() != fileMode {
-				t.Errorf("file %s has mode %04o, want %04o", rel, fi.Mode().Perm(), fileMode)
+			if fi.Mode().Perm() != 0o400 {
+				t.Errorf("file %s has mode %04o, want %04o", rel, fi.Mode().Perm(), 0o400)
 			}
 			got = append(got, rel)
 		default:
