@@ -38,11 +38,12 @@ func IncidentDir(home string) string { return filepath.Join(home, "incidents") }
 // in the result's degradations and on Progress, and the run's result
 // stands.
 func (e *Engine) keepEvidence(x *execution, res *result.Result, ev Evidence, wsDir string) {
-	p, m := x.p, x.m
-	st := e.opts.Incidents
-	if st == nil || !incident.Flagged(res) {
+	if e == nil || e.opts.Incidents == nil || !incident.Flagged(res) {
+		// (A session built around a prepared sandbox without an engine,
+		// as a test does, keeps no evidence either.)
 		return
 	}
+	p, m, st := x.p, x.m, e.opts.Incidents
 	procs, note := sandboxProcs(p.sb)
 	sum, err := st.Keep(&incident.Evidence{
 		RunID: res.ID, Key: ev.Key, Manifest: m, Commands: [][]string{res.Command},
