@@ -50,6 +50,7 @@ func incidentHome(t *testing.T) (env []string, sum incident.Summary) {
 
 func TestIncidentCLI(t *testing.T) {
 	env, sum := incidentHome(t)
+	env = append(env, "MOAT_INCIDENTS=on")
 	exportTo := filepath.Join(t.TempDir(), "bundle.tar.gz")
 	existing := filepath.Join(t.TempDir(), "existing")
 	os.WriteFile(existing, []byte("keep"), 0o644)
@@ -117,15 +118,19 @@ func TestIncidentPolicyEnv(t *testing.T) {
 // none.
 func TestRunKeepsIncident(t *testing.T) {
 	needSandbox(t)
-	res, _ := runJSON(t, invocation{args: []string{"--no-incidents", "--canaries", "--", "cat", ".aws/credentials"}})
+	res, _ := runJSON(t, invocation{args: []string{"--no-incidents", "--canaries", "--", "cat", ".aws/credentials"}, env: []string{"MOAT_INCIDENTS=on"}})
 	if res.Incident != "" {
 		t.Errorf("--no-incidents kept incident %s", res.Incident)
 	}
-	res, _ = runJSON(t, invocation{args: []string{"--canaries", "--", "cat", ".aws/credentials"}})
+	on := []string{"MOAT_INCIDENTS=on"}
+	res, _ = runJSON(t, invocation{args: []string{"--canaries", "--", "cat", ".aws/credentials"}, env: on})
 	if res.Incident == "" {
 		t.Fatalf("a canary run kept no incident: violations %v degradations %v", res.Violations, res.Degradations)
 	}
-	t.Cleanup(func() { moat(t, invocation{args: []string{"incident", "rm", res.Incident}}) })
+	t.Cleanup(func() {
+		moat(t, invocation{args: []string{"incident", "rm", res.Incident}})
+		os.Remove(engine.IncidentDir(engine.DefaultHome())) // only when empty
+	})
 	out := moat(t, invocation{args: []string{"incident", "show", "--json", res.Incident}})
 	out.check(t, 0, []string{`"run_id": "` + res.ID + `"`, "canary"}, nil, nil)
 	var sum incident.Summary
