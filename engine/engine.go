@@ -24,6 +24,7 @@ import (
 
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
+	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
@@ -63,6 +64,12 @@ type Options struct {
 	// test API that has its own certificate; it never changes what the
 	// sandbox trusts (the run CA only).
 	UpstreamRootCAs *x509.CertPool
+	// Incidents keeps the evidence bundles of flagged runs (package
+	// incident), normally incident.Open(IncidentDir(Home), policy): moat
+	// run and moat serve set it unless the operator turned evidence off.
+	// Nil: none are kept (a library user, the red-team runner and tests
+	// opt in; a manifest cannot turn it on or off).
+	Incidents *incident.Store
 }
 
 // Engine runs sandboxed programs.
@@ -207,6 +214,9 @@ type Request struct {
 	// with one of its own what would have left the host as DNS queries,
 	// without sending any).
 	Resolver egress.Resolver
+	// Evidence says who asked for the run, for its incident bundle when
+	// it ends flagged.
+	Evidence Evidence
 }
 
 // ErrUsage marks errors in what the caller asked for (bad manifest, bad
@@ -337,6 +347,10 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 		res.CopyOut = co
 		res.Violations = append(res.Violations, rep.Violations...)
 	}
+	// The result is final: a flagged run's evidence is copied out while
+	// the sandbox (its workspace, its processes) still exists; then the
+	// sandbox is destroyed like any other.
+	e.keepEvidence(x, res, req.Evidence, ws.Dir)
 	if err := p.close(); err != nil {
 		return nil, err
 	}

@@ -102,6 +102,21 @@ type execution struct {
 	// stdin is the writing end of the program's input when
 	// execSpec.stdinOpen was set, else nil.
 	stdin *io.PipeWriter
+	// unwithheld is the result as it was before its output was withheld
+	// (a flagged run with output.withhold_flagged): the incident's
+	// evidence, never the caller's.
+	unwithheld *result.Result
+}
+
+// evidence is res as an incident bundle keeps it: with the output and
+// files withheld from the caller, if any were.
+func (x *execution) evidence(res *result.Result) *result.Result {
+	if x.unwithheld == nil {
+		return res
+	}
+	full := *x.unwithheld
+	full.Violations, full.Degradations, full.CopyOut = res.Violations, res.Degradations, res.CopyOut
+	return &full
 }
 
 // start starts spec's command in p's sandbox; for execOnce it only gets it

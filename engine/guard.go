@@ -139,6 +139,10 @@ func (x *execution) report(res *result.Result, redacted []result.Finding, egress
 	res.Violations = append(res.Violations, result.Violation{Kind: result.ViolationCanary,
 		Detail: "a planted decoy credential left the sandbox: seen in " + strings.Join(seen, ", ")})
 	if x.m.Output.WithholdFlagged {
+		// The evidence of the incident keeps what the caller is not
+		// given (keepEvidence).
+		full := *res
+		x.unwithheld = &full
 		res.Withheld = true
 		for _, s := range []*result.Stream{&res.Stdout, &res.Stderr} {
 			*s = result.Stream{Data: withheldNotice, Encoding: "utf-8", Bytes: s.Bytes, Truncated: s.Truncated}

@@ -66,6 +66,9 @@ type ExecRequest struct {
 	// Stdout and Stderr, when set, receive the captured output as it
 	// arrives (never more than the manifest's caps).
 	Stdout, Stderr io.Writer
+	// Evidence says who asked for the command, for its incident bundle
+	// when it ends flagged.
+	Evidence Evidence
 }
 
 // FileInfo describes one workspace entry.
@@ -243,6 +246,11 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		// A session's command never fails: Moat's own failures are in its
 		// result (execSession).
 		res, _ := x.wait(context.Background())
+		wsDir := ws.Dir
+		if s.open() != nil {
+			wsDir = "" // closed: the workspace is being destroyed
+		}
+		s.e.keepEvidence(x, res, req.Evidence, wsDir)
 		pr.res.Store(res)
 	}()
 	return pr, nil

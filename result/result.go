@@ -95,6 +95,10 @@ type Result struct {
 	// notice instead of the program's output, files is empty and nothing
 	// was copied out.
 	Withheld bool `json:"withheld,omitempty"`
+	// Incident is the id of the evidence bundle Moat kept because the
+	// run was flagged (`moat incident show ID`); absent when none was
+	// kept.
+	Incident string `json:"incident,omitempty"`
 	// Degradations lists protections that were asked for but could not be
 	// applied on this host, and were accepted by the manifest. Empty means
 	// the full protection of the tier applied.

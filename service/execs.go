@@ -170,6 +170,7 @@ func (s *Service) startExec(ctx context.Context, key audit.Key, id string, args 
 		Stdin:     args.Stdin,
 		Stdout:    streamWriter{ex.log, stdoutStream},
 		Stderr:    streamWriter{ex.log, stderrStream},
+		Evidence:  evidence(key, rec),
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

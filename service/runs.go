@@ -60,6 +60,7 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 	req := &engine.Request{ID: id, Manifest: m, Argv: args.Argv, Files: args.Files, Stdin: args.Stdin,
 		OnRuntime: usage.setProcs,
 		OnStart:   func(_ string, procs func() ([]int, error)) { usage.setProcs(procs) },
+		Evidence:  evidence(key, rec),
 	}
 	res, err := guard("backend", "a result", func() (*result.Result, error) { return s.cfg.Backend.Run(ctx, req) })
 	untrack()
@@ -86,6 +87,17 @@ func (s *Service) GetRun(ctx context.Context, key audit.Key, id string) (json.Ra
 		return nil, notFound("run " + Quote(id))
 	}
 	return resp, nil
+}
+
+// evidence is who asked for a run or command, for the incident bundle
+// the engine keeps when it ends flagged: the key and the audit record as
+// it began.
+func evidence(key audit.Key, rec audit.Record) engine.Evidence {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		b = nil
+	}
+	return engine.Evidence{Key: key.ID, Audit: b}
 }
 
 // auditRecord starts the audit record of a run, a sandbox or an exec.

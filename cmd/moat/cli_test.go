@@ -41,6 +41,10 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
+	// Runs that end flagged (TestTerminalSafety's hostile file names)
+	// would keep incident bundles in the host's $MOAT_HOME; the tests of
+	// incidents turn them back on (MOAT_INCIDENTS=on) and remove theirs.
+	os.Setenv("MOAT_INCIDENTS", "off")
 	dir, err := os.MkdirTemp("", "moat-cli-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

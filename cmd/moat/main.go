@@ -47,6 +47,7 @@ func init() {
 		{"keys", "create, list and revoke API keys of moat serve (moat keys create --name NAME)", cmdKeys},
 		{"secrets", "store the secrets runs use without seeing them (moat secrets add NAME)", cmdSecrets},
 		{"audit", "list what ran, or report what it attempted and cost (moat audit report)", cmdAudit},
+		{"incident", "list, show, export and remove the evidence of flagged runs (moat incident list)", cmdIncident},
 		{"analyse", "name the composed effects of commands and what a policy decides (moat analyse -- CMD)", cmdAnalyse},
 		{"policy", "suggest the tightest manifest from the audit log (moat policy suggest)", cmdPolicy},
 		{"doctor", "explain what this host supports and which tiers can run", cmdDoctor},

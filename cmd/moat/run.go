@@ -80,6 +80,7 @@ func cmdRun(args []string) int {
 		noBuild      = fs.Bool("no-build", false, "fail instead of building a missing image")
 		canaries     = fs.Bool("canaries", false, "plant per-run decoy credentials (manifest output.canaries); one seen outside the sandbox is a canary violation")
 		withhold     = fs.Bool("withhold-flagged", false, "withhold the output of a run flagged by a canary (manifest output.withhold_flagged)")
+		noIncidents  = fs.Bool("no-incidents", false, "keep no evidence bundle when the run is flagged (moat incident; also MOAT_INCIDENTS=off)")
 		serverURL    = fs.String("server", "", "run on the Moat server at `URL` instead of locally (default $MOAT_SERVER)")
 		apiKey       = fs.String("api-key", "", "API `KEY` for --server (default $MOAT_API_KEY, which is safer: flags show in ps)")
 		policyPath   = fs.String("policy", "", "operator policy `FILE` whose default ceiling a local run must fit (default $"+policy.EnvVar+")")
@@ -237,7 +238,11 @@ func cmdRun(args []string) int {
 		})
 	}
 
-	e, err := engine.New(engine.Options{Progress: progressWriter(), NoAutoBuild: *noBuild, Secrets: openSecrets("")})
+	opts := engine.Options{Progress: progressWriter(), NoAutoBuild: *noBuild, Secrets: openSecrets("")}
+	if err := incidentOptions(&opts, *noIncidents); err != nil {
+		return fail(err)
+	}
+	e, err := engine.New(opts)
 	if err != nil {
 		return fail(err)
 	}

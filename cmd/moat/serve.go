@@ -67,6 +67,7 @@ func cmdServe(args []string) int {
 		maxTTL        = fs.Duration("max-ttl", 24*time.Hour, "longest sandbox TTL a request may ask for")
 		keepRuns      = fs.Int("keep-runs", 1000, "one-shot results kept for GET /v1/runs/{id}")
 		drain         = fs.Duration("drain", 30*time.Second, "how long shutdown waits for running one-shot runs")
+		noIncidents   = fs.Bool("no-incidents", false, "keep no evidence bundles of flagged runs (moat incident; also MOAT_INCIDENTS=off)")
 		e2bAPI        = fs.Bool("e2b", false, "also serve E2B's API on the same listener, for the unmodified E2B SDKs (E2B_API_URL and E2B_SANDBOX_URL = this server's URL; see README)")
 		policyPath    = fs.String("policy", "", "operator policy `FILE`: per-key ceilings and required justifications (default $"+policy.EnvVar+"; see README)")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
@@ -106,7 +107,11 @@ func cmdServe(args []string) int {
 	if *sessionPool > 0 {
 		pools = append(pools, engine.PoolConfig{Manifest: class, Size: *sessionPool, Session: true})
 	}
-	e, err := engine.New(engine.Options{Progress: os.Stderr, Pools: pools, Secrets: openSecrets("")})
+	opts := engine.Options{Progress: os.Stderr, Pools: pools, Secrets: openSecrets("")}
+	if err := incidentOptions(&opts, *noIncidents); err != nil {
+		return fail(err)
+	}
+	e, err := engine.New(opts)
 	if err != nil {
 		return fail(err)
 	}
