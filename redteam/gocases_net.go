@@ -765,7 +765,7 @@ func exfilTerminalEscapes(ctx context.Context, r *runner) (string, string, int) 
 	defer cancel()
 	cmd := exec.CommandContext(cctx, exe, "run", "--tier", r.tier, "--image", r.defaults().Image, "--no-build", "--", "sh", "-c", `printf '%s' "$1"; printf '%s' "$1" >&2`, "sh", exfilEscapes)
 	cmd.Stdout, cmd.Stderr = pts, pts
-	cmd.Env = append(os.Environ(), "TERM=xterm", "MOAT_HOME="+r.e.Home())
+	cmd.Env = append(os.Environ(), "TERM=xterm", "MOAT_HOME="+r.e.Home(), "MOAT_INCIDENTS=off") // no evidence of the red team's own attacks
 	runErr := cmd.Run()
 	pts.Close()
 	select {

@@ -166,7 +166,10 @@ func (r *runner) onTerminal(ctx context.Context, exe string, args ...string) ([]
 	defer cancel()
 	cmd := exec.CommandContext(cctx, exe, args...)
 	cmd.Stdout, cmd.Stderr = pts, pts
-	cmd.Env = append(os.Environ(), "TERM=xterm", "MOAT_HOME="+r.e.Home())
+	// MOAT_INCIDENTS=off: the red team's runs are attacks it stages and
+	// judges itself; like its engine (incidents off), the CLI it drives
+	// keeps no evidence bundles in the store.
+	cmd.Env = append(os.Environ(), "TERM=xterm", "MOAT_HOME="+r.e.Home(), "MOAT_INCIDENTS=off")
 	runErr := cmd.Run()
 	pts.Close()
 	select {
