@@ -371,7 +371,11 @@ func TestOutputFloodMemory(t *testing.T) {
 	}
 	grew := flood - base
 	t.Logf("moat peak RSS: 1.1 MB of output %d KiB, 100 MB flood %d KiB (%+d KiB)", base>>10, flood>>10, grew>>10)
-	if grew > 4<<20 {
+	// 16 MiB: a moat that kept even a sixth of the flood fails; the noise
+	// seen on a loaded CI machine (up to 6 MiB between the least of three
+	// runs, from when the runtime's heap goal and threads happen to grow)
+	// does not. An unloaded machine shows well under 1 MiB.
+	if grew > 16<<20 {
 		t.Errorf("moat's memory grew by %d MiB with 99 MB more output past a 1 MiB cap", grew>>20)
 	}
 }
