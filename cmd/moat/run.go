@@ -83,6 +83,8 @@ func cmdRun(args []string) int {
 		serverURL    = fs.String("server", "", "run on the Moat server at `URL` instead of locally (default $MOAT_SERVER)")
 		apiKey       = fs.String("api-key", "", "API `KEY` for --server (default $MOAT_API_KEY, which is safer: flags show in ps)")
 		policyPath   = fs.String("policy", "", "operator policy `FILE` whose default ceiling a local run must fit (default $"+policy.EnvVar+")")
+		effectsPath  = fs.String("effects-policy", "", "effects policy `FILE` the command is analysed against before it runs (default: Moat's, see moat analyse --default-policy; off: no analysis)")
+		approve      = fs.Bool("approve", false, "run a command the effects policy wants approved without asking (it is printed on stderr)")
 	)
 	var inputs []manifest.Input
 	var envs [][2]string
@@ -221,6 +223,25 @@ func cmdRun(args []string) int {
 	}
 	if server == "" {
 		if c := checkLocalPolicy(*policyPath, m); c >= 0 {
+			return c
+		}
+		fx, err := loadEffectsPolicy(*effectsPath)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "moat run: %v\n", err)
+			return exitUsage
+		}
+		var tty *os.File
+		terminal := func() io.ReadWriter {
+			if tty = openTerminal(); tty != nil {
+				return tty
+			}
+			return nil
+		}
+		c := gateEffects(fx, argv, *approve, terminal, os.Stderr)
+		if tty != nil {
+			tty.Close()
+		}
+		if c >= 0 {
 			return c
 		}
 	}
