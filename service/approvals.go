@@ -148,6 +148,10 @@ func plainEffects(ds []effects.Decided) string {
 // caller (Kind Forbidden, Held set: the HTTP API answers 202).
 func (s *Service) holdForApproval(key audit.Key, sandboxID string, m *manifest.Manifest, argv []string, because []effects.Decided, run *RunArgs, exec *ExecArgs) *Error {
 	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return unavailable("the server is shutting down; the command needs approval and nothing ran")
+	}
 	n := 0
 	for _, p := range s.approvals {
 		if p.key.ID == key.ID {
@@ -187,9 +191,18 @@ func (s *Service) holdForApproval(key audit.Key, sandboxID string, m *manifest.M
 	}
 	p := &pending{view: v, key: key, run: run, exec: exec}
 	s.mu.Lock()
-	s.approvals[v.ID] = p
-	p.timer = time.AfterFunc(s.cfg.ApprovalTimeout, func() { s.expire(v.ID) })
+	closing := s.closing
+	if !closing {
+		s.approvals[v.ID] = p
+		p.timer = time.AfterFunc(s.cfg.ApprovalTimeout, func() { s.expire(v.ID) })
+	}
 	s.mu.Unlock()
+	if closing {
+		// Shutdown has ended the pending approvals (stopApprovals): none
+		// may start after it.
+		s.finishApproval(p, ApprovalExpired, "the server is shutting down")
+		return unavailable("the server is shutting down; the command needed approval and nothing ran")
+	}
 	view := v
 	return &Error{Kind: Forbidden, Held: &view,
 		Message: fmt.Sprintf("the command is held for approval %s until %s: %s; approve or deny it with POST /v1/approvals/%s",
