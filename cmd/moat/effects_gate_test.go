@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moat-sandbox/moat/effects"
 )
@@ -134,6 +139,94 @@ func TestRunEffectsApproved(t *testing.T) {
 			watchLeftovers(t)
 			out := moat(t, invocation{args: append([]string{"run"}, tc.args...)})
 			out.check(t, 0, []string{"hi"}, nil, nil)
+		})
+	}
+}
+
+// TestRunEffectsPrompt: on a real terminal (a pseudo-terminal that is
+// moat's controlling terminal) moat run asks y/N for an approve-level
+// command: n refuses with exit 3, y runs it.
+func TestRunEffectsPrompt(t *testing.T) {
+	decoded := []string{"run", "--", "sh", "-c", "echo ZWNobyBoaQ== | base64 -d | sh"} // `echo hi`, unreadable in advance
+	tests := []struct {
+		name     string
+		answer   string
+		code     int
+		sandbox  bool
+		wantSeen string
+	}{
+		{name: "no", answer: "n\n", code: exitApprove, wantSeen: "not approved"},
+		{name: "yes", answer: "y\n", code: 0, sandbox: true, wantSeen: "hi"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.sandbox {
+				needSandbox(t)
+			}
+			master, slave := openPTY(t)
+			cmd := exec.Command(moatBin, decoded...)
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+			// A new session whose controlling terminal is the pty: what
+			// /dev/tty opens.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			slave.Close()
+			var seen bytes.Buffer
+			var mu sync.Mutex
+			prompted := make(chan struct{})
+			go func() {
+				buf := make([]byte, 4096)
+				once := sync.Once{}
+				for {
+					n, err := master.Read(buf)
+					mu.Lock()
+					seen.Write(buf[:n])
+					if strings.Contains(seen.String(), "[y/N]") {
+						once.Do(func() { close(prompted) })
+					}
+					mu.Unlock()
+					if err != nil {
+						return
+					}
+				}
+			}()
+			select {
+			case <-prompted:
+			case <-time.After(time.Minute):
+				cmd.Process.Kill()
+				cmd.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("no prompt on the terminal; it shows %q", seen.String())
+			}
+			if _, err := master.Write([]byte(tc.answer)); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(2 * time.Minute):
+				cmd.Process.Kill()
+				err = <-done
+				t.Errorf("moat did not finish in time")
+			}
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // the reader drains the last output
+			mu.Lock()
+			defer mu.Unlock()
+			if code != tc.code || !strings.Contains(seen.String(), tc.wantSeen) || !strings.Contains(seen.String(), "base64") {
+				t.Errorf("exit %d (want %d); the terminal shows %q, want %q and the effect", code, tc.code, seen.String(), tc.wantSeen)
+			}
 		})
 	}
 }
