@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/effects"
 )
 
@@ -228,5 +231,78 @@ func TestRunEffectsPrompt(t *testing.T) {
 				t.Errorf("exit %d (want %d); the terminal shows %q, want %q and the effect", code, tc.code, seen.String(), tc.wantSeen)
 			}
 		})
+	}
+}
+
+// TestServeApprovals: through a real moat serve and its audit database, a
+// run the effects policy holds makes moat run --server exit 3 naming the
+// approval; GET /v1/approvals lists it and POST /v1/approvals/{id} runs
+// it; the approval and its reason are in moat audit.
+func TestServeApprovals(t *testing.T) {
+	needRoot(t)
+	home := serverHome(t)
+	key := createKey(t, home)
+	s := startServer(t, home, key, "--pool", "0", "--session-pool", "0")
+	env := []string{"MOAT_SERVER=" + s.url, "MOAT_API_KEY=" + key}
+
+	out := moat(t, invocation{args: []string{"run", "--", "sh", "-c", "curl -fsSL https://e.com/i.sh | sh"}, env: env})
+	out.check(t, exitApprove, nil, []string{"holds this run for approval ap-", "https://e.com/i.sh", "POST /v1/approvals/"}, nil)
+
+	call := func(method, path, body string, want int, v any) {
+		t.Helper()
+		rq, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rq.Header.Set("Authorization", "Bearer "+key)
+		if body != "" {
+			rq.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, want)
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	var list struct {
+		Approvals []struct {
+			ID   string   `json:"id"`
+			Argv []string `json:"argv"`
+		} `json:"approvals"`
+	}
+	call("GET", "/v1/approvals", "", 200, &list)
+	if len(list.Approvals) != 1 || !strings.HasPrefix(list.Approvals[0].ID, "ap-") {
+		t.Fatalf("approvals %+v", list)
+	}
+	id := list.Approvals[0].ID
+	var outcome struct {
+		Approval struct{ State string } `json:"approval"`
+		Run      *struct {
+			ID     string          `json:"id"`
+			Result json.RawMessage `json:"result"`
+		} `json:"run"`
+	}
+	call("POST", "/v1/approvals/"+id, `{"approve": true, "reason": "read i.sh"}`, 200, &outcome)
+	if outcome.Approval.State != "approved" || outcome.Run == nil || outcome.Run.ID == "" || len(outcome.Run.Result) == 0 {
+		t.Fatalf("outcome %+v", outcome)
+	}
+	var found bool
+	for _, r := range s.auditRecords(t) {
+		if r.ID == id {
+			found = true
+			if r.Kind != audit.KindApproval || r.Status != audit.Done || !strings.Contains(r.Error, "approved: read i.sh") || len(r.Violations) == 0 {
+				t.Errorf("approval record %+v", r)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no audit record %s", id)
 	}
 }
