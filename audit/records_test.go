@@ -380,3 +380,37 @@ func TestCPUSecondsToday(t *testing.T) {
 		t.Errorf("a key without records used %v", got)
 	}
 }
+
+// TestApprovalRecord: an approval is a record kind the store accepts, and
+// its decision (termination, error text, the effects as violations)
+// round-trips.
+func TestApprovalRecord(t *testing.T) {
+	tests := []struct {
+		name string
+		term result.Termination
+		text string
+	}{
+		{"approved", result.Exited, "approved: read the script"},
+		{"denied", result.Policy, "denied: no"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			id := "ap-" + tc.name
+			if err := s.Begin(Record{ID: id, Kind: KindApproval, KeyID: "k0123456789ab", Command: []string{"bash", "x.sh"}}); err != nil {
+				t.Fatal(err)
+			}
+			res := &result.Result{Termination: tc.term, Error: tc.text, Violations: []result.Violation{{Kind: "effect", Detail: "exec-fetched: command 2 runs x.sh"}}}
+			if err := s.Finish(id, res, nil); err != nil {
+				t.Fatal(err)
+			}
+			r, err := s.Get(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Kind != KindApproval || r.Status != Done || r.Termination != tc.term || r.Error != tc.text || len(r.Violations) != 1 || r.Violations[0].Kind != "effect" {
+				t.Errorf("record %+v", r)
+			}
+		})
+	}
+}

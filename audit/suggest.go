@@ -49,6 +49,7 @@ type FieldReason struct {
 // Reasons for leaving a record out of a suggestion.
 const (
 	ignoreSandbox  = "session records (kind sandbox; their commands count as exec records)"
+	ignoreApproval = "approval records (a person's decision; the run or command it let through has its own record)"
 	ignoreRunning  = "still running"
 	ignoreFailed   = "failed (Moat itself failed, or was stopped while it ran)"
 	ignoreNonZero  = "exited with a non-zero status"
@@ -83,6 +84,8 @@ func Suggest(records []Record) (*Suggestion, error) {
 		switch {
 		case r.Kind == KindSandbox:
 			ignored[ignoreSandbox]++
+		case r.Kind == KindApproval:
+			ignored[ignoreApproval]++
 		case r.Status == Running:
 			ignored[ignoreRunning]++
 		case r.Status == Failed:

@@ -271,3 +271,29 @@ func TestSuggestFromStore(t *testing.T) {
 		t.Errorf("considered %d, memory %s timeout %s cpu %s network %s", s.Considered, r.Memory, r.Timeout, r.CPUTime, s.Manifest.Network.Mode)
 	}
 }
+
+// TestSuggestIgnoresApprovals: an approval record (a person's decision,
+// termination exited when approved) is not a run to learn from: the run
+// it let through has its own record.
+func TestSuggestIgnoresApprovals(t *testing.T) {
+	tests := []struct {
+		name       string
+		records    []Record
+		considered int
+		ignored    []Count
+	}{
+		{"approval beside its run", []Record{ok("run", 1000, 500, 20*mib), with(ok("ap", 9000, 9000, 900*mib), func(r *Record) { r.Kind = KindApproval })},
+			1, []Count{{ignoreApproval, 1}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Suggest(tc.records)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Considered != tc.considered || !reflect.DeepEqual(s.Ignored, tc.ignored) {
+				t.Errorf("considered %d ignored %v; want %d %v", s.Considered, s.Ignored, tc.considered, tc.ignored)
+			}
+		})
+	}
+}

@@ -47,6 +47,11 @@ const (
 	KindRun     Kind = "run"     // a one-shot run (POST /v1/runs, moat run)
 	KindSandbox Kind = "sandbox" // a session's lifetime
 	KindExec    Kind = "exec"    // one command in a session
+	// KindApproval is a command held for a person's approval: running
+	// while pending; its termination is exited when approved, policy when
+	// denied or expired; Error holds the decision and its reason, and
+	// Violations (kind "effect") the effects asked about.
+	KindApproval Kind = "approval"
 )
 
 // Status is where a record is in its life.

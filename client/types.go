@@ -49,6 +49,31 @@ type RunResponse struct {
 	// Result is the run's outcome (docs/RESULT.md), whatever the
 	// program's exit.
 	Result *result.Result `json:"result"`
+	// Approval, when set, says the server's effects policy held the run
+	// for a person's approval (HTTP 202): nothing ran, and ID and Result
+	// are empty. Approve or deny it with POST /v1/approvals/{id}.
+	Approval *Approval `json:"approval,omitempty"`
+}
+
+// Approval is a run or command held for a person's approval.
+type Approval struct {
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	SandboxID string    `json:"sandbox_id,omitempty"`
+	Argv      []string  `json:"argv"`
+	Effects   []Effect  `json:"effects"`
+	Reasons   []string  `json:"reasons,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Effect is one effect the server's analysis found (package effects).
+type Effect struct {
+	Kind     string   `json:"kind"`
+	Detail   string   `json:"detail"`
+	Commands []int    `json:"commands"`
+	Hosts    []string `json:"hosts,omitempty"`
+	Paths    []string `json:"paths,omitempty"`
 }
 
 // File is one file written into a sandbox's /workspace.

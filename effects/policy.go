@@ -52,7 +52,19 @@ type Rule struct {
 type Policy struct {
 	Default Decision `json:"default"`
 	Rules   []Rule   `json:"rules"`
+	// RememberApprovals is how long a person's approval of an effect
+	// holds: RememberNone (the default: every held command is asked
+	// again) or RememberSession (an effect identical in Kind and Detail
+	// to one already approved in the same sandbox session is not asked
+	// again; approval fatigue is how approval screens fail).
+	RememberApprovals string `json:"remember_approvals,omitempty"`
 }
+
+// The values of Policy.RememberApprovals.
+const (
+	RememberNone    = "none"
+	RememberSession = "session"
+)
 
 //go:embed default-policy.yaml
 var defaultPolicyYAML []byte
@@ -271,8 +283,14 @@ func ParsePolicy(data []byte) (*Policy, error) {
 					p.Rules = append(p.Rules, r)
 				}
 			}
+		case "remember_approvals":
+			if v.Kind != yaml.ScalarNode || (v.Value != RememberNone && v.Value != RememberSession) {
+				fail(v, "remember_approvals", v.Value, "use none (ask every time) or session (an effect approved once is not asked again in the same session)")
+				continue
+			}
+			p.RememberApprovals = v.Value
 		default:
-			fail(k, k.Value, "", "unknown field; a policy has `default` and `rules`")
+			fail(k, k.Value, "", "unknown field; a policy has `default`, `rules` and `remember_approvals`")
 		}
 	}
 	if len(errs) > 0 {

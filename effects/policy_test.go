@@ -129,6 +129,8 @@ func TestParsePolicyErrors(t *testing.T) {
 		{"two documents", "default: allow\n---\ndefault: deny\n", 2, "", "one document"},
 		{"empty", "", 0, "", "default: approve"},
 		{"not yaml", "rules: [\n", 0, "", "YAML"},
+		{"bad remember_approvals", "default: allow\nremember_approvals: forever\n", 2, "remember_approvals", "session"},
+		{"remember_approvals not a scalar", "remember_approvals: [session]\n", 1, "remember_approvals", "none"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,4 +181,27 @@ func FuzzParsePolicy(f *testing.F) {
 			p.DecideOne(Effect{Kind: k, Hosts: []string{"a.org"}, Paths: []string{"/tmp/x"}})
 		}
 	})
+}
+
+// TestRememberApprovals: remember_approvals parses to its value; absent
+// is "" (ask every time).
+func TestRememberApprovals(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"absent", "default: approve\n", ""},
+		{"none", "default: approve\nremember_approvals: none\n", RememberNone},
+		{"session", "default: approve\nremember_approvals: session\n", RememberSession},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := ParsePolicy([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.RememberApprovals != tc.want {
+				t.Errorf("RememberApprovals = %q, want %q", p.RememberApprovals, tc.want)
+			}
+		})
+	}
 }

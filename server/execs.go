@@ -47,12 +47,18 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 	}
 	if !spec.wait {
 		ex, err := s.svc.StartExec(r.Context(), key, id, args)
+		if held, werr := writeHeld(w, err); held {
+			return werr
+		}
 		if err != nil {
 			return err
 		}
 		return writeJSON(w, http.StatusAccepted, ex)
 	}
 	ex, err := s.svc.RunExec(r.Context(), key, id, args)
+	if held, werr := writeHeld(w, err); held {
+		return werr
+	}
 	if err != nil {
 		if errors.Is(err, r.Context().Err()) {
 			// The client left; the command goes on (docs/API.md).

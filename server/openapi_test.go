@@ -15,10 +15,12 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
@@ -92,6 +94,12 @@ var schemaTypes = map[string]reflect.Type{
 	"OutputEvent":        reflect.TypeFor[OutputEvent](),
 	"FileInfo":           reflect.TypeFor[engine.FileInfo](),
 	"DirListing":         reflect.TypeFor[DirListing](),
+	"Held":               reflect.TypeFor[Held](),
+	"Approval":           reflect.TypeFor[service.Approval](),
+	"Effect":             reflect.TypeFor[effects.Effect](),
+	"ApprovalList":       reflect.TypeFor[ApprovalList](),
+	"ApprovalDecision":   reflect.TypeFor[ApprovalDecision](),
+	"ApprovalOutcome":    reflect.TypeFor[service.ApprovalOutcome](),
 }
 
 // requestDecoders run a request example through what the handler runs.

@@ -20,6 +20,9 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request) error {
 		args.Stdin = bytes.NewReader(spec.stdin)
 	}
 	resp, err := s.svc.Run(r.Context(), keyOf(r), args)
+	if held, werr := writeHeld(w, err); held {
+		return werr
+	}
 	if err != nil {
 		return err
 	}

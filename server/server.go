@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/moat-sandbox/moat/policy"
 	"log/slog"
 	"net/http"
 	"runtime"
@@ -32,6 +31,8 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/effects"
+	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
 )
@@ -86,6 +87,15 @@ type Config struct {
 	// Policy is the operator's policy (--policy): per-key ceilings and
 	// required justifications (service.Config.Policy). Nil: none.
 	Policy *policy.Policy
+	// Effects is the operator's effects policy (--effects-policy):
+	// commands are analysed before they start, and allowed, refused or
+	// held for approval (service.Config.Effects). Nil: effects' default
+	// policy. NoEffects turns the analysis off.
+	Effects   *effects.Policy
+	NoEffects bool
+	// ApprovalTimeout is how long a held command waits for a decision
+	// before it is denied (--approval-timeout). Default 5m.
+	ApprovalTimeout time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -115,7 +125,8 @@ func (c *Config) serviceConfig() service.Config {
 		MaxConcurrent: c.MaxConcurrent, QueueWait: c.QueueWait,
 		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, KeepRuns: c.KeepRuns, KeepExecs: c.KeepExecs,
 		ReapInterval: c.ReapInterval, AccrueInterval: c.AccrueInterval,
-		Policy: c.Policy,
+		Policy:  c.Policy,
+		Effects: c.Effects, NoEffects: c.NoEffects, ApprovalTimeout: c.ApprovalTimeout,
 	}
 }
 
@@ -204,6 +215,8 @@ func (s *Server) routesInit() {
 	s.handle("PUT /v1/sandboxes/{id}/files", s.putFile, routeOpts{})
 	s.handle("GET /v1/sandboxes/{id}/files", s.getFile, routeOpts{})
 	s.handle("DELETE /v1/sandboxes/{id}/files", s.deleteFile, routeOpts{})
+	s.handle("GET /v1/approvals", s.listApprovals, routeOpts{})
+	s.handle("POST /v1/approvals/{id}", s.decideApproval, routeOpts{})
 }
 
 func (s *Server) handle(pattern string, h handlerFunc, o routeOpts) {

@@ -68,6 +68,10 @@ type Error struct {
 	// RetryAfter, when positive, is the seconds after which a retry may
 	// succeed (Quota, Unavailable).
 	RetryAfter int
+	// Held, when set, says the request was not refused but held for a
+	// person's approval (Kind Forbidden, for front doors that know no
+	// pending state): the HTTP API answers 202 with it.
+	Held *Approval
 }
 
 func (e *Error) Error() string {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
@@ -109,12 +110,52 @@ func (s *Service) RunExec(ctx context.Context, key audit.Key, id string, args Ex
 }
 
 func (s *Service) startExec(ctx context.Context, key audit.Key, id string, args ExecArgs) (*execution, error) {
+	return s.startScreened(ctx, key, id, args, nil)
+}
+
+// startExecApproved starts a command a person approved: the sandbox's
+// effects session is advanced with it (it did run), and with
+// RememberApprovals: session the approved effects are not asked again.
+func (s *Service) startExecApproved(ctx context.Context, key audit.Key, id string, args ExecArgs, approved []effects.Effect) (*execution, error) {
+	return s.startScreened(ctx, key, id, args, approved)
+}
+
+// startScreened starts a command after the effects screening; approved
+// non-nil means a person approved it, so it is recorded, not screened.
+func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, args ExecArgs, approved []effects.Effect) (*execution, error) {
 	sb, e := s.lookup(key, id)
 	if e != nil {
 		return nil, e
 	}
 	if e := CheckExec(&args, sb.manifest); e != nil {
 		return nil, e
+	}
+	if p := s.effectsPolicy(); p != nil {
+		// Analysed on a clone, kept only when the command may run: a
+		// refused or held command's writes must not count for the next
+		// ones. The analysis is bounded (effects.MaxSteps), so holding
+		// sb.mu for it is short, and it orders the session's commands.
+		sb.mu.Lock()
+		clone := sb.fx.Clone()
+		var held []effects.Decided
+		if approved != nil {
+			clone.Exec(args.Argv)
+			for _, ef := range approved {
+				sb.remembered[effectKey(ef)] = true
+			}
+		} else {
+			held, e = screen(p, clone, args.Argv, sb.remembered)
+		}
+		if e == nil && held == nil {
+			sb.fx = clone
+		}
+		sb.mu.Unlock()
+		if e != nil {
+			return nil, e
+		}
+		if held != nil {
+			return nil, s.holdForApproval(key, sb.id, sb.manifest, args.Argv, held, nil, &args)
+		}
 	}
 	leave, e := s.enter()
 	if e != nil {

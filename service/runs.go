@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -18,6 +19,11 @@ import (
 // the Result; the error is for refused requests and Moat's failures.
 // Cancelling ctx kills the run. The result is kept for GetRun.
 func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResponse, error) {
+	return s.run(ctx, key, args, false)
+}
+
+// run is Run; approved skips the effects screening (a person approved it).
+func (s *Service) run(ctx context.Context, key audit.Key, args RunArgs, approved bool) (RunResponse, error) {
 	if args.Manifest == nil {
 		args.Manifest = manifest.Default()
 	}
@@ -32,6 +38,19 @@ func (s *Service) Run(ctx context.Context, key audit.Key, args RunArgs) (RunResp
 	}
 	if e := CheckPolicy(s.cfg.Policy, key, args.Manifest); e != nil {
 		return RunResponse{}, e
+	}
+	// A one-shot run is a session of one command. No argv runs the
+	// image's entrypoint, which only the image's author wrote: it is not
+	// screened, as a manifest's image is the operator's choice.
+	if p := s.effectsPolicy(); p != nil && !approved && len(args.Argv) > 0 {
+		held, e := screen(p, effects.NewSession(), args.Argv, nil)
+		if e != nil {
+			return RunResponse{}, e
+		}
+		if held != nil {
+			a := args
+			return RunResponse{}, s.holdForApproval(key, "", args.Manifest, args.Argv, held, &a, nil)
+		}
 	}
 	leave, release, e := s.admit(key)
 	if e != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
@@ -36,6 +37,11 @@ type sandbox struct {
 	execs []*execution // in start order; ended ones beyond KeepExecs are dropped
 	seq   int          // the last command number given out
 	count int          // commands started, for the Sandbox view
+	// fx is what the commands allowed or approved so far did, for the
+	// effects analysis of the next one (approvals.go); remembered are
+	// the effects a person approved (RememberApprovals: session).
+	fx         *effects.Session
+	remembered map[string]bool
 }
 
 // CreateSandbox creates a sandbox owned by key: it takes one of the key's
@@ -89,16 +95,18 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 		created = now
 	}
 	sb := &sandbox{
-		id:       sess.ID(),
-		key:      key.ID,
-		sess:     sess,
-		info:     info,
-		manifest: args.Manifest,
-		metadata: args.Metadata,
-		created:  created,
-		release:  release,
-		state:    StateRunning,
-		expires:  now.Add(ttl),
+		fx:         effects.NewSession(),
+		remembered: map[string]bool{},
+		id:         sess.ID(),
+		key:        key.ID,
+		sess:       sess,
+		info:       info,
+		manifest:   args.Manifest,
+		metadata:   args.Metadata,
+		created:    created,
+		release:    release,
+		state:      StateRunning,
+		expires:    now.Add(ttl),
 	}
 	rec := auditRecord(sb.id, audit.KindSandbox, key.ID, sb.id, args.Manifest, nil)
 	rec.Tier, rec.Image, rec.ImageDigest, rec.Pooled = info.Tier, info.Image.Name, info.Image.Digest, info.Pooled
@@ -413,6 +421,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.stopping) // queued requests get 503; the reaper stops
 	<-s.reaped
+	s.stopApprovals()
 	s.log.Info("shutting down: waiting for in-flight runs")
 
 	var err error

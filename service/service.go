@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 )
@@ -76,6 +77,16 @@ type Config struct {
 	// justifications, before anything is admitted. Nil: no ceiling
 	// beyond the manifest's own ranges.
 	Policy *policy.Policy
+	// Effects is the operator's effects policy (--effects-policy): every
+	// command is analysed (package effects) before it starts and is
+	// allowed, refused, or held for approval. Nil: effects' default
+	// policy.
+	Effects *effects.Policy
+	// NoEffects turns the analysis off (--effects-policy off).
+	NoEffects bool
+	// ApprovalTimeout is how long a held command waits for a decision
+	// before it is denied (--approval-timeout). Default 5m.
+	ApprovalTimeout time.Duration
 }
 
 // SetDefaults checks the required fields and fills in the defaults.
@@ -116,6 +127,12 @@ func (c *Config) SetDefaults() error {
 	if c.AccrueInterval <= 0 {
 		c.AccrueInterval = 2 * time.Second
 	}
+	if c.Effects == nil {
+		c.Effects = effects.DefaultPolicy()
+	}
+	if c.ApprovalTimeout <= 0 {
+		c.ApprovalTimeout = 5 * time.Minute
+	}
 	return nil
 }
 
@@ -144,6 +161,8 @@ type Service struct {
 	// active counts sandboxes and in-flight runs, server-wide.
 	active int
 	runs   runStore
+	// approvals are the held commands, by id (approvals.go).
+	approvals map[string]*pending
 	// meters accrue the usage of running records (accrue.go).
 	meters meters
 
@@ -172,6 +191,7 @@ func New(cfg Config) (*Service, error) {
 		accrued:      make(chan struct{}),
 		sandboxes:    map[string]*sandbox{},
 		held:         map[string]int{},
+		approvals:    map[string]*pending{},
 		runs:         runStore{max: cfg.KeepRuns, byID: map[string]*storedRun{}},
 		shutdownDone: make(chan struct{}),
 	}

@@ -84,6 +84,8 @@ func cmdRun(args []string) int {
 		serverURL    = fs.String("server", "", "run on the Moat server at `URL` instead of locally (default $MOAT_SERVER)")
 		apiKey       = fs.String("api-key", "", "API `KEY` for --server (default $MOAT_API_KEY, which is safer: flags show in ps)")
 		policyPath   = fs.String("policy", "", "operator policy `FILE` whose default ceiling a local run must fit (default $"+policy.EnvVar+")")
+		effectsPath  = fs.String("effects-policy", "", "effects policy `FILE` the command is analysed against before it runs (default: Moat's, see moat analyse --default-policy; off: no analysis)")
+		approve      = fs.Bool("approve", false, "run a command the effects policy wants approved without asking (it is printed on stderr)")
 	)
 	var inputs []manifest.Input
 	var envs [][2]string
@@ -222,6 +224,25 @@ func cmdRun(args []string) int {
 	}
 	if server == "" {
 		if c := checkLocalPolicy(*policyPath, m); c >= 0 {
+			return c
+		}
+		fx, err := loadEffectsPolicy(*effectsPath)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "moat run: %v\n", err)
+			return exitUsage
+		}
+		var tty *os.File
+		terminal := func() io.ReadWriter {
+			if tty = openTerminal(); tty != nil {
+				return tty
+			}
+			return nil
+		}
+		c := gateEffects(fx, argv, *approve, terminal, os.Stderr)
+		if tty != nil {
+			tty.Close()
+		}
+		if c >= 0 {
 			return c
 		}
 	}
@@ -504,6 +525,15 @@ func runRemote(r remoteRun) int {
 			return 130
 		}
 		return fail(errors.New(strings.TrimPrefix(err.Error(), "moat client: ")))
+	}
+	if a := resp.Approval; a != nil {
+		var b strings.Builder
+		for _, e := range a.Effects {
+			fmt.Fprintf(&b, "  - %s\n", e.Detail)
+		}
+		say("moat: the server holds this run for approval %s until %s (nothing ran):\n%s"+
+			"approve or deny it with POST /v1/approvals/%s (docs/API.md)\n", a.ID, a.ExpiresAt.UTC().Format("2006-01-02T15:04:05Z"), b.String(), a.ID)
+		return exitApprove
 	}
 	res := resp.Result
 	if res == nil {

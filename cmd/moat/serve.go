@@ -70,6 +70,8 @@ func cmdServe(args []string) int {
 		noIncidents   = fs.Bool("no-incidents", false, "keep no evidence bundles of flagged runs (moat incident; also MOAT_INCIDENTS=off)")
 		e2bAPI        = fs.Bool("e2b", false, "also serve E2B's API on the same listener, for the unmodified E2B SDKs (E2B_API_URL and E2B_SANDBOX_URL = this server's URL; see README)")
 		policyPath    = fs.String("policy", "", "operator policy `FILE`: per-key ceilings and required justifications (default $"+policy.EnvVar+"; see README)")
+		effectsPath   = fs.String("effects-policy", "", "effects policy `FILE` every command is analysed against before it starts (default: Moat's, see moat analyse --default-policy; off: no analysis)")
+		approvalTTL   = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for POST /v1/approvals/{id} before it is denied")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -84,6 +86,13 @@ func cmdServe(args []string) int {
 	pol, err := loadPolicy(*policyPath)
 	if err != nil {
 		return fail(usageError{err})
+	}
+	fx, err := loadEffectsPolicy(*effectsPath)
+	if err != nil {
+		return fail(usageError{err})
+	}
+	if *approvalTTL <= 0 {
+		return fail(usageError{fmt.Errorf("--approval-timeout %s: want a positive duration such as 5m", *approvalTTL)})
 	}
 	body, err := manifest.ParseSize(*maxBody)
 	if err != nil || body <= 0 {
@@ -155,16 +164,19 @@ func cmdServe(args []string) int {
 	}
 
 	srv, err := server.New(server.Config{
-		Backend:       service.NewEngineBackend(e),
-		Auditor:       store,
-		Logger:        log,
-		Version:       versionString(),
-		MaxBodyBytes:  int64(body),
-		MaxFiles:      *maxFiles,
-		MaxConcurrent: *maxConcurrent,
-		MaxTTL:        *maxTTL,
-		KeepRuns:      *keepRuns,
-		Policy:        pol,
+		Backend:         service.NewEngineBackend(e),
+		Auditor:         store,
+		Logger:          log,
+		Version:         versionString(),
+		MaxBodyBytes:    int64(body),
+		MaxFiles:        *maxFiles,
+		MaxConcurrent:   *maxConcurrent,
+		MaxTTL:          *maxTTL,
+		KeepRuns:        *keepRuns,
+		Policy:          pol,
+		Effects:         fx,
+		NoEffects:       fx == nil,
+		ApprovalTimeout: *approvalTTL,
 	})
 	if err != nil {
 		return fail(usageError{err})

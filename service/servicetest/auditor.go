@@ -94,6 +94,11 @@ func (a *Auditor) Finish(id string, res *result.Result, runErr error) error {
 	}
 	if res != nil {
 		r.Termination, r.ExitCode, r.CPUMS = res.Termination, res.ExitCode, res.CPUMS
+		// As audit.Store does: the result's error text and violations.
+		if res.Error != "" && r.Error == "" {
+			r.Error = res.Error
+		}
+		r.Violations = append([]result.Violation(nil), res.Violations...)
 		a.cpu[r.KeyID] += res.CPUMS / 1000
 	}
 	return nil
