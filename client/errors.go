@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -118,4 +119,27 @@ func quoteBody(data []byte) string {
 		return ""
 	}
 	return fmt.Sprintf("%q", s)
+}
+
+// HeldError is a command the server's effects policy held for a person's
+// approval (202 with {"approval": ...}): it has not started. Approve it
+// with Client.DecideApproval (or from the dashboard), then follow the
+// returned Exec. Sandbox.Exec and Sandbox.Start return it; a held
+// one-shot Run is not an error but a RunResponse with Approval set.
+type HeldError struct {
+	Approval *Approval
+}
+
+func (e *HeldError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "moat server: held for approval %s until %s", e.Approval.ID, e.Approval.ExpiresAt.Format(time.RFC3339))
+	for i, ef := range e.Approval.Effects {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString("; ")
+		}
+		b.WriteString(ef.Detail)
+	}
+	return b.String()
 }

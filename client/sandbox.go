@@ -74,11 +74,19 @@ func (s *Sandbox) startExec(ctx context.Context, req *ExecRequest, wait bool) (*
 	if err != nil {
 		return nil, fmt.Errorf("moat client: POST %s: %w", p, err)
 	}
-	var e Exec
+	// A command the server's effects policy holds is answered 202 with
+	// {"approval": {...}} instead of an Exec.
+	var e struct {
+		Exec
+		Approval *Approval `json:"approval"`
+	}
 	if err := s.c.doJSON(ctx, http.MethodPost, p, nil, body, &e); err != nil {
 		return nil, err
 	}
-	return &e, nil
+	if e.Approval != nil {
+		return nil, &HeldError{Approval: e.Approval}
+	}
+	return &e.Exec, nil
 }
 
 // GetExec returns one command of the sandbox, running or ended.

@@ -339,3 +339,21 @@ func StreamBytes(s result.Stream) ([]byte, error) {
 	}
 	return nil, fmt.Errorf("output has unknown encoding %q", s.Encoding)
 }
+
+// ApprovalOutcome is the answer to DecideApproval: the approval in its
+// final state and, when it was approved, what ran: Run for a held
+// one-shot run (already ended), Exec for a held command (running: follow
+// it with Sandbox.GetExec or Sandbox.Events).
+type ApprovalOutcome struct {
+	Approval Approval     `json:"approval"`
+	Run      *RunResponse `json:"run,omitempty"`
+	Exec     *Exec        `json:"exec,omitempty"`
+}
+
+// The states of an Approval.
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalDenied   = "denied"
+	ApprovalExpired  = "expired"
+)
