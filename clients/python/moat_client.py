@@ -34,6 +34,7 @@ __all__ = [
     "EventStream",
     "MoatError",
     "MoatConnectionError",
+    "MoatHeld",
     "stream_bytes",
     "file_name",
 ]
@@ -86,6 +87,20 @@ class MoatError(Exception):
         if self.request_id:
             s += " [request %s]" % self.request_id
         return s
+
+
+class MoatHeld(Exception):
+    """A command the server's effects policy held for a person's approval
+    (202 with ``{"approval": ...}``): it has not started. ``approval`` is
+    the pending approval (``id``, ``effects``, ``expires_at``); decide it
+    with ``Client.decide_approval``. A held one-shot ``run`` is not raised:
+    its answer has ``"approval"`` instead of ``"result"``."""
+
+    def __init__(self, approval: Mapping[str, Any]):
+        self.approval = dict(approval)
+        effects = "; ".join(str(e.get("detail", "")) for e in self.approval.get("effects") or [])
+        msg = "moat server: held for approval %s until %s" % (self.approval.get("id"), self.approval.get("expires_at"))
+        super().__init__(msg + (": " + effects if effects else ""))
 
 
 class MoatConnectionError(ConnectionError):
@@ -422,6 +437,20 @@ class Client:
                 body["stdin_encoding"] = enc
         return self._json("POST", "/v1/runs", body)
 
+    def list_approvals(self) -> List[Dict[str, Any]]:
+        """GET /v1/approvals: the key's runs and commands held for approval."""
+        return _list(self._json("GET", "/v1/approvals"), "approvals")
+
+    def decide_approval(self, approval_id: str, approve: bool, reason: str = "") -> Dict[str, Any]:
+        """POST /v1/approvals/{id}: approve or deny a held run or command;
+        reason goes to the audit log. Returns {"approval"} and, when
+        approved, "run" (the held run, ended) or "exec" (the held command,
+        running)."""
+        body: Dict[str, Any] = {"approve": bool(approve)}
+        if reason:
+            body["reason"] = reason
+        return self._json("POST", "/v1/approvals/" + _seg(approval_id), body)
+
     def get_run(self, run_id: str) -> Dict[str, Any]:
         """GET /v1/runs/{id}: a finished run again, while the server keeps it."""
         return self._json("GET", "/v1/runs/" + _seg(run_id))
@@ -467,6 +496,12 @@ class Client:
         if not doc:
             doc = self._json("GET", "/v1/sandboxes/" + _seg(sandbox_id))
         return doc
+
+
+def _not_held(doc: Dict[str, Any]) -> Dict[str, Any]:
+    if isinstance(doc, dict) and isinstance(doc.get("approval"), dict):
+        raise MoatHeld(doc["approval"])
+    return doc
 
 
 def _seg(s: str) -> str:
@@ -558,8 +593,8 @@ class Sandbox:
              stdin: Union[bytes, str, None] = None, stdin_open: bool = False) -> Dict[str, Any]:
         """Run a command and wait for it to end ("wait": true); returns the
         finished Exec, whose "result" holds exit_code, stdout, stderr..."""
-        return self.client._json("POST", self._path("/execs"),
-                                 _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, True))
+        return _not_held(self.client._json("POST", self._path("/execs"),
+                                           _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, True)))
 
     def start(self, argv: Optional[Iterable[str]] = None, *, code: Optional[str] = None,
               language: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
@@ -567,8 +602,8 @@ class Sandbox:
               stdin: Union[bytes, str, None] = None, stdin_open: bool = False) -> Dict[str, Any]:
         """Start a command and return at once ("wait": false) with the Exec
         in state "running"; follow it with events() or get_exec()."""
-        return self.client._json("POST", self._path("/execs"),
-                                 _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, False))
+        return _not_held(self.client._json("POST", self._path("/execs"),
+                                           _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, False)))
 
     def get_exec(self, exec_id: str) -> Dict[str, Any]:
         """One command, running or ended."""

@@ -21,6 +21,20 @@ from moat_client import Client, File, MoatConnectionError, MoatError  # noqa: E4
 KEY = "moat_k1_secret"
 
 
+APPROVAL = {"id": "ap-1", "state": "pending", "sandbox_id": "sb-1", "argv": ["sh", "x"],
+            "effects": [{"kind": "exec-fetched", "detail": "runs x, fetched from h", "commands": [0]}],
+            "created_at": "2026-01-02T03:04:05Z", "expires_at": "2026-01-02T03:09:05Z"}
+
+
+def held(call):
+    """The MoatHeld that call raises (a case fails when it returns)."""
+    try:
+        got = call()
+    except moat_client.MoatHeld as e:
+        return e
+    raise AssertionError("no MoatHeld; got %r" % (got,))
+
+
 class Seen:
     """One request as the fake received it."""
 
@@ -245,6 +259,20 @@ class TestRequests(FakeTest):
                  body={"code": "input()", "language": "python", "stdin_open": True, "timeout": "1.5s", "wait": False},
                  status=202, resp={"id": "e-2", "state": "running"},
                  check=lambda got: self.assertEqual(got["state"], "running")),
+            dict(name="a held command raises MoatHeld", call=lambda c: held(lambda: sb(c).exec(["sh", "x"])),
+                 method="POST", path="/v1/sandboxes/sb-1/execs", ctype="application/json",
+                 body={"argv": ["sh", "x"], "wait": True}, status=202, resp={"approval": APPROVAL},
+                 check=lambda got: self.assertEqual((got.approval["id"], "runs x, fetched from h" in str(got)), ("ap-1", True))),
+            dict(name="list approvals", call=lambda c: c.list_approvals(), method="GET", path="/v1/approvals",
+                 status=200, resp={"approvals": [APPROVAL]}, check=lambda got: self.assertEqual(got, [APPROVAL])),
+            dict(name="approve", call=lambda c: c.decide_approval("ap/1", True, "read it"), method="POST",
+                 path="/v1/approvals/ap%2F1", ctype="application/json", body={"approve": True, "reason": "read it"},
+                 status=200, resp={"approval": dict(APPROVAL, state="approved"), "exec": {"id": "e-3", "state": "running"}},
+                 check=lambda got: self.assertEqual(got["exec"]["id"], "e-3")),
+            dict(name="deny", call=lambda c: c.decide_approval("ap-1", False), method="POST",
+                 path="/v1/approvals/ap-1", ctype="application/json", body={"approve": False},
+                 status=200, resp={"approval": dict(APPROVAL, state="denied")},
+                 check=lambda got: self.assertEqual(got["approval"]["state"], "denied")),
             dict(name="get exec", call=lambda c: sb(c).get_exec("e-1"), method="GET", path="/v1/sandboxes/sb-1/execs/e-1",
                  status=200, resp=EXEC, check=lambda got: self.assertEqual(got["id"], "e-1")),
             dict(name="list execs", call=lambda c: sb(c).list_execs(), method="GET", path="/v1/sandboxes/sb-1/execs",
