@@ -32,6 +32,7 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/effects"
+	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
@@ -96,6 +97,9 @@ type Config struct {
 	// ApprovalTimeout is how long a held command waits for a decision
 	// before it is denied (--approval-timeout). Default 5m.
 	ApprovalTimeout time.Duration
+	// Incidents keeps evidence of the commands the effects policy denies
+	// (service.Config.Incidents). Nil: none.
+	Incidents *incident.Store
 }
 
 func (c *Config) setDefaults() error {
@@ -127,6 +131,7 @@ func (c *Config) serviceConfig() service.Config {
 		ReapInterval: c.ReapInterval, AccrueInterval: c.AccrueInterval,
 		Policy:  c.Policy,
 		Effects: c.Effects, NoEffects: c.NoEffects, ApprovalTimeout: c.ApprovalTimeout,
+		Incidents: c.Incidents,
 	}
 }
 

@@ -3,15 +3,18 @@ package service
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/effects"
+	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
@@ -103,9 +106,9 @@ func effectKey(e effects.Effect) string {
 
 // screen decides argv's effects against the policy. fx is the session the
 // analysis composes with (it is advanced: pass a clone); remembered are
-// the session's approved effects. It returns nil to run, or the refusal,
-// or the held effects (with their reasons).
-func screen(p *effects.Policy, fx *effects.Session, argv []string, remembered map[string]bool) (held []effects.Decided, e *Error) {
+// the session's approved effects. It returns nil, nil to run, or the
+// held effects or the denied ones (with their reasons).
+func screen(p *effects.Policy, fx *effects.Session, argv []string, remembered map[string]bool) (held, denied []effects.Decided) {
 	effs := fx.Exec(argv)
 	if p.RememberApprovals == effects.RememberSession && len(remembered) > 0 {
 		kept := effs[:0:0]
@@ -122,12 +125,52 @@ func screen(p *effects.Policy, fx *effects.Session, argv []string, remembered ma
 	case effects.Allow:
 		return nil, nil
 	case effects.Deny:
-		return nil, &Error{Kind: Forbidden, Field: "argv",
-			Message: "the command is refused by the operator's effects policy: " + plainEffects(v.Because) +
-				" (a different command, or an operator policy that allows it, is the fix)"}
+		return nil, v.Because
 	default:
 		return v.Because, nil
 	}
+}
+
+// refuse records a command the effects policy denied — an audit record
+// of kind approval, denied by policy, and an incident bundle when the
+// service keeps them (Config.Incidents) — and returns the refusal. A
+// denial is the policy catching something: it must not leave less trace
+// than a run that was let through.
+func (s *Service) refuse(key audit.Key, sandboxID string, m *manifest.Manifest, argv []string, denied []effects.Decided) *Error {
+	refusal := &Error{Kind: Forbidden, Field: "argv",
+		Message: "the command is refused by the operator's effects policy: " + plainEffects(denied) +
+			" (a different command, or an operator policy that allows it, is the fix)"}
+	id := "ap-" + NewID(8)
+	rec := auditRecord(id, audit.KindApproval, key.ID, sandboxID, m, argv)
+	if err := s.cfg.Auditor.Begin(rec); err != nil {
+		s.log.Error("audit: begin denial", "approval", id, "err", err)
+		return refusal
+	}
+	res := &result.Result{ID: id, Command: argv, Termination: result.Policy,
+		Error: ApprovalDenied + ": by the operator's effects policy"}
+	for _, d := range denied {
+		res.Violations = append(res.Violations, result.Violation{Kind: ViolationEffect, Detail: d.Effect.String()})
+	}
+	if st := s.cfg.Incidents; st != nil {
+		ev := *res
+		ev.Violations = slices.Clone(res.Violations)
+		for _, d := range denied {
+			ev.Violations = append(ev.Violations, result.Violation{Kind: "policy",
+				Detail: "refused before it started: " + d.Effect.Detail})
+		}
+		b, _ := json.Marshal(rec)
+		sum, err := st.Keep(&incident.Evidence{RunID: id, Key: key.ID, Manifest: m, Commands: [][]string{argv},
+			Result: &ev, ProcsNote: "none: the command was refused before anything started", Audit: b})
+		if err != nil {
+			s.log.Error("incident: keep denial", "approval", id, "err", err)
+		} else {
+			res.Incident = sum.ID
+		}
+	}
+	if err := s.cfg.Auditor.Finish(id, res, nil); err != nil {
+		s.log.Error("audit: finish denial", "approval", id, "err", err)
+	}
+	return refusal
 }
 
 // plainEffects says decided effects in plain words, with the policy's

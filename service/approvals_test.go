@@ -9,6 +9,7 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/effects"
+	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
 )
@@ -259,4 +260,68 @@ func TestPendingApprovalsBounded(t *testing.T) {
 	}
 	_, err = s.Run(t.Context(), keyA, service.RunArgs{Argv: argv})
 	held(t, err)
+}
+
+// TestDenialLeavesTrace: a command the effects policy denies is in the
+// audit log (kind approval, denied, its effects) and, when the service
+// keeps incidents, has an evidence bundle naming the key, the command and
+// the effect — one-shot runs and session commands alike.
+func TestDenialLeavesTrace(t *testing.T) {
+	denied := []string{"sh", "-c", "kill -9 1"}
+	tests := []struct {
+		name      string
+		session   bool
+		incidents bool
+	}{
+		{name: "one-shot run, evidence kept", incidents: true},
+		{name: "session command, evidence kept", session: true, incidents: true},
+		{name: "one-shot run, no incident store", incidents: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var st *incident.Store
+			if tc.incidents {
+				st = incident.Open(t.TempDir(), incident.Policy{})
+			}
+			s, be, au := newService(t, func(c *service.Config) { c.Incidents = st })
+			var err error
+			sandboxID := ""
+			if tc.session {
+				sb, cerr := s.CreateSandbox(t.Context(), keyA, service.SandboxArgs{})
+				if cerr != nil {
+					t.Fatal(cerr)
+				}
+				sandboxID = sb.ID
+				_, err = s.StartExec(t.Context(), keyA, sb.ID, service.ExecArgs{Argv: denied})
+			} else {
+				_, err = s.Run(t.Context(), keyA, service.RunArgs{Argv: denied})
+			}
+			wantKind(t, err, service.Forbidden, "argv")
+			if _, _, runs, _ := be.Counts(); runs != 0 {
+				t.Fatalf("the denied command ran (%d runs)", runs)
+			}
+			recs := au.Records(audit.KindApproval)
+			if len(recs) != 1 {
+				t.Fatalf("approval records %+v, want the denial", recs)
+			}
+			r := recs[0]
+			if r.Status != audit.Done || r.Termination != result.Policy || !strings.HasPrefix(r.Error, service.ApprovalDenied+": by the operator's effects policy") ||
+				r.KeyID != keyA.ID || r.SandboxID != sandboxID || len(r.Violations) == 0 || r.Violations[0].Kind != service.ViolationEffect ||
+				!strings.Contains(r.Violations[0].Detail, "kill-init") {
+				t.Errorf("denial record %+v", r)
+			}
+			if st == nil {
+				return
+			}
+			list, err := st.List()
+			if err != nil || len(list) != 1 {
+				t.Fatalf("incidents %+v, %v: want one bundle of the denial", list, err)
+			}
+			b := list[0]
+			if b.RunID != r.ID || b.Key != keyA.ID || len(b.Commands) != 1 || !slices.Equal(b.Commands[0], denied) ||
+				len(b.Reasons) == 0 || !strings.Contains(b.Reasons[0], "refused before it started") {
+				t.Errorf("bundle %+v", b)
+			}
+		})
+	}
 }

@@ -137,21 +137,21 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		// sb.mu for it is short, and it orders the session's commands.
 		sb.mu.Lock()
 		clone := sb.fx.Clone()
-		var held []effects.Decided
+		var held, denied []effects.Decided
 		if approved != nil {
 			clone.Exec(args.Argv)
 			for _, ef := range approved {
 				sb.remembered[effectKey(ef)] = true
 			}
 		} else {
-			held, e = screen(p, clone, args.Argv, sb.remembered)
+			held, denied = screen(p, clone, args.Argv, sb.remembered)
 		}
-		if e == nil && held == nil {
+		if denied == nil && held == nil {
 			sb.fx = clone
 		}
 		sb.mu.Unlock()
-		if e != nil {
-			return nil, e
+		if denied != nil {
+			return nil, s.refuse(key, sb.id, sb.manifest, args.Argv, denied)
 		}
 		if held != nil {
 			return nil, s.holdForApproval(key, sb.id, sb.manifest, args.Argv, held, nil, &args)

@@ -43,9 +43,9 @@ func (s *Service) run(ctx context.Context, key audit.Key, args RunArgs, approved
 	// image's entrypoint, which only the image's author wrote: it is not
 	// screened, as a manifest's image is the operator's choice.
 	if p := s.effectsPolicy(); p != nil && !approved && len(args.Argv) > 0 {
-		held, e := screen(p, effects.NewSession(), args.Argv, nil)
-		if e != nil {
-			return RunResponse{}, e
+		held, denied := screen(p, effects.NewSession(), args.Argv, nil)
+		if denied != nil {
+			return RunResponse{}, s.refuse(key, "", args.Manifest, args.Argv, denied)
 		}
 		if held != nil {
 			a := args

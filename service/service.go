@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/effects"
+	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 )
@@ -84,6 +85,10 @@ type Config struct {
 	Effects *effects.Policy
 	// NoEffects turns the analysis off (--effects-policy off).
 	NoEffects bool
+	// Incidents, when set, keeps an evidence bundle of every command the
+	// effects policy denies (the engine keeps those of flagged runs).
+	// Nil: none.
+	Incidents *incident.Store
 	// ApprovalTimeout is how long a held command waits for a decision
 	// before it is denied (--approval-timeout). Default 5m.
 	ApprovalTimeout time.Duration

@@ -177,6 +177,7 @@ func cmdServe(args []string) int {
 		Effects:         fx,
 		NoEffects:       fx == nil,
 		ApprovalTimeout: *approvalTTL,
+		Incidents:       opts.Incidents,
 	})
 	if err != nil {
 		return fail(usageError{err})

@@ -134,3 +134,16 @@ func (a *Auditor) Unfinished() []string {
 	}
 	return ids
 }
+
+// Records returns copies of the records of kind, in no order.
+func (a *Auditor) Records(kind audit.Kind) []audit.Record {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []audit.Record
+	for _, r := range a.records {
+		if r.Kind == kind {
+			out = append(out, *r)
+		}
+	}
+	return out
+}
