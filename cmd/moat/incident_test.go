@@ -118,12 +118,12 @@ func TestIncidentPolicyEnv(t *testing.T) {
 // none.
 func TestRunKeepsIncident(t *testing.T) {
 	needSandbox(t)
-	res, _ := runJSON(t, invocation{args: []string{"--no-incidents", "--canaries", "--", "cat", ".aws/credentials"}, env: []string{"MOAT_INCIDENTS=on"}})
+	res, _ := runJSON(t, invocation{args: []string{"--no-incidents", "--canaries", "--approve", "--", "cat", ".aws/credentials"}, env: []string{"MOAT_INCIDENTS=on"}})
 	if res.Incident != "" {
 		t.Errorf("--no-incidents kept incident %s", res.Incident)
 	}
 	on := []string{"MOAT_INCIDENTS=on"}
-	res, _ = runJSON(t, invocation{args: []string{"--canaries", "--", "cat", ".aws/credentials"}, env: on})
+	res, _ = runJSON(t, invocation{args: []string{"--canaries", "--approve", "--", "cat", ".aws/credentials"}, env: on})
 	if res.Incident == "" {
 		t.Fatalf("a canary run kept no incident: violations %v degradations %v", res.Violations, res.Degradations)
 	}
