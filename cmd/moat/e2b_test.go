@@ -28,13 +28,15 @@ import (
 )
 
 // e2bSDK is the node_modules directory scripts/setup installs the pinned
-// e2b npm package into (keyed by the lock's digest), or $MOAT_E2B_SDK.
-func e2bSDK(t *testing.T) string {
+// e2b npm package of dir (testdata/e2b, or one of its release
+// subdirectories) into, keyed by the lock's digest; $MOAT_E2B_SDK
+// replaces the newest (testdata/e2b).
+func e2bSDK(t *testing.T, dir string) string {
 	t.Helper()
-	if d := os.Getenv("MOAT_E2B_SDK"); d != "" {
+	if d := os.Getenv("MOAT_E2B_SDK"); d != "" && dir == "testdata/e2b" {
 		return d
 	}
-	lock, err := os.ReadFile("testdata/e2b/package-lock.json")
+	lock, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,11 +44,25 @@ func e2bSDK(t *testing.T) string {
 	return filepath.Join("/var/cache/moat/e2b-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
 }
 
+// e2bReleases are the e2b npm releases TestServeE2BSDK drives, each
+// pinned by its lockfile: the newest the registry serves (testdata/e2b)
+// and older ones teams may have pinned, which send allow_internet_access
+// true on every create and refuse a key not spelled e2b_<hex> (so they
+// get a Moat key from moat keys create --e2b).
+var e2bReleases = []struct {
+	version, dir string
+	e2bKey       bool
+}{
+	{"2.51.0", "testdata/e2b", false},
+	{"2.50.0", "testdata/e2b/2.50.0", true},
+	{"2.45.0", "testdata/e2b/2.45.0", true},
+}
+
 // The checks sdk.cjs runs; each must print "ok <name>".
 var e2bChecks = []string{
-	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "watchDir",
-	"path-traversal", "oversized-upload", "list", "setTimeout", "connect", "wrong-key", "other-key",
-	"never-existed", "refused-fields", "kill-sandbox", "times-out",
+	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "watchDir",
+	"path-traversal", "oversized-upload", "list", "list-order", "setTimeout", "connect", "wrong-key", "other-key",
+	"never-existed", "refused-fields", "internet", "kill-sandbox", "times-out",
 }
 
 // TestServeE2BSDK drives `moat serve --e2b` with the real E2B JavaScript
@@ -55,10 +71,6 @@ var e2bChecks = []string{
 // the same id, and gone without residue.
 func TestServeE2BSDK(t *testing.T) {
 	needRoot(t)
-	sdk := e2bSDK(t)
-	if _, err := os.Stat(filepath.Join(sdk, "e2b", "package.json")); err != nil {
-		t.Skipf("the e2b npm package is not installed at %s (scripts/setup installs it): %v", sdk, err)
-	}
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("needs node (scripts/setup installs nodejs): " + err.Error())
@@ -150,47 +162,69 @@ func TestServeE2BSDK(t *testing.T) {
 		}
 	})
 
-	var ids []string // the SDK's sandboxes, main and timed out
-	t.Run("sdk", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, node, "testdata/e2b/sdk.cjs")
-		cmd.Env = append(os.Environ(),
-			"NODE_PATH="+sdk,
-			"E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url,
-			"E2B_API_KEY="+key, "E2B_OTHER_KEY="+other,
-			"E2B_MAX_BODY=1048576",
-		)
-		out, err := cmd.CombinedOutput()
-		t.Logf("sdk.cjs:\n%s", out)
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatal(err)
-		}
-		for _, name := range e2bChecks {
-			if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {
-				t.Errorf("check %s did not pass", name)
+	var ids []string // the SDK's sandboxes, main and timed out, of every release
+	var mains []string
+	for _, rel := range e2bReleases {
+		t.Run("sdk "+rel.version, func(t *testing.T) {
+			sdk := e2bSDK(t, rel.dir)
+			if _, err := os.Stat(filepath.Join(sdk, "e2b", "package.json")); err != nil {
+				t.Skipf("the e2b npm package %s is not installed at %s (scripts/setup installs it): %v", rel.version, sdk, err)
 			}
-		}
-		if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
-			t.Fatalf("sdk.cjs failed: %v", err)
-		}
-		main := regexp.MustCompile(`(?m)^sandbox (\S+)$`).FindSubmatch(out)
-		timed := regexp.MustCompile(`(?m)^timeout-sandbox (\S+)$`).FindSubmatch(out)
-		if main == nil || timed == nil {
-			t.Fatal("sdk.cjs did not name its sandboxes")
-		}
-		ids = []string{string(main[1]), string(timed[1])}
-		for _, id := range ids {
-			// A killed or expired sandbox is "deleting" until its
-			// destruction is over, then unknown.
-			waitFor(t, "sandbox "+id+" to be gone from Moat's API", func() bool {
-				var apiErr *client.Error
-				_, err := s.client(t).GetSandbox(context.Background(), id)
-				return errors.As(err, &apiErr) && apiErr.Code == client.CodeNotFound
-			})
-		}
-	})
+			key, other := key, other
+			if rel.e2bKey {
+				// The older SDKs refuse anything but e2b_<hex> before
+				// sending it: the same kind of Moat key, in its E2B
+				// spelling.
+				key, other = createKey(t, home, "--e2b"), createKey(t, home, "--e2b")
+				if !regexp.MustCompile(`^e2b_[0-9a-f]+$`).MatchString(key) {
+					t.Fatalf("moat keys create --e2b printed %q, which e2b %s refuses", key, rel.version)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, node, "testdata/e2b/sdk.cjs")
+			cmd.Env = append(os.Environ(),
+				"NODE_PATH="+sdk,
+				"E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url,
+				"E2B_API_KEY="+key, "E2B_OTHER_KEY="+other,
+				"E2B_MAX_BODY=1048576", "E2B_RUN="+rel.version,
+			)
+			out, err := cmd.CombinedOutput()
+			t.Logf("sdk.cjs:\n%s", out)
+			var exit *exec.ExitError
+			if err != nil && !errors.As(err, &exit) {
+				t.Fatal(err)
+			}
+			if !bytes.Contains(out, []byte("\ne2b "+rel.version+"\n")) && !bytes.HasPrefix(out, []byte("e2b "+rel.version+"\n")) {
+				t.Errorf("sdk.cjs did not run e2b %s", rel.version)
+			}
+			for _, name := range e2bChecks {
+				if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {
+					t.Errorf("check %s did not pass", name)
+				}
+			}
+			if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
+				t.Fatalf("sdk.cjs failed: %v", err)
+			}
+			main := regexp.MustCompile(`(?m)^sandbox (\S+)$`).FindSubmatch(out)
+			timed := regexp.MustCompile(`(?m)^timeout-sandbox (\S+)$`).FindSubmatch(out)
+			if main == nil || timed == nil {
+				t.Fatal("sdk.cjs did not name its sandboxes")
+			}
+			mine := []string{string(main[1]), string(timed[1])}
+			for _, id := range mine {
+				// A killed or expired sandbox is "deleting" until its
+				// destruction is over, then unknown.
+				waitFor(t, "sandbox "+id+" to be gone from Moat's API", func() bool {
+					var apiErr *client.Error
+					_, err := s.client(t).GetSandbox(context.Background(), id)
+					return errors.As(err, &apiErr) && apiErr.Code == client.CodeNotFound
+				})
+			}
+			ids = append(ids, mine...)
+			mains = append(mains, mine[0])
+		})
+	}
 
 	// Shutdown waits for every record to be finished.
 	s.terminate(t, time.Minute)
@@ -211,16 +245,19 @@ func TestServeE2BSDK(t *testing.T) {
 			t.Errorf("sandbox %s: audit record not finished or without key: %+v", id, recs[i])
 		}
 	}
-	execs := 0
-	for _, r := range recs {
-		if r.Kind == audit.KindExec && r.SandboxID == ids[0] {
-			execs++
+	for _, main := range mains {
+		execs := 0
+		for _, r := range recs {
+			if r.Kind == audit.KindExec && r.SandboxID == main {
+				execs++
+			}
 		}
-	}
-	// sdk.cjs runs 8 commands in its main sandbox (run, run-fails, envs,
-	// background, kill, stdin, files' cat, connect's cat).
-	if execs != 8 {
-		t.Errorf("%d commands of sandbox %s audited, want the 8 the SDK ran", execs, ids[0])
+		// sdk.cjs runs 8 commands in its main sandbox (run, run-fails,
+		// envs, background, kill, stdin, files' cat, connect's cat); the
+		// ones it asks to run as root are refused before they start.
+		if execs != 8 {
+			t.Errorf("%d commands of sandbox %s audited, want the 8 the SDK ran", execs, main)
+		}
 	}
 }
 

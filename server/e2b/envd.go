@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"net/url"
 	"path"
 	"strings"
 
@@ -67,12 +68,10 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		}
 		key = k
 	}
-	if msg := refusedUser(r); msg != "" {
-		if r.URL.Path == "/files" {
-			writeJSON(w, http.StatusBadRequest, apiError{http.StatusBadRequest, msg})
-		} else {
-			writeRPCError(w, http.StatusBadRequest, rpcErr(connect.CodeInvalidArgument, "%s", msg))
-		}
+	// RPCs are checked by userInterceptor, so that a streaming call gets
+	// its refusal in Connect's streaming form.
+	if msg := refusedUser(r.Header, r.URL.Query()); msg != "" && r.URL.Path == "/files" {
+		writeJSON(w, http.StatusBadRequest, apiError{http.StatusBadRequest, msg})
 		return
 	}
 	c := &envdCall{h: h, svc: h.svc, b: b, key: key}
@@ -133,6 +132,32 @@ func e2bPath(rel string) string {
 // one Moat's do.
 const defaultUser = "user"
 
+// userInterceptor refuses an RPC whose user refusedUser refuses, with
+// invalid_argument (the SDKs' InvalidArgumentError).
+type userInterceptor struct{}
+
+func (userInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if msg := refusedUser(req.Header(), nil); msg != "" {
+			return nil, rpcErr(connect.CodeInvalidArgument, "%s", msg)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (userInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (userInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if msg := refusedUser(conn.RequestHeader(), nil); msg != "" {
+			return rpcErr(connect.CodeInvalidArgument, "%s", msg)
+		}
+		return next(ctx, conn)
+	}
+}
+
 // refusedUser says why the user a request asks to act as (the SDKs'
 // `user` option: "Authorization: Basic base64(<user>:)" on RPCs,
 // ?username= on /files) is refused, or "" for none or E2B's default user.
@@ -140,9 +165,9 @@ const defaultUser = "user"
 // capabilities; it refuses root rather than ignore it, since a program
 // that asked for root and silently got less would fail later in a way
 // that hides the cause.
-func refusedUser(r *http.Request) string {
-	users := r.URL.Query()["username"]
-	if a := r.Header.Get("Authorization"); a != "" {
+func refusedUser(h http.Header, q url.Values) string {
+	users := q["username"]
+	if a := h.Get("Authorization"); a != "" {
 		scheme, cred, _ := strings.Cut(a, " ")
 		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
 		if !strings.EqualFold(scheme, "Basic") || err != nil {
