@@ -145,11 +145,33 @@ func TestServeE2BSDK(t *testing.T) {
 		if err := json.Unmarshal(body, &e); status != http.StatusNotFound || err != nil || e.Code != 404 || e.Message == "" {
 			t.Errorf("a sandbox deleted through Moat's API, through E2B's: %d %s", status, body)
 		}
+		// What e2b before 2.51 sends on every create: by default the
+		// sandbox gets loopback only, and the answer says so.
+		req, _ := http.NewRequest("POST", s.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"base","timeout":30,"secure":true,"allow_internet_access":true}`))
+		req.Header.Set("X-API-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inet struct{ SandboxID string }
+		json.NewDecoder(resp.Body).Decode(&inet)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || !strings.Contains(resp.Header.Get("X-Moat-Notice"), "no network beyond loopback") {
+			t.Errorf("allow_internet_access true: %d, notice %q", resp.StatusCode, resp.Header.Get("X-Moat-Notice"))
+		}
+		if inet.SandboxID != "" {
+			if _, err := c.DeleteSandbox(context.Background(), inet.SandboxID); err != nil {
+				t.Error(err)
+			}
+		}
 		for _, tc := range []struct {
 			name, key, body string
 			status          int
 		}{
 			{"wrong key", "moat_x_y", `{"templateID":"base"}`, 401},
+			{"E2B cloud key", "e2b_" + strings.Repeat("0", 40), `{"templateID":"base"}`, 401},
+			{"absurd timeout", key, `{"templateID":"base","timeout":18446744074}`, 400},
 			{"unknown field", key, `{"templateID":"base","secureX":true}`, 400},
 			{"auto pause", key, `{"templateID":"base","autoPause":true}`, 400},
 			{"deny list", key, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
@@ -318,4 +340,55 @@ func (i *headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc
 
 func (i *headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// TestE2BFlags: --e2b-internet is checked before the server starts, and
+// moat keys create --e2b prints a key the older E2B SDKs accept that is
+// the same key as its Moat spelling.
+func TestE2BFlags(t *testing.T) {
+	home := t.TempDir()
+	tests := []struct {
+		name    string
+		args    []string
+		code    int
+		wantErr []string
+	}{
+		{"internet without --e2b", []string{"serve", "--e2b-internet", "pypi.org"}, exitUsage, []string{"--e2b-internet needs --e2b"}},
+		{"open internet", []string{"serve", "--e2b", "--e2b-internet", "*"}, exitUsage, []string{"--e2b-internet", "open internet"}},
+		{"open internet CIDR", []string{"serve", "--e2b", "--e2b-internet", "pypi.org,0.0.0.0/0"}, exitUsage, []string{"open internet"}},
+		{"not a host", []string{"serve", "--e2b", "--e2b-internet", "not a host!"}, exitUsage, []string{"--e2b-internet", "not a host!"}},
+		{"empty entry", []string{"serve", "--e2b", "--e2b-internet", "pypi.org,"}, exitUsage, []string{"empty entry"}},
+		{"help names it", []string{"serve", "--help"}, 0, []string{"-e2b-internet", "refuse"}},
+		{"keys help names --e2b", []string{"keys", "create", "--help"}, 0, []string{"-e2b", "e2b_"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := moat(t, invocation{args: tc.args, env: []string{"MOAT_HOME=" + home}})
+			if tc.code == 0 {
+				// Help goes to stdout or stderr depending on the command.
+				out.stderr += out.stdout
+			}
+			out.check(t, tc.code, nil, tc.wantErr, nil)
+		})
+	}
+	t.Run("keys create --e2b", func(t *testing.T) {
+		out := moat(t, invocation{args: []string{"keys", "create", "--name", "e2b", "--e2b"}, env: []string{"MOAT_HOME=" + home}})
+		out.check(t, 0, []string{"e2b_"}, []string{"E2B_API_KEY"}, nil)
+		tok := strings.TrimSpace(out.stdout)
+		if !regexp.MustCompile(`^e2b_[0-9a-f]{76}$`).MatchString(tok) {
+			t.Fatalf("printed %q, not e2b_ and 76 hex digits", tok)
+		}
+		st, err := audit.Open(filepath.Join(home, "audit.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		moatTok, ok := audit.FromE2BToken(tok)
+		if !ok {
+			t.Fatalf("%q is not a Moat key's E2B spelling", tok)
+		}
+		if k, err := st.Authenticate(moatTok); err != nil || k.Name != "e2b" {
+			t.Errorf("the key behind %q: %+v, %v", tok, k, err)
+		}
+	})
 }
