@@ -267,3 +267,31 @@ func isLowerHex(s string) bool {
 	}
 	return true
 }
+
+// e2bPrefix starts a token's E2B spelling (E2BToken).
+const e2bPrefix = "e2b_"
+
+// E2BToken is token in the spelling the E2B SDKs accept: releases 2.2x to
+// 2.50 of the `e2b` npm package refuse, before sending anything, a key
+// that is not "e2b_" and hex digits. It is the same key, lossless:
+// "e2b_" + the id's 12 hex digits + the secret's 64, so the E2B layer
+// turns it back with FromE2BToken and nothing else stores or accepts it.
+// ok is false when token is not a token CreateKey produces.
+func E2BToken(token string) (e2b string, ok bool) {
+	id, secret, ok := parseToken(token)
+	if !ok {
+		return "", false
+	}
+	return e2bPrefix + id[1:] + hex.EncodeToString(secret), true
+}
+
+// FromE2BToken is the Moat token an E2BToken spelling stands for, or ok
+// false when s is not one (any other "e2b_" key, such as one of E2B's
+// cloud, is not a Moat key).
+func FromE2BToken(s string) (token string, ok bool) {
+	rest, found := strings.CutPrefix(s, e2bPrefix)
+	if !found || len(rest) != idHexLen+secretHexLen || !isLowerHex(rest) {
+		return "", false
+	}
+	return tokenPrefix + "k" + rest[:idHexLen] + "_" + rest[idHexLen:], true
+}

@@ -35,7 +35,7 @@ import (
 // are N=100, BURST=100.
 func TestE2BBenchmark(t *testing.T) {
 	needRoot(t)
-	sdk := e2bSDK(t)
+	sdk := e2bSDK(t, "testdata/e2b")
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("needs node: " + err.Error())

@@ -28,13 +28,15 @@ import (
 )
 
 // e2bSDK is the node_modules directory scripts/setup installs the pinned
-// e2b npm package into (keyed by the lock's digest), or $MOAT_E2B_SDK.
-func e2bSDK(t *testing.T) string {
+// e2b npm package of dir (testdata/e2b, or one of its release
+// subdirectories) into, keyed by the lock's digest; $MOAT_E2B_SDK
+// replaces the newest (testdata/e2b).
+func e2bSDK(t *testing.T, dir string) string {
 	t.Helper()
-	if d := os.Getenv("MOAT_E2B_SDK"); d != "" {
+	if d := os.Getenv("MOAT_E2B_SDK"); d != "" && dir == "testdata/e2b" {
 		return d
 	}
-	lock, err := os.ReadFile("testdata/e2b/package-lock.json")
+	lock, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,11 +44,25 @@ func e2bSDK(t *testing.T) string {
 	return filepath.Join("/var/cache/moat/e2b-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
 }
 
+// e2bReleases are the e2b npm releases TestServeE2BSDK drives, each
+// pinned by its lockfile: the newest the registry serves (testdata/e2b)
+// and older ones teams may have pinned, which send allow_internet_access
+// true on every create and refuse a key not spelled e2b_<hex> (so they
+// get a Moat key from moat keys create --e2b).
+var e2bReleases = []struct {
+	version, dir string
+	e2bKey       bool
+}{
+	{"2.51.0", "testdata/e2b", false},
+	{"2.50.0", "testdata/e2b/2.50.0", true},
+	{"2.45.0", "testdata/e2b/2.45.0", true},
+}
+
 // The checks sdk.cjs runs; each must print "ok <name>".
 var e2bChecks = []string{
-	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "watchDir",
-	"path-traversal", "oversized-upload", "list", "setTimeout", "connect", "wrong-key", "other-key",
-	"never-existed", "refused-fields", "kill-sandbox", "times-out",
+	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "watchDir",
+	"path-traversal", "oversized-upload", "list", "list-order", "setTimeout", "connect", "wrong-key", "other-key",
+	"never-existed", "refused-fields", "internet", "kill-sandbox", "times-out",
 }
 
 // TestServeE2BSDK drives `moat serve --e2b` with the real E2B JavaScript
@@ -55,10 +71,6 @@ var e2bChecks = []string{
 // the same id, and gone without residue.
 func TestServeE2BSDK(t *testing.T) {
 	needRoot(t)
-	sdk := e2bSDK(t)
-	if _, err := os.Stat(filepath.Join(sdk, "e2b", "package.json")); err != nil {
-		t.Skipf("the e2b npm package is not installed at %s (scripts/setup installs it): %v", sdk, err)
-	}
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("needs node (scripts/setup installs nodejs): " + err.Error())
@@ -133,11 +145,33 @@ func TestServeE2BSDK(t *testing.T) {
 		if err := json.Unmarshal(body, &e); status != http.StatusNotFound || err != nil || e.Code != 404 || e.Message == "" {
 			t.Errorf("a sandbox deleted through Moat's API, through E2B's: %d %s", status, body)
 		}
+		// What e2b before 2.51 sends on every create: by default the
+		// sandbox gets loopback only, and the answer says so.
+		req, _ := http.NewRequest("POST", s.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"base","timeout":30,"secure":true,"allow_internet_access":true}`))
+		req.Header.Set("X-API-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inet struct{ SandboxID string }
+		json.NewDecoder(resp.Body).Decode(&inet)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || !strings.Contains(resp.Header.Get("X-Moat-Notice"), "no network beyond loopback") {
+			t.Errorf("allow_internet_access true: %d, notice %q", resp.StatusCode, resp.Header.Get("X-Moat-Notice"))
+		}
+		if inet.SandboxID != "" {
+			if _, err := c.DeleteSandbox(context.Background(), inet.SandboxID); err != nil {
+				t.Error(err)
+			}
+		}
 		for _, tc := range []struct {
 			name, key, body string
 			status          int
 		}{
 			{"wrong key", "moat_x_y", `{"templateID":"base"}`, 401},
+			{"E2B cloud key", "e2b_" + strings.Repeat("0", 40), `{"templateID":"base"}`, 401},
+			{"absurd timeout", key, `{"templateID":"base","timeout":18446744074}`, 400},
 			{"unknown field", key, `{"templateID":"base","secureX":true}`, 400},
 			{"auto pause", key, `{"templateID":"base","autoPause":true}`, 400},
 			{"deny list", key, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
@@ -150,47 +184,69 @@ func TestServeE2BSDK(t *testing.T) {
 		}
 	})
 
-	var ids []string // the SDK's sandboxes, main and timed out
-	t.Run("sdk", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, node, "testdata/e2b/sdk.cjs")
-		cmd.Env = append(os.Environ(),
-			"NODE_PATH="+sdk,
-			"E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url,
-			"E2B_API_KEY="+key, "E2B_OTHER_KEY="+other,
-			"E2B_MAX_BODY=1048576",
-		)
-		out, err := cmd.CombinedOutput()
-		t.Logf("sdk.cjs:\n%s", out)
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatal(err)
-		}
-		for _, name := range e2bChecks {
-			if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {
-				t.Errorf("check %s did not pass", name)
+	var ids []string // the SDK's sandboxes, main and timed out, of every release
+	var mains []string
+	for _, rel := range e2bReleases {
+		t.Run("sdk "+rel.version, func(t *testing.T) {
+			sdk := e2bSDK(t, rel.dir)
+			if _, err := os.Stat(filepath.Join(sdk, "e2b", "package.json")); err != nil {
+				t.Skipf("the e2b npm package %s is not installed at %s (scripts/setup installs it): %v", rel.version, sdk, err)
 			}
-		}
-		if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
-			t.Fatalf("sdk.cjs failed: %v", err)
-		}
-		main := regexp.MustCompile(`(?m)^sandbox (\S+)$`).FindSubmatch(out)
-		timed := regexp.MustCompile(`(?m)^timeout-sandbox (\S+)$`).FindSubmatch(out)
-		if main == nil || timed == nil {
-			t.Fatal("sdk.cjs did not name its sandboxes")
-		}
-		ids = []string{string(main[1]), string(timed[1])}
-		for _, id := range ids {
-			// A killed or expired sandbox is "deleting" until its
-			// destruction is over, then unknown.
-			waitFor(t, "sandbox "+id+" to be gone from Moat's API", func() bool {
-				var apiErr *client.Error
-				_, err := s.client(t).GetSandbox(context.Background(), id)
-				return errors.As(err, &apiErr) && apiErr.Code == client.CodeNotFound
-			})
-		}
-	})
+			key, other := key, other
+			if rel.e2bKey {
+				// The older SDKs refuse anything but e2b_<hex> before
+				// sending it: the same kind of Moat key, in its E2B
+				// spelling.
+				key, other = createKey(t, home, "--e2b"), createKey(t, home, "--e2b")
+				if !regexp.MustCompile(`^e2b_[0-9a-f]+$`).MatchString(key) {
+					t.Fatalf("moat keys create --e2b printed %q, which e2b %s refuses", key, rel.version)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, node, "testdata/e2b/sdk.cjs")
+			cmd.Env = append(os.Environ(),
+				"NODE_PATH="+sdk,
+				"E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url,
+				"E2B_API_KEY="+key, "E2B_OTHER_KEY="+other,
+				"E2B_MAX_BODY=1048576", "E2B_RUN="+rel.version,
+			)
+			out, err := cmd.CombinedOutput()
+			t.Logf("sdk.cjs:\n%s", out)
+			var exit *exec.ExitError
+			if err != nil && !errors.As(err, &exit) {
+				t.Fatal(err)
+			}
+			if !bytes.Contains(out, []byte("\ne2b "+rel.version+"\n")) && !bytes.HasPrefix(out, []byte("e2b "+rel.version+"\n")) {
+				t.Errorf("sdk.cjs did not run e2b %s", rel.version)
+			}
+			for _, name := range e2bChecks {
+				if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {
+					t.Errorf("check %s did not pass", name)
+				}
+			}
+			if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
+				t.Fatalf("sdk.cjs failed: %v", err)
+			}
+			main := regexp.MustCompile(`(?m)^sandbox (\S+)$`).FindSubmatch(out)
+			timed := regexp.MustCompile(`(?m)^timeout-sandbox (\S+)$`).FindSubmatch(out)
+			if main == nil || timed == nil {
+				t.Fatal("sdk.cjs did not name its sandboxes")
+			}
+			mine := []string{string(main[1]), string(timed[1])}
+			for _, id := range mine {
+				// A killed or expired sandbox is "deleting" until its
+				// destruction is over, then unknown.
+				waitFor(t, "sandbox "+id+" to be gone from Moat's API", func() bool {
+					var apiErr *client.Error
+					_, err := s.client(t).GetSandbox(context.Background(), id)
+					return errors.As(err, &apiErr) && apiErr.Code == client.CodeNotFound
+				})
+			}
+			ids = append(ids, mine...)
+			mains = append(mains, mine[0])
+		})
+	}
 
 	// Shutdown waits for every record to be finished.
 	s.terminate(t, time.Minute)
@@ -211,16 +267,19 @@ func TestServeE2BSDK(t *testing.T) {
 			t.Errorf("sandbox %s: audit record not finished or without key: %+v", id, recs[i])
 		}
 	}
-	execs := 0
-	for _, r := range recs {
-		if r.Kind == audit.KindExec && r.SandboxID == ids[0] {
-			execs++
+	for _, main := range mains {
+		execs := 0
+		for _, r := range recs {
+			if r.Kind == audit.KindExec && r.SandboxID == main {
+				execs++
+			}
 		}
-	}
-	// sdk.cjs runs 8 commands in its main sandbox (run, run-fails, envs,
-	// background, kill, stdin, files' cat, connect's cat).
-	if execs != 8 {
-		t.Errorf("%d commands of sandbox %s audited, want the 8 the SDK ran", execs, ids[0])
+		// sdk.cjs runs 8 commands in its main sandbox (run, run-fails,
+		// envs, background, kill, stdin, files' cat, connect's cat); the
+		// ones it asks to run as root are refused before they start.
+		if execs != 8 {
+			t.Errorf("%d commands of sandbox %s audited, want the 8 the SDK ran", execs, main)
+		}
 	}
 }
 
@@ -281,4 +340,55 @@ func (i *headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc
 
 func (i *headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// TestE2BFlags: --e2b-internet is checked before the server starts, and
+// moat keys create --e2b prints a key the older E2B SDKs accept that is
+// the same key as its Moat spelling.
+func TestE2BFlags(t *testing.T) {
+	home := t.TempDir()
+	tests := []struct {
+		name    string
+		args    []string
+		code    int
+		wantErr []string
+	}{
+		{"internet without --e2b", []string{"serve", "--e2b-internet", "pypi.org"}, exitUsage, []string{"--e2b-internet needs --e2b"}},
+		{"open internet", []string{"serve", "--e2b", "--e2b-internet", "*"}, exitUsage, []string{"--e2b-internet", "open internet"}},
+		{"open internet CIDR", []string{"serve", "--e2b", "--e2b-internet", "pypi.org,0.0.0.0/0"}, exitUsage, []string{"open internet"}},
+		{"not a host", []string{"serve", "--e2b", "--e2b-internet", "not a host!"}, exitUsage, []string{"--e2b-internet", "not a host!"}},
+		{"empty entry", []string{"serve", "--e2b", "--e2b-internet", "pypi.org,"}, exitUsage, []string{"empty entry"}},
+		{"help names it", []string{"serve", "--help"}, 0, []string{"-e2b-internet", "refuse"}},
+		{"keys help names --e2b", []string{"keys", "create", "--help"}, 0, []string{"-e2b", "e2b_"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := moat(t, invocation{args: tc.args, env: []string{"MOAT_HOME=" + home}})
+			if tc.code == 0 {
+				// Help goes to stdout or stderr depending on the command.
+				out.stderr += out.stdout
+			}
+			out.check(t, tc.code, nil, tc.wantErr, nil)
+		})
+	}
+	t.Run("keys create --e2b", func(t *testing.T) {
+		out := moat(t, invocation{args: []string{"keys", "create", "--name", "e2b", "--e2b"}, env: []string{"MOAT_HOME=" + home}})
+		out.check(t, 0, []string{"e2b_"}, []string{"E2B_API_KEY"}, nil)
+		tok := strings.TrimSpace(out.stdout)
+		if !regexp.MustCompile(`^e2b_[0-9a-f]{76}$`).MatchString(tok) {
+			t.Fatalf("printed %q, not e2b_ and 76 hex digits", tok)
+		}
+		st, err := audit.Open(filepath.Join(home, "audit.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		moatTok, ok := audit.FromE2BToken(tok)
+		if !ok {
+			t.Fatalf("%q is not a Moat key's E2B spelling", tok)
+		}
+		if k, err := st.Authenticate(moatTok); err != nil || k.Name != "e2b" {
+			t.Errorf("the key behind %q: %+v, %v", tok, k, err)
+		}
+	})
 }

@@ -19,15 +19,16 @@ import (
 )
 
 const keysUsage = `Usage:
-  moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--secret NAME...]
+  moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--e2b] [--secret NAME...]
   moat keys list [--json]
   moat keys revoke ID
   moat keys grant ID SECRET
   moat keys ungrant ID SECRET
 
 Manages the API keys of moat serve. create prints the new key's token
-(moat_<id>_<secret>) on stdout, once: the database keeps only a SHA-256
-of its secret, so it cannot be shown again. list shows every key, revoked
+(moat_<id>_<secret>, or with --e2b the same key spelled e2b_<hex> for the
+E2B SDKs) on stdout, once: the database keeps only a SHA-256 of its
+secret, so it cannot be shown again. list shows every key, revoked
 ones included; revoke refuses the key from its next request on. grant lets
 the key's manifests name the stored secret SECRET (moat secrets add);
 ungrant takes it back. A key starts with no secrets.
@@ -58,11 +59,12 @@ func cmdKeys(args []string) int {
 }
 
 func keysCreate(args []string) int {
-	fs := newFlags("keys create", "Usage: moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--secret NAME...]\n\n"+
+	fs := newFlags("keys create", "Usage: moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--e2b] [--secret NAME...]\n\n"+
 		"Creates an API key for moat serve and prints its token on stdout. The token is\n"+
 		"shown once: Moat keeps only a hash of it.\n\nFlags:\n")
 	db := dbFlag(fs)
 	name := fs.String("name", "", "the key's `NAME`, 1 to 64 printable characters, e.g. agent-1 (required)")
+	e2bForm := fs.Bool("e2b", false, "print the token in the spelling the E2B SDKs require (e2b_ and hex digits; e2b JS 2.2x-2.50 refuse any other) for E2B_API_KEY with moat serve --e2b; the same key")
 	admin := fs.Bool("admin", false, "an admin key: it may also read what concerns the whole server (GET /metrics); give it to monitoring, never to a tenant")
 	var secrets []string
 	fs.Func("secret", "grant the stored secret `NAME` to the key (repeat for more; moat keys grant adds more later)", func(s string) error {
@@ -126,10 +128,20 @@ func keysCreate(args []string) int {
 			return fail(fmt.Errorf("%w (key %s revoked; create it again)", err, k.ID))
 		}
 	}
+	use := "Use it as: Authorization: Bearer <token>\n"
+	if *e2bForm {
+		e2b, ok := audit.E2BToken(token)
+		if !ok {
+			return fail(fmt.Errorf("key %s: its token has no E2B spelling (a bug: please report it)", k.ID))
+		}
+		token = e2b
+		use = "Use it as E2B_API_KEY with moat serve --e2b. Moat's own API takes the same key as\n" +
+			"moat_k<its first 12 hex digits>_<the other 64>.\n"
+	}
 	fmt.Println(token)
 	fmt.Fprintf(os.Stderr, "Created %s %s (%s): at most %d sandboxes at once, %g CPU-seconds per day.\n"+
 		"The token above is shown only this once and cannot be shown again: store it now.\n"+
-		"Use it as: Authorization: Bearer <token>\n", kind, k.ID, audit.Display(k.Name), k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
+		use, kind, k.ID, audit.Display(k.Name), k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
 	return 0
 }
 

@@ -72,6 +72,7 @@ func cmdServe(args []string) int {
 		policyPath    = fs.String("policy", "", "operator policy `FILE`: per-key ceilings and required justifications (default $"+policy.EnvVar+"; see README)")
 		effectsPath   = fs.String("effects-policy", "", "effects policy `FILE` every command is analysed against before it starts (default: Moat's, see moat analyse --default-policy; off: no analysis)")
 		approvalTTL   = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for POST /v1/approvals/{id} before it is denied")
+		e2bInternet   = fs.String("e2b-internet", "none", "with --e2b, what E2B sandboxes that ask for internet access (allow_internet_access, true by default in e2b JS before 2.51 and the Python SDK) get: none (loopback only; the create answer's X-Moat-Notice header says so), refuse (answer 400), or a comma-separated `ALLOWLIST` of hosts and addresses (pypi.org,*.npmjs.org,192.0.2.0/24); never the open internet")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -93,6 +94,13 @@ func cmdServe(args []string) int {
 	}
 	if *approvalTTL <= 0 {
 		return fail(usageError{fmt.Errorf("--approval-timeout %s: want a positive duration such as 5m", *approvalTTL)})
+	}
+	internet, err := e2b.ParseInternet(*e2bInternet)
+	if err != nil {
+		return fail(usageError{err})
+	}
+	if !*e2bAPI && *e2bInternet != "none" {
+		return fail(usageError{errors.New("--e2b-internet needs --e2b")})
 	}
 	body, err := manifest.ParseSize(*maxBody)
 	if err != nil || body <= 0 {
@@ -191,8 +199,9 @@ func cmdServe(args []string) int {
 	}
 	handler := srv.Handler()
 	if *e2bAPI {
+		log.Info("e2b: sandboxes that ask for internet access get", "e2b_internet", internet.String())
 		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
-			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }}).Wrap(handler)
+			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }, Internet: internet}).Wrap(handler)
 	} else if *e2bDomain != "" {
 		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
 	}

@@ -31,7 +31,7 @@ func callOf(ctx context.Context) *envdCall {
 // rpcMux serves the two services.
 func newRPCMux() *http.ServeMux {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes), connect.WithRecover(recoverRPC)}
+	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes), connect.WithRecover(recoverRPC), connect.WithInterceptors(userInterceptor{})}
 	mux.Handle(processconnect.NewProcessHandler(processService{}, opts...))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(filesystemService{}, opts...))
 	return mux

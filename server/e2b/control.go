@@ -3,12 +3,14 @@ package e2b
 import (
 	"bytes"
 	"cmp"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
+	"math"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,8 +41,38 @@ func (h *Handler) routes() {
 	h.handle("POST /v2/sandboxes/{id}/connect", h.connect)
 	h.handle("POST /sandboxes/{id}/refreshes", h.refresh)
 	h.control.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		(&apiError{http.StatusNotFound, fmt.Sprintf("%s %s is not part of the E2B API Moat serves (see docs/API.md, E2B compatibility)", r.Method, r.URL.Path)}).write(w)
+		notServed(r).write(w)
 	})
+}
+
+// unserved names the parts of E2B's API Moat does not serve, by path, with
+// the reason; the first whose pattern matches explains a 501.
+var unserved = []struct {
+	re     *regexp.Regexp
+	reason string
+}{
+	{regexp.MustCompile(`^/sandboxes/[^/]+/(pause|resume)$`), "Moat does not pause sandboxes: a Moat sandbox lives until it is killed or times out"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/snapshots?(/|$)|^/snapshots(/|$)`), "Moat keeps no snapshots of sandboxes"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/fork$`), "Moat does not fork sandboxes"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/metrics$|^/sandboxes/metrics$`), "Moat reports a sandbox's usage in its audit record (moat audit), not as E2B metrics"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/logs$`), "Moat records each command's output in its result, not as sandbox logs"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/network$`), "a Moat sandbox's network allowlist is fixed at creation (network.allowOut)"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?templates(/|$)`), "a template is a Moat image: build one with moat image build on the host"},
+	{regexp.MustCompile(`^/volumes(/|$)`), "a Moat sandbox sees only its own workspace"},
+}
+
+// notServed is the answer to a route of E2B's API Moat does not serve: 501
+// with the reason, never 404, which the SDKs turn into a misleading
+// "sandbox not found".
+func notServed(r *http.Request) *apiError {
+	reason := "it is not part of the E2B API Moat serves"
+	for _, u := range unserved {
+		if u.re.MatchString(r.URL.Path) {
+			reason = u.reason
+			break
+		}
+	}
+	return &apiError{http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Moat: %s (README, What differs from E2B's cloud)", r.Method, r.URL.Path, reason)}
 }
 
 func (h *Handler) handle(pattern string, f controlFunc) {
@@ -114,7 +146,8 @@ func (h *Handler) hasBaseImage() bool {
 }
 
 // sandboxManifest turns an E2B request into a Moat manifest and TTL, or
-// refuses a field Moat cannot honour.
+// refuses a field Moat cannot honour, on a host without the image "base"
+// and with no internet for E2B sandboxes (Internet's zero value).
 func sandboxManifest(req *newSandbox) (m map[string]any, template string, ttl time.Duration, e *apiError) {
 	return sandboxManifestWith(req, false)
 }
@@ -122,77 +155,121 @@ func sandboxManifest(req *newSandbox) (m map[string]any, template string, ttl ti
 // sandboxManifestWith is sandboxManifest on a host whose store holds the
 // image "base" (hasBase) or not.
 func sandboxManifestWith(req *newSandbox, hasBase bool) (m map[string]any, template string, ttl time.Duration, e *apiError) {
-	template = cmp.Or(req.TemplateID, "base")
+	p, e := translate(req, hasBase, Internet{})
+	if e != nil {
+		return nil, "", 0, e
+	}
+	return p.manifest, p.template, p.ttl, nil
+}
+
+// plan is what create makes of an E2B request: the Moat manifest, the
+// template, the TTL, and the notice (NoticeHeader) that says what network
+// the sandbox got when it asked for more, or "".
+type plan struct {
+	manifest map[string]any
+	template string
+	ttl      time.Duration
+	notice   string
+}
+
+// translate turns an E2B create request into a plan, under the operator's
+// definition of internet, or refuses a field Moat cannot honour.
+func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiError) {
+	template := cmp.Or(req.TemplateID, "base")
 	image := templateImage(template, hasBase)
-	ttl = 15 * time.Second // E2B's default
+	ttl := 15 * time.Second // E2B's default
 	if req.Timeout != nil {
-		if *req.Timeout <= 0 {
-			return nil, "", 0, badField("timeout", "%d is not a positive number of seconds", *req.Timeout)
+		if *req.Timeout <= 0 || *req.Timeout > maxSeconds {
+			return plan{}, badField("timeout", "%d is not a positive number of seconds up to %d", *req.Timeout, maxSeconds)
 		}
 		ttl = time.Duration(*req.Timeout) * time.Second
 	}
 	switch {
 	case req.AutoPause != nil && *req.AutoPause:
-		return nil, "", 0, badField("autoPause", "true is not supported: Moat sandboxes are destroyed, never paused, when they time out; leave it unset or false")
+		return plan{}, badField("autoPause", "true is not supported: Moat sandboxes are destroyed, never paused, when they time out; leave it unset or false")
 	case req.AutoPauseMemory != nil && *req.AutoPauseMemory:
-		return nil, "", 0, badField("autoPauseMemory", "is not supported: Moat does not pause sandboxes")
+		return plan{}, badField("autoPauseMemory", "is not supported: Moat does not pause sandboxes")
 	case req.AutoResume != nil && req.AutoResume.Enabled:
-		return nil, "", 0, badField("autoResume", "is not supported: Moat does not pause sandboxes")
+		return plan{}, badField("autoResume", "is not supported: Moat does not pause sandboxes")
 	case isSet(req.MCP):
-		return nil, "", 0, badField("mcp", "is not supported: Moat runs no MCP gateway in the sandbox")
+		return plan{}, badField("mcp", "is not supported: Moat runs no MCP gateway in the sandbox")
 	case isSet(req.VolumeMounts) && !bytes.Equal(bytes.TrimSpace(req.VolumeMounts), []byte("[]")):
-		return nil, "", 0, badField("volumeMounts", "are not supported: a Moat sandbox sees only its own workspace")
+		return plan{}, badField("volumeMounts", "are not supported: a Moat sandbox sees only its own workspace")
 	case isSet(req.IAM):
-		return nil, "", 0, badField("iam", "is not supported by Moat")
+		return plan{}, badField("iam", "is not supported by Moat")
 	}
-	m = map[string]any{"image": image}
+	m := map[string]any{"image": image}
 	if len(req.EnvVars) > 0 {
 		m["env"] = req.EnvVars
 	}
 	// Deny by default: E2B's default is the open internet, Moat's is no
-	// network. Only the allowlist E2B calls network.allowOut is granted.
-	if req.AllowInternetAccess != nil && *req.AllowInternetAccess {
-		return nil, "", 0, badField("allow_internet_access", "true is not supported: Moat grants no unrestricted internet access; list the hosts the sandbox may reach in network.allowOut (Moat's network allowlist)")
+	// network. A sandbox that asks for internet access (true, or unset:
+	// E2B's default, and the same request from e2b 2.51 as from 2.50)
+	// gets what the operator calls internet (Internet), never more; the
+	// allowlist E2B calls network.allowOut is granted as asked.
+	explicit := req.AllowInternetAccess != nil && *req.AllowInternetAccess
+	if explicit && internet.Refuse {
+		return plan{}, badField("allow_internet_access", "true is refused by this server (moat serve --e2b-internet=refuse): Moat grants no unrestricted internet access; set allowInternetAccess: false and list the hosts the sandbox may reach in network.allowOut (Moat's network allowlist)")
 	}
+	var allowOut []string
+	denyAll := false
 	if n := req.Network; n != nil {
 		switch {
 		case n.AllowPublicTraffic != nil && *n.AllowPublicTraffic:
-			return nil, "", 0, badField("network.allowPublicTraffic", "true is not supported: nothing can connect into a Moat sandbox; leave it unset or false")
+			return plan{}, badField("network.allowPublicTraffic", "true is not supported: nothing can connect into a Moat sandbox; leave it unset or false")
 		case n.MaskRequestHost != nil:
-			return nil, "", 0, badField("network.maskRequestHost", "is not supported: Moat exposes no sandbox port")
+			return plan{}, badField("network.maskRequestHost", "is not supported: Moat exposes no sandbox port")
 		case isSet(n.Rules):
-			return nil, "", 0, rulesError(n.Rules)
+			return plan{}, rulesError(n.Rules)
 		}
 		for _, d := range n.DenyOut {
 			// Everything not allowed is denied already; a narrower deny
 			// inside an allow is not expressible.
 			if d != "0.0.0.0/0" && d != "::/0" {
-				return nil, "", 0, badField("network.denyOut", "%q is not supported: Moat denies everything not in network.allowOut, so only 0.0.0.0/0 may be given", d)
+				return plan{}, badField("network.denyOut", "%q is not supported: Moat denies everything not in network.allowOut, so only 0.0.0.0/0 may be given", d)
 			}
+			denyAll = true
 		}
-		if len(n.AllowOut) > 0 {
-			if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
-				return nil, "", 0, badField("network.allowOut", "contradicts allow_internet_access false: give one or the other")
-			}
-			var hosts, addrs []string
-			for _, a := range n.AllowOut {
-				if _, _, err := net.ParseCIDR(a); err == nil || net.ParseIP(a) != nil {
-					addrs = append(addrs, a)
-				} else {
-					hosts = append(hosts, a)
-				}
-			}
-			net := map[string]any{"mode": "allowlist"}
-			if len(hosts) > 0 {
-				net["allow"] = hosts
-			}
-			if len(addrs) > 0 {
-				net["allow_addresses"] = addrs
-			}
-			m["network"] = net
+		if len(n.AllowOut) > 0 && req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+			return plan{}, badField("network.allowOut", "contradicts allow_internet_access false: give one or the other")
 		}
+		allowOut = n.AllowOut
 	}
-	return m, template, ttl, nil
+	allow := slices.Clone(allowOut)
+	notice := ""
+	// E2B would give the open internet here: neither false nor a deny of
+	// everything but network.allowOut.
+	if wantsInternet := req.AllowInternetAccess == nil || *req.AllowInternetAccess; wantsInternet && !denyAll {
+		for _, a := range internet.Allow {
+			if !slices.Contains(allow, a) {
+				allow = append(allow, a)
+			}
+		}
+		notice = internetNotice(internet, allowOut)
+	}
+	if net := networkSection(allow); net != nil {
+		m["network"] = net
+	}
+	return plan{manifest: m, template: template, ttl: ttl, notice: notice}, nil
+}
+
+// internetNotice says what a sandbox that E2B would have given the open
+// internet gets on this server.
+func internetNotice(internet Internet, allowOut []string) string {
+	const field = "allow_internet_access: Moat grants no open internet"
+	var got string
+	switch {
+	case len(internet.Allow) > 0:
+		got = "this sandbox may reach the operator's internet allowlist (moat serve --e2b-internet) " + strings.Join(internet.Allow, ",")
+	case internet.Refuse:
+		got = "this server refuses allow_internet_access true (moat serve --e2b-internet=refuse) and gives this sandbox no network"
+	default:
+		got = "this server defines none for E2B sandboxes (moat serve --e2b-internet), so this sandbox has no network beyond loopback"
+	}
+	if len(allowOut) > 0 {
+		got += ", plus its network.allowOut " + strings.Join(allowOut, ",")
+	}
+	return field + ": " + got
 }
 
 // unknownTemplate answers a refusal of the manifest's image (a name that
@@ -242,11 +319,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	if e := decodeStrict(r, &req); e != nil {
 		return e
 	}
-	m, template, ttl, e := sandboxManifestWith(&req, h.hasBaseImage())
+	p, e := translate(&req, h.hasBaseImage(), h.cfg.Internet)
 	if e != nil {
 		return e
 	}
-	mdata, _ := json.Marshal(m)
+	template := p.template
+	mdata, _ := json.Marshal(p.manifest)
 	man, se := service.ParseManifest(mdata)
 	if se != nil {
 		if e := unknownTemplate(template, se); e != nil {
@@ -255,7 +333,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return h.fromService(se)
 	}
 	h.sweep()
-	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: ttl, Metadata: req.Metadata})
+	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: p.ttl, Metadata: req.Metadata})
 	if e := unknownTemplate(template, err); e != nil {
 		return e
 	}
@@ -268,7 +346,14 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	h.mu.Lock()
 	h.boxes[b.id] = b
 	h.mu.Unlock()
-	h.log.Info("e2b sandbox created", "sandbox", b.id, "key", key.ID, "template", template)
+	if p.notice != "" {
+		// The E2B SDKs have no field for it: a header (curl, proxies,
+		// the SDK's raw response) and the server's log.
+		w.Header().Set(NoticeHeader, p.notice)
+		h.log.Info("e2b sandbox created", "sandbox", b.id, "key", key.ID, "template", template, "notice", p.notice)
+	} else {
+		h.log.Info("e2b sandbox created", "sandbox", b.id, "key", key.ID, "template", template)
+	}
 	writeJSON(w, http.StatusCreated, h.createdView(b))
 	return nil
 }
@@ -357,27 +442,169 @@ func matches(md, want map[string]string) bool {
 	return true
 }
 
-func (h *Handler) filtered(r *http.Request, key audit.Key) ([]listed, *apiError) {
-	q := r.URL.Query()
-	want, e := metadataFilter(q)
-	if e != nil {
-		return nil, e
+// listQuery is a parsed list request: every filter E2B's GET
+// /v2/sandboxes takes, so that none is ignored.
+type listQuery struct {
+	metadata     map[string]string
+	running      bool // state includes running (no paused sandboxes exist)
+	startedAfter time.Time
+	template     string
+	desc         bool
+	limit        int
+	after        *pageToken
+}
+
+// listParams are the query parameters GET /v2/sandboxes takes; GET
+// /sandboxes (v1) takes metadata and state.
+var listParams = map[string]bool{"metadata": true, "state": true, "startedAfter": true, "template": true, "order": true, "limit": true, "nextToken": true}
+
+// parseList reads a list request's query, refusing (400, naming it) a
+// parameter or value it does not know rather than ignore it.
+func parseList(q url.Values, v2 bool) (listQuery, *apiError) {
+	lq := listQuery{running: true, desc: true, limit: 100}
+	for k := range q {
+		if !listParams[k] || !v2 && k != "metadata" && k != "state" {
+			return listQuery{}, badField(k, "is not a filter Moat knows for this list; it takes metadata, state, startedAfter, template, order, limit and nextToken (GET /v2/sandboxes)")
+		}
 	}
+	var e *apiError
+	if lq.metadata, e = metadataFilter(q); e != nil {
+		return listQuery{}, e
+	}
+	if states := q["state"]; len(states) > 0 {
+		// The SDKs send state=running&state=paused; a comma list is
+		// taken too.
+		lq.running = false
+		for _, v := range states {
+			for st := range strings.SplitSeq(v, ",") {
+				switch st {
+				case "running":
+					lq.running = true
+				case "paused":
+					// Moat never pauses: no sandbox is in this state.
+				default:
+					return listQuery{}, badField("state", "%q is not a sandbox state; give running or paused", st)
+				}
+			}
+		}
+	}
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return listQuery{}, badField("startedAfter", "%q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", v)
+		}
+		lq.startedAfter = t
+	}
+	lq.template = q.Get("template")
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		lq.desc = false
+	default:
+		return listQuery{}, badField("order", "%q is not asc or desc", o)
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 100 {
+			return listQuery{}, badField("limit", "%q is not a number from 1 to 100", l)
+		}
+		lq.limit = n
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		pt, ok := parsePageToken(tok)
+		if !ok {
+			return listQuery{}, badField("nextToken", "%q is not a token this server gave (X-Next-Token)", tok)
+		}
+		lq.after = &pt
+	}
+	return lq, nil
+}
+
+// pageToken is where the next page starts: the start time and id of its
+// first sandbox, so that a page continues in order even when sandboxes
+// end between the calls.
+type pageToken struct {
+	started time.Time
+	id      string
+}
+
+func (p pageToken) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(p.started.UnixNano(), 10) + "_" + p.id))
+}
+
+func parsePageToken(s string) (pageToken, bool) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(raw) > 256 {
+		return pageToken{}, false
+	}
+	ns, id, ok := strings.Cut(string(raw), "_")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || id == "" {
+		return pageToken{}, false
+	}
+	return pageToken{time.Unix(0, n), id}, true
+}
+
+// before reports whether sandbox a comes before b in the order asked for:
+// by start time, then id, so the order is total and stable across pages.
+func (lq listQuery) before(a, b pageToken) bool {
+	c := a.started.Compare(b.started)
+	if c == 0 {
+		c = strings.Compare(a.id, b.id)
+	}
+	if lq.desc {
+		return c > 0
+	}
+	return c < 0
+}
+
+// list is the key's live sandboxes lq selects, in its order, and the
+// token of the next page ("" when this is the last).
+func (h *Handler) list(r *http.Request, key audit.Key, lq listQuery) ([]listed, string, *apiError) {
 	all, e := h.moatSandboxes(r, key)
 	if e != nil {
-		return nil, e
+		return nil, "", e
 	}
 	var out []listed
 	for _, sb := range all {
-		if matches(sb.Metadata, want) {
-			out = append(out, h.listedView(sb))
+		if !lq.running || !matches(sb.Metadata, lq.metadata) || sb.CreatedAt.Before(lq.startedAfter) {
+			continue
 		}
+		l := h.listedView(sb)
+		if lq.template != "" && l.TemplateID != lq.template && l.Alias != lq.template {
+			continue
+		}
+		if lq.after != nil && lq.before(pageToken{l.StartedAt, l.SandboxID}, *lq.after) {
+			continue
+		}
+		out = append(out, l)
 	}
-	return out, nil
+	slices.SortFunc(out, func(a, b listed) int {
+		if lq.before(pageToken{a.StartedAt, a.SandboxID}, pageToken{b.StartedAt, b.SandboxID}) {
+			return -1
+		}
+		return 1
+	})
+	next := ""
+	if len(out) > lq.limit {
+		next = pageToken{out[lq.limit].StartedAt, out[lq.limit].SandboxID}.String()
+		out = out[:lq.limit]
+	}
+	return out, next, nil
 }
 
+// listV1 is GET /sandboxes: the running sandboxes, newest first.
 func (h *Handler) listV1(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {
-	out, e := h.filtered(r, key)
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return &apiError{http.StatusBadRequest, "the query is not URL-encoded key=value pairs: " + err.Error()}
+	}
+	lq, e := parseList(q, false)
+	if e != nil {
+		return e
+	}
+	lq.limit = math.MaxInt
+	out, _, e := h.list(r, key, lq)
 	if e != nil {
 		return e
 	}
@@ -385,55 +612,25 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	return nil
 }
 
-// listV2 is GET /v2/sandboxes: state and metadata filters, pages of
-// ?limit= (default and most 100) continued by ?nextToken= from the
-// X-Next-Token header.
+// listV2 is GET /v2/sandboxes: newest first unless ?order=asc, filtered
+// by state, metadata, startedAfter and template, in pages of ?limit=
+// (default and most 100) continued by ?nextToken= from the X-Next-Token
+// header.
 func (h *Handler) listV2(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {
-	q := r.URL.Query()
-	running := true
-	if s := q.Get("state"); s != "" {
-		running = false
-		for st := range strings.SplitSeq(s, ",") {
-			switch st {
-			case "running":
-				running = true
-			case "paused":
-				// Moat never pauses: no sandbox is in this state.
-			default:
-				return badField("state", "%q is not a sandbox state; give running or paused", st)
-			}
-		}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return &apiError{http.StatusBadRequest, "the query is not URL-encoded key=value pairs: " + err.Error()}
 	}
-	limit := 100
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100 {
-			return badField("limit", "%q is not a number from 1 to 100", l)
-		}
-		limit = n
-	}
-	out, e := h.filtered(r, key)
+	lq, e := parseList(q, true)
 	if e != nil {
 		return e
 	}
-	if !running {
-		out = nil
+	out, next, e := h.list(r, key, lq)
+	if e != nil {
+		return e
 	}
-	if o := q.Get("order"); o == "desc" {
-		slices.Reverse(out)
-	} else if o != "" && o != "asc" {
-		return badField("order", "%q is not asc or desc", o)
-	}
-	if tok := q.Get("nextToken"); tok != "" {
-		i := slices.IndexFunc(out, func(l listed) bool { return l.SandboxID == tok })
-		if i < 0 {
-			return badField("nextToken", "%q is not a token this server gave (the sandbox it points at may have ended)", tok)
-		}
-		out = out[i:]
-	}
-	if len(out) > limit {
-		w.Header().Set("X-Next-Token", out[limit].SandboxID)
-		out = out[:limit]
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
 	}
 	writeJSON(w, http.StatusOK, nonNil(out))
 	return nil
@@ -490,6 +687,11 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, key audit.Key) *a
 	return nil
 }
 
+// maxSeconds bounds every timeout in seconds an E2B request gives (E2B's
+// API types them int32), so that a time.Duration of it cannot overflow
+// into a short or negative one; Moat's --max-ttl refuses far less.
+const maxSeconds = math.MaxInt32
+
 type timeoutBody struct {
 	Timeout *int `json:"timeout"`
 }
@@ -514,6 +716,9 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, key audit.K
 	if req.Timeout == nil || *req.Timeout < 0 {
 		return badField("timeout", "is missing or negative: give the seconds the sandbox may live from now")
 	}
+	if *req.Timeout > maxSeconds {
+		return badField("timeout", "%d seconds is more than %d", *req.Timeout, maxSeconds)
+	}
 	if *req.Timeout == 0 {
 		// E2B: a zero timeout ends the sandbox now.
 		return h.kill(w, r, key)
@@ -536,8 +741,8 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request, key audit.Key)
 	if req.Duration != nil {
 		secs = *req.Duration
 	}
-	if secs <= 0 {
-		return badField("duration", "%d is not a positive number of seconds", secs)
+	if secs <= 0 || secs > maxSeconds {
+		return badField("duration", "%d is not a positive number of seconds up to %d", secs, maxSeconds)
 	}
 	if e := h.extend(r, key, r.PathValue("id"), secs); e != nil {
 		return e
@@ -562,11 +767,20 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, key audit.Key)
 		return notFound(id)
 	}
 	if req.Timeout != nil {
-		if *req.Timeout <= 0 {
-			return badField("timeout", "%d is not a positive number of seconds", *req.Timeout)
+		if *req.Timeout <= 0 || *req.Timeout > maxSeconds {
+			return badField("timeout", "%d is not a positive number of seconds up to %d", *req.Timeout, maxSeconds)
 		}
-		if e := h.extend(r, key, id, *req.Timeout); e != nil {
+		// E2B: connect's timeout only extends a sandbox's life. The SDKs
+		// send one on every connect (5 minutes by default), which must
+		// not cut short a sandbox created for an hour.
+		sb, e := h.moatSandbox(r, key, id)
+		if e != nil {
 			return e
+		}
+		if time.Now().Add(time.Duration(*req.Timeout) * time.Second).After(sb.ExpiresAt) {
+			if e := h.extend(r, key, id, *req.Timeout); e != nil {
+				return e
+			}
 		}
 	}
 	writeJSON(w, http.StatusOK, h.createdView(b))

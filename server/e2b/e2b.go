@@ -69,6 +69,9 @@ type Config struct {
 	// the larger base image answers at once instead of building it inside
 	// an SDK's create request. Nil: "base" is always the default image.
 	HasImage func(name string) bool
+	// Internet is what E2B sandboxes that ask for internet access get
+	// (moat serve --e2b-internet). Zero: none, loopback only.
+	Internet Internet
 }
 
 // KeyLookup finds an API key by id; *audit.Store implements it.
@@ -163,7 +166,16 @@ func (h *Handler) sandboxOf(r *http.Request) (id, port string, ok bool) {
 func (h *Handler) authenticate(r *http.Request) (audit.Key, *apiError) {
 	token := r.Header.Get("X-API-Key")
 	if token == "" {
-		return audit.Key{}, &apiError{http.StatusUnauthorized, "missing X-API-Key header: give a Moat API key (moat keys create)"}
+		return audit.Key{}, &apiError{http.StatusUnauthorized, "missing X-API-Key header: give a Moat API key (moat keys create, or moat keys create --e2b for the e2b_ spelling older E2B SDKs require)"}
+	}
+	if strings.HasPrefix(token, "e2b_") {
+		// The spelling e2b JS 2.2x-2.50 insist on (moat keys create
+		// --e2b): the same key, translated back, never a second secret.
+		moat, ok := audit.FromE2BToken(token)
+		if !ok {
+			return audit.Key{}, &apiError{http.StatusUnauthorized, "Invalid API key: an e2b_ key here must be a Moat key in its E2B spelling, e2b_ and 76 hex digits (moat keys create --e2b); keys of E2B's cloud are not Moat keys"}
+		}
+		token = moat
 	}
 	key, err := h.cfg.Auditor.Authenticate(token)
 	if err != nil || key.ID == "" {

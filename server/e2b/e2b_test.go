@@ -52,6 +52,13 @@ func newEnvWith(t *testing.T, images []string, hasImage func(string) bool) *env 
 // newEnvPolicy is newEnvWith under the operator policy pol (nil: none).
 func newEnvPolicy(t *testing.T, images []string, hasImage func(string) bool, pol *policy.Policy) *env {
 	t.Helper()
+	return newEnvConfig(t, images, hasImage, pol, nil)
+}
+
+// newEnvConfig is newEnvPolicy with the handler's Config changed by
+// configure (nil: as is).
+func newEnvConfig(t *testing.T, images []string, hasImage func(string) bool, pol *policy.Policy, configure func(*Config)) *env {
+	t.Helper()
 	b := &servicetest.Backend{Dir: t.TempDir(), Images: images}
 	au := servicetest.NewAuditor()
 	for token, k := range keys {
@@ -64,7 +71,11 @@ func newEnvPolicy(t *testing.T, images []string, hasImage func(string) bool, pol
 		t.Fatal(err)
 	}
 	fk := &fakeKeys{revoked: map[string]bool{}}
-	h := New(Config{Service: api.Service(), Auditor: au, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16, HasImage: hasImage})
+	cfg := Config{Service: api.Service(), Auditor: au, Keys: fk, Domain: "moat.test", Logger: log, MaxBodyBytes: 1 << 16, HasImage: hasImage}
+	if configure != nil {
+		configure(&cfg)
+	}
+	h := New(cfg)
 	ts := httptest.NewServer(h.Wrap(api.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
@@ -323,7 +334,6 @@ func TestControlPlane(t *testing.T) {
 			{"template", "POST", "/v2/sandboxes", keyA, `{"templateID":"desktop"}`, 400},
 			{"negative timeout", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":-1}`, 400},
 			{"ttl over Moat's max", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":999999999}`, 400},
-			{"internet", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","allow_internet_access":true}`, 400},
 			{"auto pause", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoPause":true}`, 400},
 			{"auto resume", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoResume":{"enabled":true}}`, 400},
 			{"auto resume, unknown field", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoResume":{"on":true}}`, 400},
@@ -339,7 +349,7 @@ func TestControlPlane(t *testing.T) {
 			{"other key's connect", "POST", "/v2/sandboxes/" + c.SandboxID + "/connect", keyB, `{}`, 404},
 			{"never existed", "GET", "/sandboxes/nope", keyA, "", 404},
 			{"never existed kill", "DELETE", "/sandboxes/nope", keyA, "", 404},
-			{"unknown route", "POST", "/sandboxes/" + c.SandboxID + "/pause", keyA, "", 404},
+			{"unknown route", "POST", "/sandboxes/" + c.SandboxID + "/pause", keyA, "", 501},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {

@@ -2,7 +2,10 @@ package e2b
 
 import (
 	"context"
+	"encoding/base64"
+	"fmt"
 	"net/http"
+	"net/url"
 	"path"
 	"strings"
 
@@ -65,6 +68,12 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		}
 		key = k
 	}
+	// RPCs are checked by userInterceptor, so that a streaming call gets
+	// its refusal in Connect's streaming form.
+	if msg := refusedUser(r.Header, r.URL.Query()); msg != "" && r.URL.Path == "/files" {
+		writeJSON(w, http.StatusBadRequest, apiError{http.StatusBadRequest, msg})
+		return
+	}
 	c := &envdCall{h: h, svc: h.svc, b: b, key: key}
 	switch {
 	case r.URL.Path == "/files":
@@ -80,7 +89,9 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 	case strings.HasPrefix(r.URL.Path, "/process.Process/"), strings.HasPrefix(r.URL.Path, "/filesystem.Filesystem/"):
 		h.rpc.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	default:
-		writeJSON(w, http.StatusNotFound, apiError{http.StatusNotFound, "envd on Moat has no " + r.URL.Path})
+		// 501, not 404: the SDKs read a 404 from envd as a missing file
+		// or sandbox.
+		writeJSON(w, http.StatusNotImplemented, apiError{http.StatusNotImplemented, "envd on Moat does not implement " + r.URL.Path + " (README, What differs from E2B's cloud)"})
 	}
 }
 
@@ -115,4 +126,68 @@ func e2bPath(rel string) string {
 		return home
 	}
 	return home + "/" + rel
+}
+
+// defaultUser is the user E2B's sandboxes run commands as, and the only
+// one Moat's do.
+const defaultUser = "user"
+
+// userInterceptor refuses an RPC whose user refusedUser refuses, with
+// invalid_argument (the SDKs' InvalidArgumentError).
+type userInterceptor struct{}
+
+func (userInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if msg := refusedUser(req.Header(), nil); msg != "" {
+			return nil, rpcErr(connect.CodeInvalidArgument, "%s", msg)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (userInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (userInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if msg := refusedUser(conn.RequestHeader(), nil); msg != "" {
+			return rpcErr(connect.CodeInvalidArgument, "%s", msg)
+		}
+		return next(ctx, conn)
+	}
+}
+
+// refusedUser says why the user a request asks to act as (the SDKs'
+// `user` option: "Authorization: Basic base64(<user>:)" on RPCs,
+// ?username= on /files) is refused, or "" for none or E2B's default user.
+// Moat runs every command as the sandbox's unprivileged user, with no
+// capabilities; it refuses root rather than ignore it, since a program
+// that asked for root and silently got less would fail later in a way
+// that hides the cause.
+func refusedUser(h http.Header, q url.Values) string {
+	users := q["username"]
+	if a := h.Get("Authorization"); a != "" {
+		scheme, cred, _ := strings.Cut(a, " ")
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+		if !strings.EqualFold(scheme, "Basic") || err != nil {
+			return "Authorization: envd takes only Basic <base64 of user:> (the SDK's user option); the sandbox's access token goes in X-Access-Token"
+		}
+		u, _, _ := strings.Cut(string(raw), ":")
+		users = append(users, u)
+	}
+	for _, u := range users {
+		if u != "" && u != defaultUser {
+			return fmt.Sprintf("user %q is not supported: Moat runs every command and file operation as the sandbox's unprivileged user %q, without capabilities; it never runs them as root or another user (leave the user option unset or %q)", truncate(u, 64), defaultUser, defaultUser)
+		}
+	}
+	return ""
+}
+
+// truncate bounds s, a client's string, for an error message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

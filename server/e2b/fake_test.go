@@ -14,7 +14,11 @@ import (
 var keys = map[string]audit.Key{
 	"moat_ka_secret": {ID: "ka", Name: "a"},
 	"moat_kb_secret": {ID: "kb", Name: "b"},
+	// A token of the form CreateKey gives, which has an E2B spelling.
+	keyReal: {ID: "k0123456789ab", Name: "real"},
 }
+
+const keyReal = "moat_k0123456789ab_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 // fakeKeys is the key store: every key of keys, some revoked.
 type fakeKeys struct {

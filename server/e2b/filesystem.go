@@ -155,7 +155,10 @@ func (filesystemService) Remove(ctx context.Context, req *connect.Request[pb.Rem
 	if p == "." {
 		return nil, rpcErr(connect.CodePermissionDenied, "the workspace itself cannot be removed")
 	}
-	if err := c.svc.Remove(ctx, c.key, c.b.id, p); err != nil {
+	// E2B's envd removes with os.RemoveAll: a missing path is removed
+	// already, and the SDK's files.remove resolves. Only the file being
+	// absent is: a sandbox that is gone is still an error.
+	if err := c.svc.Remove(ctx, c.key, c.b.id, p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fsError(err, req.Msg.GetPath())
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil

@@ -41,7 +41,10 @@ func FuzzWorkspacePath(f *testing.F) {
 // valid JSON with the image set.
 func FuzzSandboxManifest(f *testing.F) {
 	for _, s := range []string{`{"templateID":"base"}`, `{"templateID":"base","timeout":5,"envVars":{"A":"b"},"metadata":{"k":"v"}}`,
-		`{"network":{"allowOut":["example.com","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`, `{"autoPause":true}`, `{"network":{"rules":{"api.openai.com":[{"transform":{"headers":{"Authorization":"Bearer {{secrets.K}}"}}}]}}}`, `{"timeout":-1}`, `{"x":1}`, `[]`, `{"mcp":null}`} {
+		`{"network":{"allowOut":["example.com","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`, `{"autoPause":true}`, `{"network":{"rules":{"api.openai.com":[{"transform":{"headers":{"Authorization":"Bearer {{secrets.K}}"}}}]}}}`, `{"timeout":-1}`, `{"x":1}`, `[]`, `{"mcp":null}`,
+		// e2b JS before 2.51 and the Python SDK (issue 22).
+		`{"templateID":"base","autoPause":false,"metadata":{},"timeout":300,"envVars":{},"secure":true,"allow_internet_access":true}`,
+		`{"allow_internet_access":true,"network":{"allowOut":["pypi.org"]}}`, `{"timeout":18446744074}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {

@@ -2,7 +2,8 @@
 // check prints "ok <name>" or "FAIL <name>: <why>"; the Go test
 // (cmd/moat/e2b_test.go) requires every expected name to be ok. The SDK
 // is found through NODE_PATH (scripts/setup installs it, pinned).
-const { Sandbox, CommandExitError, NotFoundError, SandboxError, AuthenticationError } = require('e2b')
+const { Sandbox, CommandExitError, NotFoundError, SandboxError, AuthenticationError, InvalidArgumentError } = require('e2b')
+const sdkVersion = require('e2b/package.json').version
 
 const only = process.env.E2B_CHECKS ? process.env.E2B_CHECKS.split(',') : null
 let failed = 0
@@ -60,6 +61,7 @@ if (process.env.E2B_BENCH) {
   process.exit(0)
 }
 
+console.log('e2b ' + sdkVersion)
 const sbx = await Sandbox.create({ timeoutMs: 120_000, metadata: { suite: 'moat-e2b', run: process.env.E2B_RUN || 'x' }, envs: { FROM_CREATE: 'created' } })
 console.log('sandbox ' + sbx.sandboxId)
 
@@ -122,6 +124,27 @@ await check('gzip-upload', async () => {
   await sbx.files.write('gz.txt', 'squeezed', { gzip: true })
   eq(await sbx.files.read('gz.txt'), 'squeezed', 'read')
 })
+await check('remove-missing', async () => {
+  // E2B's envd removes with RemoveAll: a missing path is no error.
+  await sbx.files.remove('never/was/here.txt')
+  eq(await sbx.files.exists('never/was/here.txt'), false, 'exists')
+})
+await check('user-root', async () => {
+  // Moat runs everything as the sandbox's unprivileged user and refuses
+  // root by name rather than ignore it.
+  const e = await rejects(sbx.commands.run('id -u', { user: 'root' }), InvalidArgumentError, 'run as root')
+  if (!/root/.test(e.message)) throw new Error('message does not name root: ' + e.message)
+  await rejects(sbx.files.read('dir/z.txt', { user: 'root' }), InvalidArgumentError, 'read as root')
+  await rejects(sbx.files.write('root.txt', 'x', { user: 'root' }), InvalidArgumentError, 'write as root')
+  eq(await sbx.files.exists('root.txt'), false, 'nothing written as root')
+  eq(await sbx.files.read('dir/z.txt', { user: 'user' }), 'alpha', 'read as user')
+})
+await check('not-served', async () => {
+  // A route Moat does not serve is a 501 with the reason, not the SDK's
+  // misleading "sandbox not found".
+  const e = await rejects(sbx.pause(), SandboxError, 'pause')
+  if (e instanceof NotFoundError || !/not implemented by Moat/.test(e.message)) throw new Error('pause: ' + e.constructor.name + ': ' + e.message)
+})
 await check('watchDir', async () => {
   await sbx.files.makeDir('watched')
   const seen = []
@@ -150,6 +173,28 @@ await check('list', async () => {
   const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
   eq(paused.length, 0, 'paused')
 })
+await check('list-order', async () => {
+  // Newest first, as E2B lists; startedAfter and template honoured.
+  const metadata = { suite: 'moat-e2b', run: process.env.E2B_RUN || 'x' }
+  const before = new Date()
+  const newer = await Sandbox.create({ timeoutMs: 60_000, metadata })
+  try {
+    const page = await Sandbox.list({ query: { metadata } }).nextItems()
+    eq(page.map(s => s.sandboxId), [newer.sandboxId, sbx.sandboxId], 'newest first')
+    const asc = await Sandbox.list({ query: { metadata }, order: 'asc' }).nextItems()
+    eq(asc.map(s => s.sandboxId), [sbx.sandboxId, newer.sandboxId], 'asc')
+    const after = await Sandbox.list({ query: { metadata, startedAfter: before } }).nextItems()
+    eq(after.map(s => s.sandboxId), [newer.sandboxId], 'startedAfter')
+    eq((await Sandbox.list({ query: { metadata, template: 'no-such-template' } }).nextItems()).length, 0, 'template')
+    eq((await Sandbox.list({ query: { metadata, template: 'base' } }).nextItems()).length, 2, 'template base')
+    const pager = Sandbox.list({ query: { metadata }, limit: 1 })
+    const seen = []
+    while (pager.hasNext) seen.push(...(await pager.nextItems()).map(s => s.sandboxId))
+    eq(seen, [newer.sandboxId, sbx.sandboxId], 'pages of one')
+  } finally {
+    await newer.kill()
+  }
+})
 await check('setTimeout', async () => {
   await sbx.setTimeout(300_000)
   const info = await sbx.getInfo()
@@ -157,7 +202,11 @@ await check('setTimeout', async () => {
   if (left < 200_000 || left > 310_000) throw new Error('endAt in ' + left + ' ms')
 })
 await check('connect', async () => {
-  const again = await Sandbox.connect(sbx.sandboxId)
+  // connect's timeout (here 60 s) only extends: the 300 s setTimeout gave
+  // stays.
+  const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
+  const left = (await again.getInfo()).endAt.getTime() - Date.now()
+  if (left < 200_000) throw new Error('connect shortened the sandbox: endAt in ' + left + ' ms')
   const r = await again.commands.run('cat ~/dir/z.txt')
   eq(r.stdout, 'alpha', 'same sandbox')
 })
@@ -177,8 +226,19 @@ await check('never-existed', async () => {
   await rejects(Sandbox.getInfo('sbx-never-existed'), SandboxError, 'getInfo')
 })
 await check('refused-fields', async () => {
-  await rejects(Sandbox.create({ allowInternetAccess: true }), SandboxError, 'allow_internet_access')
   await rejects(Sandbox.create('no-such-template'), SandboxError, 'template')
+  await rejects(Sandbox.create({ lifecycle: { onTimeout: 'pause' } }), SandboxError, 'autoPause')
+})
+await check('internet', async () => {
+  // allowInternetAccess true (what e2b before 2.51 sends by default) gets
+  // what the operator calls internet: by default nothing beyond loopback.
+  const box = await Sandbox.create({ allowInternetAccess: true, timeoutMs: 60_000 })
+  try {
+    const r = await box.commands.run('echo in')
+    eq(r.stdout, 'in\n', 'runs')
+  } finally {
+    await box.kill()
+  }
 })
 await check('kill-sandbox', async () => {
   await sbx.kill()
