@@ -72,6 +72,7 @@ func cmdServe(args []string) int {
 		policyPath    = fs.String("policy", "", "operator policy `FILE`: per-key ceilings and required justifications (default $"+policy.EnvVar+"; see README)")
 		effectsPath   = fs.String("effects-policy", "", "effects policy `FILE` every command is analysed against before it starts (default: Moat's, see moat analyse --default-policy; off: no analysis)")
 		approvalTTL   = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for POST /v1/approvals/{id} before it is denied")
+		snapshotTTL   = fs.Duration("snapshot-ttl", 24*time.Hour, "how long a snapshot or a paused sandbox is kept before it is removed (they live under $MOAT_HOME/snapshots and do not survive a restart)")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -93,6 +94,9 @@ func cmdServe(args []string) int {
 	}
 	if *approvalTTL <= 0 {
 		return fail(usageError{fmt.Errorf("--approval-timeout %s: want a positive duration such as 5m", *approvalTTL)})
+	}
+	if *snapshotTTL <= 0 {
+		return fail(usageError{fmt.Errorf("--snapshot-ttl %s: want a positive duration such as 24h", *snapshotTTL)})
 	}
 	body, err := manifest.ParseSize(*maxBody)
 	if err != nil || body <= 0 {
@@ -178,6 +182,8 @@ func cmdServe(args []string) int {
 		NoEffects:       fx == nil,
 		ApprovalTimeout: *approvalTTL,
 		Incidents:       opts.Incidents,
+		SnapshotDir:     filepath.Join(e.Home(), "snapshots"),
+		SnapshotTTL:     *snapshotTTL,
 	})
 	if err != nil {
 		return fail(usageError{err})

@@ -38,6 +38,7 @@ func (h *Handler) routes() {
 	h.handle("POST /sandboxes/{id}/connect", h.connect)
 	h.handle("POST /v2/sandboxes/{id}/connect", h.connect)
 	h.handle("POST /sandboxes/{id}/refreshes", h.refresh)
+	h.lifecycleRoutes()
 	h.control.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		(&apiError{http.StatusNotFound, fmt.Sprintf("%s %s is not part of the E2B API Moat serves (see docs/API.md, E2B compatibility)", r.Method, r.URL.Path)}).write(w)
 	})
@@ -246,6 +247,11 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	if e != nil {
 		return e
 	}
+	// A templateID naming one of the key's snapshots starts from it.
+	snap, fromSnap := h.snapshotTemplate(r, key, req.TemplateID)
+	if fromSnap {
+		m["image"] = snap.Image
+	}
 	mdata, _ := json.Marshal(m)
 	man, se := service.ParseManifest(mdata)
 	if se != nil {
@@ -255,7 +261,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return h.fromService(se)
 	}
 	h.sweep()
-	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: ttl, Metadata: req.Metadata})
+	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: ttl, Metadata: req.Metadata, Snapshot: snap.ID})
 	if e := unknownTemplate(template, err); e != nil {
 		return e
 	}
@@ -560,6 +566,12 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, key audit.Key)
 	b := h.box(key.ID, id)
 	if b == nil {
 		return notFound(id)
+	}
+	if e := noMemory("memory", req.Memory); e != nil {
+		return e
+	}
+	if e := h.resumePaused(r, key, id, req.Timeout); e != nil {
+		return e
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
