@@ -52,6 +52,11 @@ const (
 	// denied or expired; Error holds the decision and its reason, and
 	// Violations (kind "effect") the effects asked about.
 	KindApproval Kind = "approval"
+	// KindSnapshot is a stored copy of a sandbox's workspace: a snapshot
+	// (moat serve's snapshots API) or a paused sandbox's files. Running
+	// while it is kept; done when deleted, expired or resumed; SandboxID
+	// is the sandbox it was copied from.
+	KindSnapshot Kind = "snapshot"
 )
 
 // Status is where a record is in its life.

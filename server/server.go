@@ -100,6 +100,10 @@ type Config struct {
 	// Incidents keeps evidence of the commands the effects policy denies
 	// (service.Config.Incidents). Nil: none.
 	Incidents *incident.Store
+	// SnapshotDir and SnapshotTTL keep snapshots and paused sandboxes
+	// (service.Config.SnapshotDir, SnapshotTTL). "": none.
+	SnapshotDir string
+	SnapshotTTL time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -131,7 +135,8 @@ func (c *Config) serviceConfig() service.Config {
 		ReapInterval: c.ReapInterval, AccrueInterval: c.AccrueInterval,
 		Policy:  c.Policy,
 		Effects: c.Effects, NoEffects: c.NoEffects, ApprovalTimeout: c.ApprovalTimeout,
-		Incidents: c.Incidents,
+		Incidents:   c.Incidents,
+		SnapshotDir: c.SnapshotDir, SnapshotTTL: c.SnapshotTTL,
 	}
 }
 

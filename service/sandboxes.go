@@ -28,9 +28,11 @@ type sandbox struct {
 	release  func() // the key's sandbox slot
 	untrack  func() // stops accruing the sandbox record's usage
 
-	// state and expires are guarded by Service.mu.
+	// state, expires and paused are guarded by Service.mu. paused is the
+	// stored workspace of a paused sandbox (lifecycle.go).
 	state   string
 	expires time.Time
+	paused  *snapshot
 
 	mu    sync.Mutex
 	dead  bool         // its init exited: destroyed as failed
@@ -57,6 +59,13 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 	}
 	if e := CheckMetadata(args.Metadata); e != nil {
 		return Sandbox{}, e
+	}
+	if args.Snapshot != "" {
+		done, e := s.snapshotArgs(key, &args)
+		if e != nil {
+			return Sandbox{}, e
+		}
+		defer done()
 	}
 	if args.Manifest == nil {
 		args.Manifest = manifest.Default()
@@ -255,9 +264,9 @@ func (s *Service) SetTimeout(ctx context.Context, key audit.Key, id string, ttl 
 // closed, dropped from the registry and its audit record finished.
 func (s *Service) destroy(sb *sandbox, reason string) (Sandbox, *Error) {
 	s.mu.Lock()
-	if sb.state != StateRunning {
+	if sb.state != StateRunning && sb.state != StatePaused {
 		s.mu.Unlock()
-		return Sandbox{}, conflict("sandbox %s is already being deleted", sb.id)
+		return Sandbox{}, conflict("sandbox %s is %s: it cannot be deleted now; retry shortly", sb.id, sb.state)
 	}
 	sb.state = StateDeleting
 	s.tasks.Add(1)
@@ -270,10 +279,17 @@ func (s *Service) destroy(sb *sandbox, reason string) (Sandbox, *Error) {
 func (s *Service) finishDestroy(sb *sandbox, reason string) (Sandbox, *Error) {
 	err := s.closeSession(sb, reason)
 	s.mu.Lock()
-	delete(s.sandboxes, sb.id)
+	if s.sandboxes[sb.id] == sb {
+		delete(s.sandboxes, sb.id)
+	}
 	sb.state = StateDeleted
 	view := s.viewLocked(sb)
+	paused := sb.paused
+	sb.paused = nil
 	s.mu.Unlock()
+	if paused != nil {
+		s.remove(paused, reason)
+	}
 	sb.release()
 	sb.untrack()
 	// A sandbox that was deleted, expired or shut down normally is done;
@@ -377,11 +393,12 @@ func (s *Service) reap() {
 			s.mu.Lock()
 			var expired []*sandbox
 			for _, sb := range s.sandboxes {
-				if sb.state == StateRunning && now.After(sb.expires) {
+				if (sb.state == StateRunning || sb.state == StatePaused) && now.After(sb.expires) {
 					expired = append(expired, sb)
 				}
 			}
 			s.mu.Unlock()
+			s.expireSnapshots(now)
 			for _, sb := range expired {
 				// One at a time would let a slow Close delay every other
 				// expiry.
@@ -435,7 +452,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	var all []*sandbox
 	for _, sb := range s.sandboxes {
-		if sb.state == StateRunning {
+		if sb.state == StateRunning || sb.state == StatePaused {
 			sb.state = StateDeleting
 			s.tasks.Add(1)
 			all = append(all, sb)
@@ -451,6 +468,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	}
 	wg.Wait()
 	s.tasks.Wait()
+	s.dropSnapshots()
 	s.stop()
 	<-s.accrued // no accrual is written after Shutdown returns
 	s.log.Info("shut down", "sandboxes_destroyed", len(all))

@@ -92,6 +92,14 @@ type Config struct {
 	// ApprovalTimeout is how long a held command waits for a decision
 	// before it is denied (--approval-timeout). Default 5m.
 	ApprovalTimeout time.Duration
+	// SnapshotDir is where snapshots and paused sandboxes keep their
+	// copies of a workspace ($MOAT_HOME/snapshots under moat serve). What
+	// is in it when New is called is a crashed server's and is removed.
+	// "": pause, resume, snapshots and fork are refused (Unavailable).
+	SnapshotDir string
+	// SnapshotTTL is how long a snapshot or a paused sandbox is kept
+	// (--snapshot-ttl). Default 24h.
+	SnapshotTTL time.Duration
 }
 
 // SetDefaults checks the required fields and fills in the defaults.
@@ -138,6 +146,9 @@ func (c *Config) SetDefaults() error {
 	if c.ApprovalTimeout <= 0 {
 		c.ApprovalTimeout = 5 * time.Minute
 	}
+	if c.SnapshotTTL <= 0 {
+		c.SnapshotTTL = 24 * time.Hour
+	}
 	return nil
 }
 
@@ -161,6 +172,8 @@ type Service struct {
 	mu        sync.Mutex
 	closing   bool
 	sandboxes map[string]*sandbox
+	// snapshots are the stored workspace copies, by id (lifecycle.go).
+	snapshots map[string]*snapshot
 	// held counts, per key, its sandboxes and in-flight runs.
 	held map[string]int
 	// active counts sandboxes and in-flight runs, server-wide.
@@ -195,10 +208,14 @@ func New(cfg Config) (*Service, error) {
 		reaped:       make(chan struct{}),
 		accrued:      make(chan struct{}),
 		sandboxes:    map[string]*sandbox{},
+		snapshots:    map[string]*snapshot{},
 		held:         map[string]int{},
 		approvals:    map[string]*pending{},
 		runs:         runStore{max: cfg.KeepRuns, byID: map[string]*storedRun{}},
 		shutdownDone: make(chan struct{}),
+	}
+	if err := s.clearSnapshotDir(); err != nil {
+		return nil, err
 	}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	go s.reap()

@@ -51,11 +51,19 @@ type SandboxArgs struct {
 	TTL      time.Duration
 	Files    []engine.File
 	Metadata map[string]string
+	// Snapshot, when set, names a snapshot of the key (its id or one of
+	// its names): the sandbox starts with the snapshot's files (before
+	// Files) and, when Manifest is nil, the snapshot's manifest.
+	Snapshot string
 }
 
-// Sandbox states.
+// Sandbox states. A paused sandbox has no processes; its workspace is
+// kept until it is resumed (running again, same id) or deleted.
 const (
 	StateRunning  = "running"
+	StatePausing  = "pausing"
+	StatePaused   = "paused"
+	StateResuming = "resuming"
 	StateDeleting = "deleting"
 	StateDeleted  = "deleted"
 )

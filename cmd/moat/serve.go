@@ -73,6 +73,7 @@ func cmdServe(args []string) int {
 		effectsPath   = fs.String("effects-policy", "", "effects policy `FILE` every command is analysed against before it starts (default: Moat's, see moat analyse --default-policy; off: no analysis)")
 		approvalTTL   = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for POST /v1/approvals/{id} before it is denied")
 		e2bInternet   = fs.String("e2b-internet", "none", "with --e2b, what E2B sandboxes that ask for internet access (allow_internet_access, true by default in e2b JS before 2.51 and the Python SDK) get: none (loopback only; the create answer's X-Moat-Notice header says so), refuse (answer 400), or a comma-separated `ALLOWLIST` of hosts and addresses (pypi.org,*.npmjs.org,192.0.2.0/24); never the open internet")
+		snapshotTTL   = fs.Duration("snapshot-ttl", 24*time.Hour, "how long a snapshot or a paused sandbox is kept before it is removed (they live under $MOAT_HOME/snapshots and do not survive a restart)")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -101,6 +102,9 @@ func cmdServe(args []string) int {
 	}
 	if !*e2bAPI && *e2bInternet != "none" {
 		return fail(usageError{errors.New("--e2b-internet needs --e2b")})
+	}
+	if *snapshotTTL <= 0 {
+		return fail(usageError{fmt.Errorf("--snapshot-ttl %s: want a positive duration such as 24h", *snapshotTTL)})
 	}
 	body, err := manifest.ParseSize(*maxBody)
 	if err != nil || body <= 0 {
@@ -186,6 +190,8 @@ func cmdServe(args []string) int {
 		NoEffects:       fx == nil,
 		ApprovalTimeout: *approvalTTL,
 		Incidents:       opts.Incidents,
+		SnapshotDir:     filepath.Join(e.Home(), "snapshots"),
+		SnapshotTTL:     *snapshotTTL,
 	})
 	if err != nil {
 		return fail(usageError{err})

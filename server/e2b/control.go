@@ -40,6 +40,7 @@ func (h *Handler) routes() {
 	h.handle("POST /sandboxes/{id}/connect", h.connect)
 	h.handle("POST /v2/sandboxes/{id}/connect", h.connect)
 	h.handle("POST /sandboxes/{id}/refreshes", h.refresh)
+	h.lifecycleRoutes()
 	h.control.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		notServed(r).write(w)
 	})
@@ -51,13 +52,10 @@ var unserved = []struct {
 	re     *regexp.Regexp
 	reason string
 }{
-	{regexp.MustCompile(`^/sandboxes/[^/]+/(pause|resume)$`), "Moat does not pause sandboxes: a Moat sandbox lives until it is killed or times out"},
-	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/snapshots?(/|$)|^/snapshots(/|$)`), "Moat keeps no snapshots of sandboxes"},
-	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/fork$`), "Moat does not fork sandboxes"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/metrics$|^/sandboxes/metrics$`), "Moat reports a sandbox's usage in its audit record (moat audit), not as E2B metrics"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/logs$`), "Moat records each command's output in its result, not as sandbox logs"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/network$`), "a Moat sandbox's network allowlist is fixed at creation (network.allowOut)"},
-	{regexp.MustCompile(`^/(v[0-9]+/)?templates(/|$)`), "a template is a Moat image: build one with moat image build on the host"},
+	{regexp.MustCompile(`^/(v[0-9]+/)?templates(/|$)`), "a template is a Moat image: build one with moat image build on the host (DELETE /templates/{id} deletes a snapshot)"},
 	{regexp.MustCompile(`^/volumes(/|$)`), "a Moat sandbox sees only its own workspace"},
 }
 
@@ -324,6 +322,11 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return e
 	}
 	template := p.template
+	// A templateID naming one of the key's snapshots starts from it.
+	snap, fromSnap := h.snapshotTemplate(r, key, req.TemplateID)
+	if fromSnap {
+		p.manifest["image"] = snap.Image
+	}
 	mdata, _ := json.Marshal(p.manifest)
 	man, se := service.ParseManifest(mdata)
 	if se != nil {
@@ -333,7 +336,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return h.fromService(se)
 	}
 	h.sweep()
-	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: p.ttl, Metadata: req.Metadata})
+	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: p.ttl, Metadata: req.Metadata, Snapshot: snap.ID})
 	if e := unknownTemplate(template, err); e != nil {
 		return e
 	}
@@ -383,6 +386,9 @@ type listed struct {
 func (h *Handler) listedView(sb service.Sandbox) listed {
 	l := listed{TemplateID: sb.Image.Name, SandboxID: sb.ID, ClientID: "moat", StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt,
 		Metadata: sb.Metadata, State: "running", EnvdVersion: envdVersion, VolumeMounts: []any{}}
+	if sb.State == service.StatePaused {
+		l.State = "paused"
+	}
 	h.mu.Lock()
 	b := h.boxes[sb.ID]
 	h.mu.Unlock()
@@ -395,7 +401,7 @@ func (h *Handler) listedView(sb service.Sandbox) listed {
 	return l
 }
 
-// moatSandboxes is the key's live sandboxes, oldest first.
+// moatSandboxes is the key's live sandboxes, running and paused, oldest first.
 func (h *Handler) moatSandboxes(r *http.Request, key audit.Key) ([]service.Sandbox, *apiError) {
 	list, err := h.svc.ListSandboxes(r.Context(), key)
 	if err != nil {
@@ -403,7 +409,7 @@ func (h *Handler) moatSandboxes(r *http.Request, key audit.Key) ([]service.Sandb
 	}
 	out := list[:0]
 	for _, sb := range list {
-		if sb.State == service.StateRunning {
+		if sb.State == service.StateRunning || sb.State == service.StatePaused {
 			out = append(out, sb)
 		}
 	}
@@ -446,7 +452,8 @@ func matches(md, want map[string]string) bool {
 // /v2/sandboxes takes, so that none is ignored.
 type listQuery struct {
 	metadata     map[string]string
-	running      bool // state includes running (no paused sandboxes exist)
+	running      bool // state includes running
+	paused       bool // state includes paused
 	startedAfter time.Time
 	template     string
 	desc         bool
@@ -461,7 +468,7 @@ var listParams = map[string]bool{"metadata": true, "state": true, "startedAfter"
 // parseList reads a list request's query, refusing (400, naming it) a
 // parameter or value it does not know rather than ignore it.
 func parseList(q url.Values, v2 bool) (listQuery, *apiError) {
-	lq := listQuery{running: true, desc: true, limit: 100}
+	lq := listQuery{running: true, paused: true, desc: true, limit: 100}
 	for k := range q {
 		if !listParams[k] || !v2 && k != "metadata" && k != "state" {
 			return listQuery{}, badField(k, "is not a filter Moat knows for this list; it takes metadata, state, startedAfter, template, order, limit and nextToken (GET /v2/sandboxes)")
@@ -474,14 +481,14 @@ func parseList(q url.Values, v2 bool) (listQuery, *apiError) {
 	if states := q["state"]; len(states) > 0 {
 		// The SDKs send state=running&state=paused; a comma list is
 		// taken too.
-		lq.running = false
+		lq.running, lq.paused = false, false
 		for _, v := range states {
 			for st := range strings.SplitSeq(v, ",") {
 				switch st {
 				case "running":
 					lq.running = true
 				case "paused":
-					// Moat never pauses: no sandbox is in this state.
+					lq.paused = true
 				default:
 					return listQuery{}, badField("state", "%q is not a sandbox state; give running or paused", st)
 				}
@@ -567,7 +574,8 @@ func (h *Handler) list(r *http.Request, key audit.Key, lq listQuery) ([]listed, 
 	}
 	var out []listed
 	for _, sb := range all {
-		if !lq.running || !matches(sb.Metadata, lq.metadata) || sb.CreatedAt.Before(lq.startedAfter) {
+		if (sb.State == service.StatePaused && !lq.paused) || (sb.State != service.StatePaused && !lq.running) ||
+			!matches(sb.Metadata, lq.metadata) || sb.CreatedAt.Before(lq.startedAfter) {
 			continue
 		}
 		l := h.listedView(sb)
@@ -656,8 +664,9 @@ func (h *Handler) moatSandbox(r *http.Request, key audit.Key, id string) (servic
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {
 	id := r.PathValue("id")
+	// A paused sandbox is described too (state "paused"), as E2B's is.
 	sb, e := h.moatSandbox(r, key, id)
-	if e != nil {
+	if e != nil && sb.State != service.StatePaused {
 		return e
 	}
 	l := h.listedView(sb)
@@ -752,7 +761,7 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request, key audit.Key)
 }
 
 // connect is POST /v2/sandboxes/{id}/connect: a running sandbox is
-// returned (its timeout set if given); there are no paused ones to resume.
+// returned (its timeout extended if given), a paused one is resumed.
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request, key audit.Key) *apiError {
 	id := r.PathValue("id")
 	var req struct {
@@ -765,6 +774,11 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, key audit.Key)
 	b := h.box(key.ID, id)
 	if b == nil {
 		return notFound(id)
+	}
+	// memory matters only to a paused sandbox (resumePaused refuses
+	// true there): connecting to a running one resumes nothing.
+	if e := h.resumePaused(r, key, id, req.Timeout, req.Memory); e != nil {
+		return e
 	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 || *req.Timeout > maxSeconds {

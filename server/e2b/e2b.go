@@ -204,7 +204,8 @@ func (h *Handler) box(keyID, id string) *box {
 // service's own lookup, so another key's sandbox is absent.
 func (h *Handler) alive(keyID, id string) bool {
 	sb, err := h.svc.GetSandbox(context.Background(), audit.Key{ID: keyID}, id)
-	return err == nil && sb.State == service.StateRunning
+	// A paused sandbox keeps its record (its token) until it is resumed.
+	return err == nil && sb.State != service.StateDeleting && sb.State != service.StateDeleted
 }
 
 // boxByToken returns the record of sandbox id if token is its access

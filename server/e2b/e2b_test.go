@@ -13,6 +13,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -66,7 +67,7 @@ func newEnvConfig(t *testing.T, images []string, hasImage func(string) bool, pol
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	api, err := server.New(server.Config{Backend: b, Auditor: au, Logger: log, MaxBodyBytes: 1 << 16,
-		ReapInterval: 20 * time.Millisecond, Policy: pol})
+		ReapInterval: 20 * time.Millisecond, Policy: pol, SnapshotDir: filepath.Join(t.TempDir(), "snapshots")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +350,7 @@ func TestControlPlane(t *testing.T) {
 			{"other key's connect", "POST", "/v2/sandboxes/" + c.SandboxID + "/connect", keyB, `{}`, 404},
 			{"never existed", "GET", "/sandboxes/nope", keyA, "", 404},
 			{"never existed kill", "DELETE", "/sandboxes/nope", keyA, "", 404},
-			{"unknown route", "POST", "/sandboxes/" + c.SandboxID + "/pause", keyA, "", 501},
+			{"unknown route", "POST", "/sandboxes/" + c.SandboxID + "/no-such-route", keyA, "", 501},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {

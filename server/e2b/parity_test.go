@@ -186,11 +186,7 @@ func TestNotServed(t *testing.T) {
 	tests := []struct {
 		name, method, path, want string
 	}{
-		{"pause", "POST", "/sandboxes/" + c.SandboxID + "/pause", "does not pause"},
-		{"resume", "POST", "/sandboxes/" + c.SandboxID + "/resume", "does not pause"},
-		{"snapshot", "POST", "/sandboxes/" + c.SandboxID + "/snapshots", "no snapshots"},
-		{"list snapshots", "GET", "/snapshots", "no snapshots"},
-		{"fork", "POST", "/sandboxes/" + c.SandboxID + "/fork", "fork"},
+		{"a sandbox's snapshots by GET", "GET", "/sandboxes/" + c.SandboxID + "/snapshots", "not part of the E2B API"},
 		{"metrics", "GET", "/sandboxes/" + c.SandboxID + "/metrics", "audit record"},
 		{"network", "PUT", "/sandboxes/" + c.SandboxID + "/network", "fixed at creation"},
 		{"templates", "GET", "/templates", "moat image build"},
