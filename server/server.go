@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/dashboard"
 	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
@@ -96,6 +97,15 @@ type Config struct {
 	// ApprovalTimeout is how long a held command waits for a decision
 	// before it is denied (--approval-timeout). Default 5m.
 	ApprovalTimeout time.Duration
+	// Incidents is the store GET /v1/incidents and the dashboard read.
+	// Nil: the server keeps no bundles (--no-incidents).
+	Incidents IncidentStore
+	// NoDashboard turns the dashboard (/dashboard/) off. It is served
+	// only when the Auditor is also a dashboard.Records (the audit
+	// store).
+	NoDashboard bool
+	// Prices price the dashboard's costs. Zero: audit.DefaultPrices.
+	Prices audit.Prices
 }
 
 func (c *Config) setDefaults() error {
@@ -168,6 +178,9 @@ func New(cfg Config) (*Server, error) {
 	s.svc = svc
 	s.metrics = newMetrics(svc)
 	s.routesInit()
+	if err := s.mountDashboard(); err != nil {
+		return nil, err
+	}
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	return s, nil
 }
@@ -217,6 +230,36 @@ func (s *Server) routesInit() {
 	s.handle("DELETE /v1/sandboxes/{id}/files", s.deleteFile, routeOpts{})
 	s.handle("GET /v1/approvals", s.listApprovals, routeOpts{})
 	s.handle("POST /v1/approvals/{id}", s.decideApproval, routeOpts{})
+	s.handle("GET /v1/incidents", s.listIncidents, routeOpts{})
+	s.handle("GET /v1/incidents/{id}", s.getIncident, routeOpts{})
+}
+
+// mountDashboard serves the dashboard at /dashboard/ when the Auditor is
+// the audit store it reads. It does its own authentication (an admin
+// key's session cookie) and headers: it is not under the API's routes.
+func (s *Server) mountDashboard() error {
+	recs, ok := s.cfg.Auditor.(dashboard.Records)
+	if s.cfg.NoDashboard || !ok {
+		return nil
+	}
+	var inc dashboard.Incidents
+	if s.cfg.Incidents != nil {
+		inc = s.cfg.Incidents
+	}
+	d, err := dashboard.New(dashboard.Config{Service: s.svc, Authenticate: s.cfg.Auditor.Authenticate,
+		Records: recs, Incidents: inc, Prices: s.cfg.Prices, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rw, ok := w.(*responseWriter); ok {
+			rw.route = dashboard.Prefix
+		}
+		d.ServeHTTP(w, r)
+	})
+	s.mux.Handle(dashboard.Prefix, h)
+	s.mux.Handle("/dashboard", h)
+	return nil
 }
 
 func (s *Server) handle(pattern string, h handlerFunc, o routeOpts) {

@@ -40,6 +40,10 @@ SDKs run their sandboxes here (E2B_API_URL and E2B_SANDBOX_URL set to this
 server's URL, E2B_API_KEY a Moat key): see the README, "Using Moat with the
 E2B SDK".
 
+The same listener serves a web dashboard at /dashboard/ for admin keys
+(moat keys create --admin): runs, sandboxes, network, approvals,
+incidents, costs and policy suggestions (README, "Dashboard").
+
 On SIGTERM or SIGINT the server stops taking requests, lets running
 one-shot runs finish (--drain), destroys every sandbox and exits. After a
 crash, the next start destroys what the dead server left and marks its
@@ -72,6 +76,7 @@ func cmdServe(args []string) int {
 		policyPath    = fs.String("policy", "", "operator policy `FILE`: per-key ceilings and required justifications (default $"+policy.EnvVar+"; see README)")
 		effectsPath   = fs.String("effects-policy", "", "effects policy `FILE` every command is analysed against before it starts (default: Moat's, see moat analyse --default-policy; off: no analysis)")
 		approvalTTL   = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for POST /v1/approvals/{id} before it is denied")
+		noDashboard   = fs.Bool("no-dashboard", false, "do not serve the web dashboard at /dashboard/ (admin keys only; see README, \"Dashboard\")")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -163,6 +168,10 @@ func cmdServe(args []string) int {
 		}
 	}
 
+	var incidents server.IncidentStore
+	if opts.Incidents != nil {
+		incidents = opts.Incidents
+	}
 	srv, err := server.New(server.Config{
 		Backend:         service.NewEngineBackend(e),
 		Auditor:         store,
@@ -177,6 +186,8 @@ func cmdServe(args []string) int {
 		Effects:         fx,
 		NoEffects:       fx == nil,
 		ApprovalTimeout: *approvalTTL,
+		Incidents:       incidents,
+		NoDashboard:     *noDashboard,
 	})
 	if err != nil {
 		return fail(usageError{err})
