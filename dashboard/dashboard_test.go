@@ -455,7 +455,7 @@ func TestNetworkAndTimeline(t *testing.T) {
 	}
 	tl := timelineOf(recs, since)
 	tests := []struct {
-		name                           string
+		name                            string
 		hour, runs, denials, violations int
 	}{
 		{"first hour", 0, 1, 1, 0},

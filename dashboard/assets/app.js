@@ -242,11 +242,15 @@
     const hash = location.hash.slice(1) || "overview";
     const [name, ...rest] = hash.split("/");
     const view = views[name] || views.overview;
+    // data-page says which page is on screen once it is drawn (what tests
+    // wait for); cleared while the next one loads.
+    document.body.removeAttribute("data-page");
     for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("current", a.getAttribute("href") === "#" + name);
     try {
       await view(decodeURIComponent(rest.join("/")));
       status("updated " + new Date().toISOString().slice(11, 19) + " UTC");
       document.body.setAttribute("data-view", name);
+      document.body.setAttribute("data-page", hash);
     } catch (e) {
       show("Error", el("p", { class: "error" }, e.message));
     }
