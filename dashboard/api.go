@@ -100,18 +100,14 @@ func (d *Dashboard) run(r *http.Request, key audit.Key, cookie string) (any, err
 		return nil, err
 	}
 	v := RunView{Record: rec, Files: []FileView{}}
-	raw, err := d.cfg.Service.AnyRun(r.Context(), key, id)
+	res, err := d.resultOf(r, key, rec)
 	if service.KindOf(err) == service.NotFound {
 		return v, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var resp service.RunResponse
-	if err := json.Unmarshal(raw, &resp); err != nil {
-		return nil, err
-	}
-	if res := resp.Result; res != nil {
+	if res != nil {
 		// Sanitised here, before encoding/json would turn bytes that are
 		// not UTF-8 into U+FFFD: the page shows them as \xNN.
 		v.Stdout, v.Stderr = Inert(streamText(res.Stdout)), Inert(streamText(res.Stderr))
@@ -123,6 +119,35 @@ func (d *Dashboard) run(r *http.Request, key audit.Key, cookie string) (any, err
 		v.Result = res
 	}
 	return v, nil
+}
+
+// resultOf is the full result of rec while the service holds it: a
+// one-shot run's (the last --keep-runs), a command's of a live sandbox
+// (its last KeepExecs), nil for one still running; NotFound otherwise.
+func (d *Dashboard) resultOf(r *http.Request, key audit.Key, rec audit.Record) (*result.Result, error) {
+	switch rec.Kind {
+	case audit.KindRun:
+		raw, err := d.cfg.Service.AnyRun(r.Context(), key, rec.ID)
+		if err != nil {
+			return nil, err
+		}
+		var resp service.RunResponse
+		if err := json.Unmarshal(raw, &resp); err != nil {
+			return nil, err
+		}
+		return resp.Result, nil
+	case audit.KindExec:
+		eid, ok := strings.CutPrefix(rec.ID, rec.SandboxID+"-")
+		if !ok {
+			return nil, &service.Error{Kind: service.NotFound, Message: "command " + rec.ID}
+		}
+		ex, err := d.cfg.Service.AnyExec(r.Context(), key, rec.SandboxID, eid)
+		if err != nil {
+			return nil, err
+		}
+		return ex.Result, nil
+	}
+	return nil, &service.Error{Kind: service.NotFound, Message: "result of " + rec.ID}
 }
 
 // streamText is a stream's bytes as text (writeJSON sanitises it).

@@ -535,3 +535,53 @@ func TestStreamText(t *testing.T) {
 		})
 	}
 }
+
+// TestRunView: a run's page has its output while the server holds it: a
+// one-shot run's, a command's of a live sandbox; a session record has
+// none.
+func TestRunView(t *testing.T) {
+	e := newEnv(t)
+	c, _ := e.login(e.admin)
+	ctx := t.Context()
+	run, err := e.svc.Run(ctx, e.tenK, service.RunArgs{Manifest: manifest.Default(), Argv: []string{"fake", "out:from-run", "err:run-err"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := e.svc.CreateSandbox(ctx, e.tenK, service.SandboxArgs{Manifest: manifest.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := e.svc.RunExec(ctx, e.tenK, sb.ID, service.ExecArgs{Argv: []string{"fake", "out:from-exec"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, id, stdout, stderr string
+		result                   bool
+	}{
+		{"one-shot run", run.ID, "from-run\n", "run-err\n", true},
+		{"command of a live sandbox", sb.ID + "-" + ex.ID, "from-exec\n", "", true},
+		{"session record", sb.ID, "", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := e.do(call{method: "GET", path: "/dashboard/api/runs/" + tc.id, cookie: c})
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			var v RunView
+			if err := json.Unmarshal([]byte(body), &v); err != nil {
+				t.Fatal(err)
+			}
+			if v.Record.ID != tc.id || (v.Result != nil) != tc.result || v.Stdout != tc.stdout || v.Stderr != tc.stderr {
+				t.Errorf("view of %s: record %s, result %v, stdout %q, stderr %q", tc.id, v.Record.ID, v.Result != nil, v.Stdout, v.Stderr)
+			}
+		})
+	}
+	if resp, _ := e.do(call{method: "GET", path: "/dashboard/api/runs/nope", cookie: c}); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown run: %d", resp.StatusCode)
+	}
+	if _, err := e.svc.DeleteSandbox(ctx, e.tenK, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}

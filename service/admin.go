@@ -107,3 +107,19 @@ func (s *Service) DecideAnyApproval(ctx context.Context, admin audit.Key, id str
 	}
 	return s.DecideApproval(ctx, p.key, id, d)
 }
+
+// AnyExec describes command eid of any key's live sandbox id (its output
+// while the sandbox keeps it: the last KeepExecs ended commands): for
+// admin keys only.
+func (s *Service) AnyExec(ctx context.Context, admin audit.Key, id, eid string) (Exec, error) {
+	if e := requireAdmin(admin, "another key's command"); e != nil {
+		return Exec{}, e
+	}
+	s.mu.Lock()
+	sb := s.sandboxes[id]
+	s.mu.Unlock()
+	if sb == nil {
+		return Exec{}, notFound("sandbox " + Quote(id))
+	}
+	return s.GetExec(ctx, audit.Key{ID: sb.key}, id, eid)
+}

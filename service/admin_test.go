@@ -19,6 +19,10 @@ func TestAdminViews(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ex, err := s.RunExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"fake", "out:in-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	run, err := s.Run(ctx, keyB, service.RunArgs{Argv: []string{"fake", "out:hello"}})
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +37,7 @@ func TestAdminViews(t *testing.T) {
 		{"AllSandboxes", func(k audit.Key) error { _, err := s.AllSandboxes(ctx, k); return err }},
 		{"AnyRun", func(k audit.Key) error { _, err := s.AnyRun(ctx, k, run.ID); return err }},
 		{"AllApprovals", func(k audit.Key) error { _, err := s.AllApprovals(ctx, k); return err }},
+		{"AnyExec", func(k audit.Key) error { _, err := s.AnyExec(ctx, k, sb.ID, ex.ID); return err }},
 		{"DecideAnyApproval", func(k audit.Key) error {
 			_, err := s.DecideAnyApproval(ctx, k, ap.ID, service.Decision{Approve: false})
 			return err
@@ -50,6 +55,14 @@ func TestAdminViews(t *testing.T) {
 		if err != nil || len(list) != 1 || list[0].ID != sb.ID || list[0].KeyID != keyA.ID {
 			t.Errorf("AllSandboxes: %+v, %v", list, err)
 		}
+	})
+	t.Run("any key's command", func(t *testing.T) {
+		got, err := s.AnyExec(ctx, admin, sb.ID, ex.ID)
+		if err != nil || got.Result == nil || got.Result.Stdout.Data != "in-a\n" {
+			t.Errorf("AnyExec: %+v, %v", got, err)
+		}
+		_, err = s.AnyExec(ctx, admin, "sb-nope", ex.ID)
+		wantKind(t, err, service.NotFound, "")
 	})
 	t.Run("any key's run", func(t *testing.T) {
 		b, err := s.AnyRun(ctx, admin, run.ID)

@@ -159,7 +159,8 @@
           el("h3", {}, "stdout" + (res.stdout.truncated ? " (truncated)" : "")), el("pre", { id: "stdout", class: "output" }, v.stdout),
           el("h3", {}, "stderr" + (res.stderr.truncated ? " (truncated)" : "")), el("pre", { id: "stderr", class: "output" }, v.stderr));
       } else {
-        parts.push(el("p", {}, "The server no longer holds this run's output (only one-shot runs are kept, the last --keep-runs of them)."));
+        parts.push(el("p", {}, r.status === "running" ? "Still running: its output is shown once it has ended." :
+          "The server no longer holds this output (it keeps the last --keep-runs one-shot runs, and the last commands of live sandboxes)."));
       }
       show("Run " + id, ...parts);
     },
