@@ -31,8 +31,8 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/dashboard"
 	"github.com/moat-sandbox/moat/effects"
-	"github.com/moat-sandbox/moat/incident"
 	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
@@ -97,13 +97,21 @@ type Config struct {
 	// ApprovalTimeout is how long a held command waits for a decision
 	// before it is denied (--approval-timeout). Default 5m.
 	ApprovalTimeout time.Duration
-	// Incidents keeps evidence of the commands the effects policy denies
-	// (service.Config.Incidents). Nil: none.
-	Incidents *incident.Store
+	// Incidents is the store of incident bundles: GET /v1/incidents and
+	// the dashboard read it, and the service keeps in it the evidence of
+	// the commands the effects policy denies (service.Config.Incidents).
+	// Nil: the server keeps no bundles (--no-incidents).
+	Incidents IncidentStore
 	// SnapshotDir and SnapshotTTL keep snapshots and paused sandboxes
 	// (service.Config.SnapshotDir, SnapshotTTL). "": none.
 	SnapshotDir string
 	SnapshotTTL time.Duration
+	// NoDashboard turns the dashboard (/dashboard/) off. It is served
+	// only when the Auditor is also a dashboard.Records (the audit
+	// store).
+	NoDashboard bool
+	// Prices price the dashboard's costs. Zero: audit.DefaultPrices.
+	Prices audit.Prices
 }
 
 func (c *Config) setDefaults() error {
@@ -178,6 +186,9 @@ func New(cfg Config) (*Server, error) {
 	s.svc = svc
 	s.metrics = newMetrics(svc)
 	s.routesInit()
+	if err := s.mountDashboard(); err != nil {
+		return nil, err
+	}
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	return s, nil
 }
@@ -227,6 +238,36 @@ func (s *Server) routesInit() {
 	s.handle("DELETE /v1/sandboxes/{id}/files", s.deleteFile, routeOpts{})
 	s.handle("GET /v1/approvals", s.listApprovals, routeOpts{})
 	s.handle("POST /v1/approvals/{id}", s.decideApproval, routeOpts{})
+	s.handle("GET /v1/incidents", s.listIncidents, routeOpts{})
+	s.handle("GET /v1/incidents/{id}", s.getIncident, routeOpts{})
+}
+
+// mountDashboard serves the dashboard at /dashboard/ when the Auditor is
+// the audit store it reads. It does its own authentication (an admin
+// key's session cookie) and headers: it is not under the API's routes.
+func (s *Server) mountDashboard() error {
+	recs, ok := s.cfg.Auditor.(dashboard.Records)
+	if s.cfg.NoDashboard || !ok {
+		return nil
+	}
+	var inc dashboard.Incidents
+	if s.cfg.Incidents != nil {
+		inc = s.cfg.Incidents
+	}
+	d, err := dashboard.New(dashboard.Config{Service: s.svc, Authenticate: s.cfg.Auditor.Authenticate,
+		Records: recs, Incidents: inc, Prices: s.cfg.Prices, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rw, ok := w.(*responseWriter); ok {
+			rw.route = dashboard.Prefix
+		}
+		d.ServeHTTP(w, r)
+	})
+	s.mux.Handle(dashboard.Prefix, h)
+	s.mux.Handle("/dashboard", h)
+	return nil
 }
 
 func (s *Server) handle(pattern string, h handlerFunc, o routeOpts) {

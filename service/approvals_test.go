@@ -283,7 +283,11 @@ func TestDenialLeavesTrace(t *testing.T) {
 			if tc.incidents {
 				st = incident.Open(t.TempDir(), incident.Policy{})
 			}
-			s, be, au := newService(t, func(c *service.Config) { c.Incidents = st })
+			s, be, au := newService(t, func(c *service.Config) {
+				if st != nil {
+					c.Incidents = st
+				}
+			})
 			var err error
 			sandboxID := ""
 			if tc.session {

@@ -88,7 +88,7 @@ type Config struct {
 	// Incidents, when set, keeps an evidence bundle of every command the
 	// effects policy denies (the engine keeps those of flagged runs).
 	// Nil: none.
-	Incidents *incident.Store
+	Incidents IncidentKeeper
 	// ApprovalTimeout is how long a held command waits for a decision
 	// before it is denied (--approval-timeout). Default 5m.
 	ApprovalTimeout time.Duration
@@ -100,6 +100,11 @@ type Config struct {
 	// SnapshotTTL is how long a snapshot or a paused sandbox is kept
 	// (--snapshot-ttl). Default 24h.
 	SnapshotTTL time.Duration
+}
+
+// IncidentKeeper keeps an incident bundle (*incident.Store).
+type IncidentKeeper interface {
+	Keep(ev *incident.Evidence) (incident.Summary, error)
 }
 
 // SetDefaults checks the required fields and fills in the defaults.

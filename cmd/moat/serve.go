@@ -40,6 +40,10 @@ SDKs run their sandboxes here (E2B_API_URL and E2B_SANDBOX_URL set to this
 server's URL, E2B_API_KEY a Moat key): see the README, "Using Moat with the
 E2B SDK".
 
+The same listener serves a web dashboard at /dashboard/ for admin keys
+(moat keys create --admin): runs, sandboxes, network, approvals,
+incidents, costs and policy suggestions (README, "Dashboard").
+
 On SIGTERM or SIGINT the server stops taking requests, lets running
 one-shot runs finish (--drain), destroys every sandbox and exits. After a
 crash, the next start destroys what the dead server left and marks its
@@ -74,6 +78,7 @@ func cmdServe(args []string) int {
 		approvalTTL   = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for POST /v1/approvals/{id} before it is denied")
 		e2bInternet   = fs.String("e2b-internet", "none", "with --e2b, what E2B sandboxes that ask for internet access (allow_internet_access, true by default in e2b JS before 2.51 and the Python SDK) get: none (loopback only; the create answer's X-Moat-Notice header says so), refuse (answer 400), or a comma-separated `ALLOWLIST` of hosts and addresses (pypi.org,*.npmjs.org,192.0.2.0/24); never the open internet")
 		snapshotTTL   = fs.Duration("snapshot-ttl", 24*time.Hour, "how long a snapshot or a paused sandbox is kept before it is removed (they live under $MOAT_HOME/snapshots and do not survive a restart)")
+		noDashboard   = fs.Bool("no-dashboard", false, "do not serve the web dashboard at /dashboard/ (admin keys only; see README, \"Dashboard\")")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -175,6 +180,10 @@ func cmdServe(args []string) int {
 		}
 	}
 
+	var incidents server.IncidentStore
+	if opts.Incidents != nil {
+		incidents = opts.Incidents
+	}
 	srv, err := server.New(server.Config{
 		Backend:         service.NewEngineBackend(e),
 		Auditor:         store,
@@ -189,9 +198,10 @@ func cmdServe(args []string) int {
 		Effects:         fx,
 		NoEffects:       fx == nil,
 		ApprovalTimeout: *approvalTTL,
-		Incidents:       opts.Incidents,
+		Incidents:       incidents,
 		SnapshotDir:     filepath.Join(e.Home(), "snapshots"),
 		SnapshotTTL:     *snapshotTTL,
+		NoDashboard:     *noDashboard,
 	})
 	if err != nil {
 		return fail(usageError{err})
