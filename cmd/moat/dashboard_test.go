@@ -131,7 +131,10 @@ func TestDashboardBrowser(t *testing.T) {
 	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 1000), chromedp.Flag("user-data-dir", t.TempDir()))
+		chromedp.WindowSize(1280, 1000), chromedp.Flag("user-data-dir", t.TempDir()),
+		// Chromium's own scratch directories (org.chromium.Chromium.*)
+		// go where the test's temporary directories are removed.
+		chromedp.Env("TMPDIR="+t.TempDir()))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancelAlloc()
 	ctx, cancel := chromedp.NewContext(actx)
@@ -303,6 +306,14 @@ func TestDashboardBrowser(t *testing.T) {
 	// Logging out ends the browser's session.
 	do("log out", chromedp.Navigate(s.url+"/dashboard/#overview"), chromedp.WaitVisible(chromedp.CSS("#logout")),
 		chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#key")))
+
+	// The live sandbox goes, the server stops cleanly, and nothing of
+	// the runs is left (a SIGKILLed server left the sandbox's cgroups).
+	api("DELETE", "/v1/sandboxes/"+sandbox, tenant, "", 200)
+	s.terminate(t, time.Minute)
+	if left := s.residue(); len(left) > 0 {
+		t.Errorf("left on the host: %v", left)
+	}
 }
 
 var noFollow = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

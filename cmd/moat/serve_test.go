@@ -131,11 +131,18 @@ func startServer(t *testing.T, home, key string, args ...string) *testServer {
 		// to be deleted (nobody's GC would find them).
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		// The killed server's sandboxes die with it, but not at once: a
+		// cgroup is removable only once its processes have exited.
 		for id := range s.ids {
 			dirs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id)
 			more, _ := filepath.Glob("/sys/fs/cgroup/moat/" + id)
 			for _, d := range append(dirs, more...) {
-				os.Remove(d)
+				for range 100 {
+					if err := os.Remove(d); err == nil || os.IsNotExist(err) {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
 			}
 		}
 	})
