@@ -124,7 +124,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return e
 	}
 	if req.AutoPause != nil && *req.AutoPause {
-		return badField("autoPause", "true is not supported: Moat sandboxes are destroyed, never paused, when they time out; leave it unset or false")
+		return badField("autoPause", "true is not supported on resume: a sandbox's timeout action is set when it is created (lifecycle.onTimeout 'pause'); leave it unset or false")
 	}
 	b := h.box(key.ID, id)
 	if b == nil {
