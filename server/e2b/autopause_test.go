@@ -147,3 +147,36 @@ func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
 }
+
+// TestEnvdPaused: envd of a paused sandbox answers 502, as E2B's proxy
+// does (the SDKs' isRunning is then false), and again after resume.
+func TestEnvdPaused(t *testing.T) {
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base","timeout":60}`)
+	health := func() int {
+		resp, _ := e.do("GET", "/health", envdHeaders(c), nil)
+		return resp.StatusCode
+	}
+	steps := []struct {
+		name   string
+		do     func()
+		health int
+		stat   int
+	}{
+		{"running", func() {}, http.StatusNoContent, http.StatusOK},
+		{"paused", func() { e.control("POST", "/sandboxes/"+c.SandboxID+"/pause", keyA, `{}`) }, http.StatusBadGateway, http.StatusBadGateway},
+		{"resumed", func() { e.control("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", keyA, `{"timeout":60}`) }, http.StatusNoContent, http.StatusOK},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			st.do()
+			if got := health(); got != st.health {
+				t.Errorf("/health: %d, want %d", got, st.health)
+			}
+			if code, m := e.unary(c, "filesystem.Filesystem/Stat", map[string]any{"path": "/workspace"}); code != st.stat {
+				t.Errorf("Stat: %d %v, want %d", code, m, st.stat)
+			}
+		})
+	}
+	e.control("DELETE", "/sandboxes/"+c.SandboxID, keyA, "")
+}
