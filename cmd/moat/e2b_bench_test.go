@@ -65,12 +65,13 @@ func TestE2BBenchmark(t *testing.T) {
 	} {
 		home := serverHome(t)
 		key := createKey(t, home, "--max-sandboxes", strconv.Itoa(2*burst))
+		admin := createKey(t, home, "--admin") // GET /metrics needs one
 		s := startServer(t, home, key, "--e2b", "--pool", "0", "--session-pool", tc.pool)
 		count := n
 		if tc.burst {
 			count = burst
 			if tc.pool != "0" {
-				waitPool(t, s, burst+1)
+				waitPool(t, s, admin, burst+1)
 			}
 		}
 		pause := "0"
@@ -79,7 +80,7 @@ func TestE2BBenchmark(t *testing.T) {
 		}
 		sdkTimes := benchSDK(t, node, sdk, s.url, key, count, tc.burst, pause)
 		if tc.burst && tc.pool != "0" {
-			waitPool(t, s, burst+1)
+			waitPool(t, s, admin, burst+1)
 		}
 		apiTimes := benchAPI(t, s.client(t), count, tc.burst, pause)
 		s.terminate(t, time.Minute)
@@ -176,14 +177,15 @@ func benchAPI(t *testing.T, c *client.Client, n int, burst bool, pause string) [
 }
 
 // waitPool waits until the server's session pool holds n ready sandboxes,
-// so that a warm burst measures sandboxes taken from the pool.
-func waitPool(t *testing.T, s *testServer, n int) {
+// so that a warm burst measures sandboxes taken from the pool; admin is
+// an admin key (GET /metrics is the whole server's).
+func waitPool(t *testing.T, s *testServer, admin string, n int) {
 	t.Helper()
 	re := regexp.MustCompile(`(?m)^moat_pool_ready\{pool="[^"]*session[^"]*"\} (\d+)`)
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+s.key)
+		req.Header.Set("Authorization", "Bearer "+admin)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

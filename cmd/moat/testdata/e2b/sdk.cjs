@@ -43,7 +43,8 @@ if (process.env.E2B_BENCH_LIFECYCLE) {
   const n = Number(process.env.E2B_BENCH_LIFECYCLE)
   const mb = Number(process.env.E2B_BENCH_MB || 0)
   const box = await Sandbox.create({ timeoutMs: 600_000 })
-  if (mb > 0) await box.commands.run(`head -c ${mb * 1048576} /dev/urandom > data.bin`)
+  // Files of 1 MiB: Moat's default limit per file is 64 MiB.
+  if (mb > 0) await box.commands.run(`mkdir data && for i in $(seq ${mb}); do head -c 1048576 /dev/urandom > data/$i.bin; done`)
   await box.files.write('marker.txt', 'm')
   const pause = [], resume = [], fork = []
   for (let i = 0; i <= n; i++) {
