@@ -159,6 +159,11 @@ type Exec struct {
 	// Result is the command's outcome (exit code, termination, output,
 	// the files it changed), present once State is not ExecRunning.
 	Result *result.Result `json:"result,omitempty"`
+	// Interrupted, when set, says the command was killed because its
+	// sandbox went while it ran: "sandbox-deleted", "sandbox-expired",
+	// "sandbox-auto-paused", "sandbox-paused", "server-shutdown" or
+	// "sandbox-ended" (docs/API.md).
+	Interrupted string `json:"interrupted,omitempty"`
 }
 
 // Running reports whether the command has not ended yet.

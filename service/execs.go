@@ -43,13 +43,14 @@ type execution struct {
 	res         *result.Result
 	ended       time.Time
 	failed      bool
+	interrupted string // Exec.Interrupted
 	stdinClosed bool
 }
 
 func (ex *execution) view() Exec {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	v := Exec{ID: ex.id, SandboxID: ex.sb.id, State: ExecRunning, Argv: ex.argv, StdinOpen: ex.stdinOpen, StartedAt: ex.started, Result: ex.res}
+	v := Exec{ID: ex.id, SandboxID: ex.sb.id, State: ExecRunning, Argv: ex.argv, StdinOpen: ex.stdinOpen, StartedAt: ex.started, Result: ex.res, Interrupted: ex.interrupted}
 	if ex.res != nil {
 		v.State = ExecExited
 		if ex.failed {
@@ -368,8 +369,9 @@ func (s *Service) watch(ex *execution, slot func()) {
 		}
 	}
 	failed = failed || res.Termination == result.InfraError
+	interrupted := ex.sb.interrupted(res)
 	ex.mu.Lock()
-	ex.res, ex.ended, ex.failed = res, time.Now().UTC(), failed
+	ex.res, ex.ended, ex.failed, ex.interrupted = res, time.Now().UTC(), failed, interrupted
 	ex.mu.Unlock()
 	ex.untrack()
 	finishRes := res

@@ -286,6 +286,11 @@ func (s *Service) PauseSandbox(ctx context.Context, key audit.Key, id string) (S
 	if e != nil {
 		return Sandbox{}, e
 	}
+	return s.pause(sb, reasonPaused)
+}
+
+// pause pauses sb (PauseSandbox); reason is why its processes end.
+func (s *Service) pause(sb *sandbox, reason string) (Sandbox, error) {
 	// In flight until paused: Shutdown then finds it paused and deletes it.
 	leave, e := s.enter()
 	if e != nil {
@@ -315,7 +320,7 @@ func (s *Service) PauseSandbox(ctx context.Context, key audit.Key, id string) (S
 		return Sandbox{}, backendError(fmt.Errorf("pause sandbox %s: %w", sb.id, err), "")
 	}
 	// The sandbox's processes end here: a filesystem-only pause.
-	if err := s.closeSession(sb, "paused"); err != nil {
+	if err := s.closeSession(sb, reason); err != nil {
 		s.mu.Lock()
 		sb.state = StateDeleting
 		s.mu.Unlock()
@@ -333,7 +338,7 @@ func (s *Service) PauseSandbox(ctx context.Context, key audit.Key, id string) (S
 	sb.paused = sn
 	sb.expires = time.Now().UTC().Add(s.cfg.SnapshotTTL)
 	sn.expires = sb.expires
-	s.log.Info("sandbox paused", "sandbox", sb.id, "key", key.ID, "files", len(sn.files), "bytes", sn.bytes)
+	s.log.Info("sandbox paused", "sandbox", sb.id, "key", sb.key, "reason", reason, "files", len(sn.files), "bytes", sn.bytes)
 	return s.viewLocked(sb), nil
 }
 
@@ -402,7 +407,7 @@ func (s *Service) ResumeSandbox(ctx context.Context, key audit.Key, id string, t
 		fx: old.fx, remembered: old.remembered,
 		id: old.id, key: old.key, sess: sess, info: info, manifest: old.manifest, metadata: old.metadata,
 		created: old.created, release: old.release, untrack: old.untrack, seq: seq,
-		state: StateRunning, expires: time.Now().UTC().Add(ttl),
+		state: StateRunning, expires: time.Now().UTC().Add(ttl), autoPause: old.autoPause,
 	}
 	s.mu.Lock()
 	if s.sandboxes[id] != old {

@@ -33,12 +33,19 @@ type sandbox struct {
 	state   string
 	expires time.Time
 	paused  *snapshot
+	// autoPause: the reaper pauses it rather than destroy it when its TTL
+	// passes (autopause.go). Set at creation, kept across resumes.
+	autoPause bool
 
-	mu    sync.Mutex
-	dead  bool         // its init exited: destroyed as failed
-	execs []*execution // in start order; ended ones beyond KeepExecs are dropped
-	seq   int          // the last command number given out
-	count int          // commands started, for the Sandbox view
+	mu   sync.Mutex
+	dead bool // its init exited: destroyed as failed
+	// closing is why the sandbox is being destroyed or paused, set before
+	// its session is closed: a command that ends after it was killed by
+	// it (Exec.Interrupted).
+	closing string
+	execs   []*execution // in start order; ended ones beyond KeepExecs are dropped
+	seq     int          // the last command number given out
+	count   int          // commands started, for the Sandbox view
 	// fx is what the commands allowed or approved so far did, for the
 	// effects analysis of the next one (approvals.go); remembered are
 	// the effects a person approved (RememberApprovals: session).
@@ -69,6 +76,11 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 	}
 	if args.Manifest == nil {
 		args.Manifest = manifest.Default()
+	}
+	if args.AutoPause {
+		if e := s.needSnapshots(); e != nil {
+			return Sandbox{}, InvalidField("auto_pause", "%s", e.Message)
+		}
 	}
 	if e := CheckSecretGrants(key, args.Manifest); e != nil {
 		return Sandbox{}, e
@@ -116,6 +128,7 @@ func (s *Service) CreateSandbox(ctx context.Context, key audit.Key, args Sandbox
 		release:    release,
 		state:      StateRunning,
 		expires:    now.Add(ttl),
+		autoPause:  args.AutoPause,
 	}
 	rec := auditRecord(sb.id, audit.KindSandbox, key.ID, sb.id, args.Manifest, nil)
 	rec.Tier, rec.Image, rec.ImageDigest, rec.Pooled = info.Tier, info.Image.Name, info.Image.Digest, info.Pooled
@@ -183,6 +196,7 @@ func (s *Service) viewLocked(sb *sandbox) Sandbox {
 		Pooled:         sb.info.Pooled,
 		Metadata:       md,
 		Execs:          started,
+		AutoPause:      sb.autoPause,
 	}
 }
 
@@ -235,7 +249,7 @@ func (s *Service) DeleteSandbox(ctx context.Context, key audit.Key, id string) (
 	if e != nil {
 		return Sandbox{}, e
 	}
-	view, e := s.destroy(sb, "deleted by its key")
+	view, e := s.destroy(sb, reasonDeleted)
 	if e != nil {
 		return view, e
 	}
@@ -361,7 +375,7 @@ func (s *Service) checkEnded(sb *sandbox, startErr error) bool {
 	}
 	sb.markEnded()
 	s.log.Warn("sandbox ended on its own: its init exited", "sandbox", sb.id)
-	s.destroy(sb, "its init exited")
+	s.destroy(sb, reasonInitExited)
 	return true
 }
 
@@ -377,6 +391,11 @@ func (s *Service) closeSession(sb *sandbox, reason string) (err error) {
 			s.log.Info("sandbox destroyed", "sandbox", sb.id, "reason", reason)
 		}
 	}()
+	sb.mu.Lock()
+	if sb.closing == "" {
+		sb.closing = reason
+	}
+	sb.mu.Unlock()
 	return sb.sess.Close()
 }
 
@@ -408,7 +427,10 @@ func (s *Service) reap() {
 							s.log.Error("panic destroying an expired sandbox", "sandbox", sb.id, "panic", fmt.Sprint(p))
 						}
 					}()
-					s.destroy(sb, "ttl expired")
+					if s.autoPauseExpired(sb) {
+						return
+					}
+					s.destroy(sb, reasonExpired)
 				}()
 			}
 		}
@@ -463,7 +485,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	for _, sb := range all {
 		wg.Go(func() {
 			defer s.tasks.Done()
-			s.finishDestroy(sb, "server shutting down")
+			s.finishDestroy(sb, reasonShutdown)
 		})
 	}
 	wg.Wait()

@@ -55,6 +55,10 @@ type SandboxArgs struct {
 	// its names): the sandbox starts with the snapshot's files (before
 	// Files) and, when Manifest is nil, the snapshot's manifest.
 	Snapshot string
+	// AutoPause: when the TTL passes the sandbox is paused (its files
+	// kept, for Config.SnapshotTTL) rather than destroyed. Needs
+	// Config.SnapshotDir.
+	AutoPause bool
 }
 
 // Sandbox states. A paused sandbox has no processes; its workspace is
@@ -81,6 +85,8 @@ type Sandbox struct {
 	Metadata       map[string]string `json:"metadata"`
 	// Execs counts the commands started in the sandbox.
 	Execs int `json:"execs"`
+	// AutoPause: the sandbox is paused, not destroyed, when it expires.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // ExecArgs is a command to start in a sandbox.
@@ -117,4 +123,8 @@ type Exec struct {
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
 	// Result is present once State is not running.
 	Result *result.Result `json:"result,omitempty"`
+	// Interrupted, when set, says the command was killed because its
+	// sandbox was destroyed or paused while it ran, and why: one of the
+	// Interrupt* values.
+	Interrupted string `json:"interrupted,omitempty"`
 }

@@ -65,12 +65,13 @@ func TestE2BBenchmark(t *testing.T) {
 	} {
 		home := serverHome(t)
 		key := createKey(t, home, "--max-sandboxes", strconv.Itoa(2*burst))
+		admin := createKey(t, home, "--admin") // GET /metrics needs one
 		s := startServer(t, home, key, "--e2b", "--pool", "0", "--session-pool", tc.pool)
 		count := n
 		if tc.burst {
 			count = burst
 			if tc.pool != "0" {
-				waitPool(t, s, burst+1)
+				waitPool(t, s, admin, burst+1)
 			}
 		}
 		pause := "0"
@@ -79,7 +80,7 @@ func TestE2BBenchmark(t *testing.T) {
 		}
 		sdkTimes := benchSDK(t, node, sdk, s.url, key, count, tc.burst, pause)
 		if tc.burst && tc.pool != "0" {
-			waitPool(t, s, burst+1)
+			waitPool(t, s, admin, burst+1)
 		}
 		apiTimes := benchAPI(t, s.client(t), count, tc.burst, pause)
 		s.terminate(t, time.Minute)
@@ -176,14 +177,15 @@ func benchAPI(t *testing.T, c *client.Client, n int, burst bool, pause string) [
 }
 
 // waitPool waits until the server's session pool holds n ready sandboxes,
-// so that a warm burst measures sandboxes taken from the pool.
-func waitPool(t *testing.T, s *testServer, n int) {
+// so that a warm burst measures sandboxes taken from the pool; admin is
+// an admin key (GET /metrics is the whole server's).
+func waitPool(t *testing.T, s *testServer, admin string, n int) {
 	t.Helper()
 	re := regexp.MustCompile(`(?m)^moat_pool_ready\{pool="[^"]*session[^"]*"\} (\d+)`)
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+s.key)
+		req.Header.Set("Authorization", "Bearer "+admin)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -202,4 +204,62 @@ func waitPool(t *testing.T, s *testServer, n int) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestE2BLifecycleBenchmark times, through the real E2B SDK on loopback,
+// pause() and connect() (resume) of a sandbox holding MOAT_E2B_BENCH_MB
+// MiB of files (default 0 and 100) and fork({ count: 10 }), each
+// MOAT_E2B_BENCH_N times (default 10). Moat's pause is filesystem-only
+// (a copy of the workspace; resume starts a new sandbox from it), so the
+// figures scale with the files, not with memory. Behind the e2bbench tag:
+//
+//	go test -tags e2bbench -count=1 -v -run TestE2BLifecycleBenchmark ./cmd/moat/
+func TestE2BLifecycleBenchmark(t *testing.T) {
+	needRoot(t)
+	sdk := e2bSDK(t, "testdata/e2b")
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("needs node: " + err.Error())
+	}
+	n := 10
+	if v := os.Getenv("MOAT_E2B_BENCH_N"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	sizes := []string{"0", "100"}
+	if v := os.Getenv("MOAT_E2B_BENCH_MB"); v != "" {
+		sizes = []string{v}
+	}
+	home := serverHome(t)
+	key := createKey(t, home, "--max-sandboxes", "32")
+	s := startServer(t, home, key, "--e2b", "--pool", "0", "--session-pool", "0")
+	defer s.terminate(t, time.Minute)
+	stat := func(v []float64) (float64, float64) {
+		slices.Sort(v)
+		return v[len(v)/2], v[min(len(v)-1, len(v)*95/100)]
+	}
+	for _, mb := range sizes {
+		cmd := exec.Command(node, "testdata/e2b/sdk.cjs")
+		cmd.Env = append(os.Environ(), "NODE_PATH="+sdk, "E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url, "E2B_API_KEY="+key,
+			"E2B_BENCH_LIFECYCLE="+strconv.Itoa(n), "E2B_BENCH_MB="+mb)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("sdk.cjs lifecycle bench: %v\n%s", err, out)
+		}
+		m := regexp.MustCompile(`(?m)^bench-lifecycle (\{.*\})$`).FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("no bench-lifecycle line:\n%s", out)
+		}
+		var r struct{ Pause, Resume, Fork []float64 }
+		if err := json.Unmarshal(m[1], &r); err != nil || len(r.Pause) != n || len(r.Fork) != n {
+			t.Fatalf("bench line %s: %v", m[1], err)
+		}
+		for _, f := range []struct {
+			name  string
+			times []float64
+		}{{"pause", r.Pause}, {"resume (connect)", r.Resume}, {"fork of 10", r.Fork}} {
+			med, p95 := stat(f.times)
+			t.Logf("%4s MiB  %-18s N=%d  median %6.0f ms  p95 %6.0f ms", mb, f.name, n, med, p95)
+		}
+	}
+	t.Logf("published, hosted (E2B docs, memory snapshots): pause about 4 s per GiB of RAM, resume about 1 s")
 }

@@ -60,9 +60,10 @@ var e2bReleases = []struct {
 
 // The checks sdk.cjs runs; each must print "ok <name>".
 var e2bChecks = []string{
-	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "watchDir",
+	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "pty", "watchDir",
 	"path-traversal", "oversized-upload", "list", "list-order", "setTimeout", "connect", "wrong-key", "other-key",
-	"never-existed", "refused-fields", "internet", "kill-sandbox", "times-out",
+	"never-existed", "refused-fields", "pause-resume", "snapshots", "fork", "kill-during-command", "timeout-during-command", "auto-pause",
+	"internet", "kill-sandbox", "times-out",
 }
 
 // TestServeE2BSDK drives `moat serve --e2b` with the real E2B JavaScript
@@ -173,7 +174,7 @@ func TestServeE2BSDK(t *testing.T) {
 			{"E2B cloud key", "e2b_" + strings.Repeat("0", 40), `{"templateID":"base"}`, 401},
 			{"absurd timeout", key, `{"templateID":"base","timeout":18446744074}`, 400},
 			{"unknown field", key, `{"templateID":"base","secureX":true}`, 400},
-			{"auto pause", key, `{"templateID":"base","autoPause":true}`, 400},
+			{"auto pause with memory", key, `{"templateID":"base","autoPause":true,"autoPauseMemory":true}`, 400},
 			{"deny list", key, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
 			{"unknown template", key, `{"templateID":"gpu"}`, 400}, // issue 19: an unknown template is a bad request naming it
 		} {

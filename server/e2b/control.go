@@ -168,6 +168,8 @@ type plan struct {
 	template string
 	ttl      time.Duration
 	notice   string
+	// autoPause: pause rather than destroy the sandbox when it expires.
+	autoPause bool
 }
 
 // translate turns an E2B create request into a plan, under the operator's
@@ -182,13 +184,14 @@ func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiErro
 		}
 		ttl = time.Duration(*req.Timeout) * time.Second
 	}
+	autoPause := req.AutoPause != nil && *req.AutoPause
 	switch {
-	case req.AutoPause != nil && *req.AutoPause:
-		return plan{}, badField("autoPause", "true is not supported: Moat sandboxes are destroyed, never paused, when they time out; leave it unset or false")
-	case req.AutoPauseMemory != nil && *req.AutoPauseMemory:
-		return plan{}, badField("autoPauseMemory", "is not supported: Moat does not pause sandboxes")
+	case autoPause && req.AutoPauseMemory != nil && *req.AutoPauseMemory:
+		return plan{}, badField("autoPauseMemory", "true is not supported: Moat pauses filesystem-only (processes and memory are not kept; connect resumes the sandbox with its files); pass lifecycle.onTimeout {action: 'pause', keepMemory: false} or leave keepMemory unset")
+	case req.AutoPauseMemory != nil && !autoPause:
+		return plan{}, badField("autoPauseMemory", "is only meaningful with autoPause true")
 	case req.AutoResume != nil && req.AutoResume.Enabled:
-		return plan{}, badField("autoResume", "is not supported: Moat does not pause sandboxes")
+		return plan{}, badField("autoResume", "is not supported: a Moat pause is filesystem-only, and such a sandbox is resumed explicitly with connect, as E2B's filesystem-only snapshots are")
 	case isSet(req.MCP):
 		return plan{}, badField("mcp", "is not supported: Moat runs no MCP gateway in the sandbox")
 	case isSet(req.VolumeMounts) && !bytes.Equal(bytes.TrimSpace(req.VolumeMounts), []byte("[]")):
@@ -248,7 +251,23 @@ func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiErro
 	if net := networkSection(allow); net != nil {
 		m["network"] = net
 	}
-	return plan{manifest: m, template: template, ttl: ttl, notice: notice}, nil
+	if autoPause && req.AutoPauseMemory == nil {
+		// E2B's default is a memory snapshot: say what this one keeps.
+		notice = joinNotice(notice, autoPauseNotice)
+	}
+	return plan{manifest: m, template: template, ttl: ttl, notice: notice, autoPause: autoPause}, nil
+}
+
+// autoPauseNotice is what create says of autoPause without
+// autoPauseMemory, whose E2B default is a memory snapshot.
+const autoPauseNotice = "autoPause: this sandbox is paused filesystem-only when it times out (its processes and memory are not kept); connect resumes it with its files"
+
+// joinNotice joins two notices of one create.
+func joinNotice(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }
 
 // internetNotice says what a sandbox that E2B would have given the open
@@ -336,7 +355,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return h.fromService(se)
 	}
 	h.sweep()
-	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: p.ttl, Metadata: req.Metadata, Snapshot: snap.ID})
+	sb, err := h.svc.CreateSandbox(r.Context(), key, service.SandboxArgs{Manifest: man, TTL: p.ttl, Metadata: req.Metadata, Snapshot: snap.ID, AutoPause: p.autoPause})
 	if e := unknownTemplate(template, err); e != nil {
 		return e
 	}
@@ -378,6 +397,15 @@ type listed struct {
 	VolumeMounts    []any             `json:"volumeMounts"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Domain          *string           `json:"domain,omitempty"`
+	Lifecycle       lifecycleInfo     `json:"lifecycle"`
+}
+
+// lifecycleInfo is E2B's SandboxLifecycle: what happens on timeout.
+// autoResume is always false: a filesystem-only pause is resumed by
+// connect.
+type lifecycleInfo struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 // listedView renders a Moat sandbox as E2B lists it. The CPU and memory
@@ -385,7 +413,11 @@ type listed struct {
 // for one created through Moat's API they are left 0, unknown here.
 func (h *Handler) listedView(sb service.Sandbox) listed {
 	l := listed{TemplateID: sb.Image.Name, SandboxID: sb.ID, ClientID: "moat", StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt,
-		Metadata: sb.Metadata, State: "running", EnvdVersion: envdVersion, VolumeMounts: []any{}}
+		Metadata: sb.Metadata, State: "running", EnvdVersion: envdVersion, VolumeMounts: []any{},
+		Lifecycle: lifecycleInfo{OnTimeout: "kill"}}
+	if sb.AutoPause {
+		l.Lifecycle.OnTimeout = "pause"
+	}
 	if sb.State == service.StatePaused {
 		l.State = "paused"
 	}

@@ -335,7 +335,7 @@ func TestControlPlane(t *testing.T) {
 			{"template", "POST", "/v2/sandboxes", keyA, `{"templateID":"desktop"}`, 400},
 			{"negative timeout", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":-1}`, 400},
 			{"ttl over Moat's max", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","timeout":999999999}`, 400},
-			{"auto pause", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoPause":true}`, 400},
+			{"auto pause with memory", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoPause":true,"autoPauseMemory":true}`, 400},
 			{"auto resume", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoResume":{"enabled":true}}`, 400},
 			{"auto resume, unknown field", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","autoResume":{"on":true}}`, 400},
 			{"mcp", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","mcp":{"x":{}}}`, 400},

@@ -53,6 +53,13 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		}
 		return
 	}
+	if sb, err := h.svc.GetSandbox(r.Context(), b.key, id); err == nil && sb.State == service.StatePaused {
+		// E2B's proxy answers 502 for a paused sandbox too: the SDKs'
+		// isRunning reads it as false, other calls raise TimeoutError.
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "code": 502,
+			"message": "sandbox " + id + " is paused: Sandbox.connect resumes it (with its files; its processes were not kept)"})
+		return
+	}
 	// The service reads the quota from the key it is given: the box keeps
 	// the key as authenticated at creation.
 	if r.URL.Path == "/health" {

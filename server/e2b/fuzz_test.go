@@ -44,7 +44,10 @@ func FuzzSandboxManifest(f *testing.F) {
 		`{"network":{"allowOut":["example.com","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`, `{"autoPause":true}`, `{"network":{"rules":{"api.openai.com":[{"transform":{"headers":{"Authorization":"Bearer {{secrets.K}}"}}}]}}}`, `{"timeout":-1}`, `{"x":1}`, `[]`, `{"mcp":null}`,
 		// e2b JS before 2.51 and the Python SDK (issue 22).
 		`{"templateID":"base","autoPause":false,"metadata":{},"timeout":300,"envVars":{},"secure":true,"allow_internet_access":true}`,
-		`{"allow_internet_access":true,"network":{"allowOut":["pypi.org"]}}`, `{"timeout":18446744074}`} {
+		`{"allow_internet_access":true,"network":{"allowOut":["pypi.org"]}}`, `{"timeout":18446744074}`,
+		// lifecycle.onTimeout as e2b 2.51 sends it (issue 22 §2).
+		`{"templateID":"base","timeout":3,"autoPause":true}`, `{"autoPause":true,"autoPauseMemory":false}`,
+		`{"autoPause":true,"autoPauseMemory":true}`, `{"autoPauseMemory":false}`, `{"autoPause":true,"autoResume":{"enabled":true}}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
@@ -70,6 +73,13 @@ func FuzzSandboxManifest(f *testing.F) {
 		image, _ := m["image"].(string)
 		if err != nil || image == "" || !bytes.Contains(data, []byte(`"image":`)) || template == "" || ttl <= 0 {
 			t.Fatalf("manifest %s %v template %q ttl %v", data, err, template, ttl)
+		}
+		// autoPause is honoured exactly as asked, and never with memory
+		// or auto-resume (a filesystem-only pause keeps neither).
+		p, _ := translate(&req, false, Internet{})
+		if p.autoPause != (req.AutoPause != nil && *req.AutoPause) ||
+			req.AutoPauseMemory != nil && *req.AutoPauseMemory || req.AutoResume != nil && req.AutoResume.Enabled {
+			t.Fatalf("autoPause %v accepted for %s", p.autoPause, body)
 		}
 	})
 }

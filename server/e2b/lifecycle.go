@@ -57,8 +57,14 @@ func (h *Handler) pause(w http.ResponseWriter, r *http.Request, key audit.Key) *
 	if e := decodeOptional(r, &req); e != nil {
 		return e
 	}
+	notice := ""
 	if e := noMemory("memory", req.Memory); e != nil {
-		return e
+		if !pauseMemoryByDefault(r) {
+			return e
+		}
+		// Not the caller's choice: refusing would make pause unusable
+		// with those releases; say what was kept instead.
+		notice = pauseNotice
 	}
 	_, err := h.svc.PauseSandbox(r.Context(), key, id)
 	switch service.KindOf(err) {
@@ -70,6 +76,10 @@ func (h *Handler) pause(w http.ResponseWriter, r *http.Request, key audit.Key) *
 	}
 	if err != nil {
 		return h.fromService(err)
+	}
+	if notice != "" {
+		w.Header().Set(NoticeHeader, notice)
+		h.log.Info("e2b sandbox paused", "sandbox", id, "key", key.ID, "notice", notice)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -124,7 +134,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return e
 	}
 	if req.AutoPause != nil && *req.AutoPause {
-		return badField("autoPause", "true is not supported: Moat sandboxes are destroyed, never paused, when they time out; leave it unset or false")
+		return badField("autoPause", "true is not supported on resume: a sandbox's timeout action is set when it is created (lifecycle.onTimeout 'pause'); leave it unset or false")
 	}
 	b := h.box(key.ID, id)
 	if b == nil {

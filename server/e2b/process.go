@@ -25,7 +25,11 @@ type processService struct{}
 
 var _ processconnect.ProcessHandler = processService{}
 
-var errNoPTY = rpcErr(connect.CodeUnimplemented, "PTY sessions are not supported by Moat's tiers yet: start the process without pty")
+// errNoPTY refuses sandbox.pty.*: a Moat sandbox has no devpts instance
+// (its /dev holds null, zero, full, random and urandom only) and its
+// processes' stdio are pipes the guest copies, so there is no terminal to
+// give. The SDK raises unimplemented as a SandboxError with this message.
+var errNoPTY = rpcErr(connect.CodeUnimplemented, "PTY sessions are not implemented by Moat: a Moat sandbox has no /dev/pts (devpts) and its processes' stdio are pipes, so there is no terminal to attach; run the command with commands.run instead (README, What differs from E2B's cloud)")
 
 func (c *envdCall) pid(s *pb.ProcessSelector) (uint32, *connect.Error) {
 	switch sel := s.GetSelector().(type) {
@@ -125,7 +129,15 @@ func (c *envdCall) follow(ctx context.Context, pid uint32, send func(*pb.Process
 			after = ev.ID
 		}
 		if exitID > 0 {
-			return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: endOf(feed.Exec().Result)}})
+			ex := feed.Exec()
+			if e := interruptedErr(c.b.id, ex.Interrupted); e != nil {
+				// No end event: the SDKs would make an exit code -1 of it
+				// (CommandExitError with no message); an error is what
+				// E2B's own envd gives when the sandbox goes under a
+				// command (its connection drops).
+				return e
+			}
+			return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: endOf(ex.Result)}})
 		}
 		select {
 		case <-notify:
@@ -139,6 +151,29 @@ func (c *envdCall) follow(ctx context.Context, pid uint32, send func(*pb.Process
 			return rpcErr(connect.CodeUnavailable, "the process's event stream ended early (the sandbox was destroyed?)")
 		}
 	}
+}
+
+// interruptedErr is the error that ends the stream of a command its
+// sandbox's end killed (service.Exec.Interrupted), or nil. The codes are
+// those the SDKs map onto their actionable errors: unavailable is their
+// TimeoutError ("likely due to sandbox timeout"), not_found their
+// NotFoundError, aborted a SandboxError naming it.
+func interruptedErr(id, why string) *connect.Error {
+	switch why {
+	case "":
+		return nil
+	case service.InterruptExpired:
+		return rpcErr(connect.CodeUnavailable, "sandbox %s reached its timeout and was killed while this command ran, so the command did not finish: give the sandbox a longer timeout (timeoutMs, setTimeout) and run it again in a new sandbox", id)
+	case service.InterruptAutoPaused:
+		return rpcErr(connect.CodeUnavailable, "sandbox %s reached its timeout and was paused (lifecycle.onTimeout 'pause') while this command ran: a Moat pause keeps files only, so the command was stopped; Sandbox.connect resumes the sandbox with its files, then run the command again", id)
+	case service.InterruptPaused:
+		return rpcErr(connect.CodeAborted, "sandbox %s was paused while this command ran: a Moat pause keeps files only, so the command was stopped; Sandbox.connect resumes the sandbox with its files, then run the command again", id)
+	case service.InterruptShutdown:
+		return rpcErr(connect.CodeUnavailable, "the Moat server shut down while this command ran, destroying sandbox %s: create a new sandbox and run the command again", id)
+	case service.InterruptEnded:
+		return rpcErr(connect.CodeNotFound, "sandbox %s ended while this command ran: its init process exited (did a command kill PID 1?), so Moat destroyed it; create a new sandbox", id)
+	}
+	return rpcErr(connect.CodeNotFound, "sandbox %s was killed (Sandbox.kill) while this command ran, so the command did not finish: create a new sandbox to run it again", id)
 }
 
 // execID is the Moat command of an E2B pid.

@@ -2,7 +2,7 @@
 // check prints "ok <name>" or "FAIL <name>: <why>"; the Go test
 // (cmd/moat/e2b_test.go) requires every expected name to be ok. The SDK
 // is found through NODE_PATH (scripts/setup installs it, pinned).
-const { Sandbox, CommandExitError, NotFoundError, SandboxError, AuthenticationError, InvalidArgumentError } = require('e2b')
+const { Sandbox, Volume, CommandExitError, NotFoundError, SandboxError, AuthenticationError, InvalidArgumentError, TimeoutError } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 
 const only = process.env.E2B_CHECKS ? process.env.E2B_CHECKS.split(',') : null
@@ -20,6 +20,14 @@ async function check(name, fn) {
 function eq(got, want, what) {
   if (JSON.stringify(got) !== JSON.stringify(want)) throw new Error(`${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`)
 }
+// status is an API error's HTTP status: statusCode from e2b 2.51, the
+// "<code>: " its message starts with before.
+function status(e) {
+  if (e && e.statusCode) return e.statusCode
+  const m = /^(\d{3}): /.exec((e && e.message) || '')
+  return m ? Number(m[1]) : undefined
+}
+const before251 = (() => { const [ma, mi] = sdkVersion.split('.').map(Number); return ma < 2 || (ma === 2 && mi < 51) })()
 async function rejects(p, cls, what) {
   try { await p } catch (e) {
     if (cls && !(e instanceof cls)) throw new Error(`${what}: threw ${e && e.constructor && e.constructor.name}: ${e.message}, want ${cls.name}`)
@@ -29,6 +37,37 @@ async function rejects(p, cls, what) {
 }
 
 async function main() {
+if (process.env.E2B_BENCH_LIFECYCLE) {
+  // pause() and connect() (resume) of a sandbox holding E2B_BENCH_MB
+  // MiB of files, N times, and fork({ count: 10 }) N times; in ms.
+  const n = Number(process.env.E2B_BENCH_LIFECYCLE)
+  const mb = Number(process.env.E2B_BENCH_MB || 0)
+  const box = await Sandbox.create({ timeoutMs: 600_000 })
+  // Files of 1 MiB: Moat's default limit per file is 64 MiB.
+  if (mb > 0) await box.commands.run(`mkdir data && for i in $(seq ${mb}); do head -c 1048576 /dev/urandom > data/$i.bin; done`)
+  await box.files.write('marker.txt', 'm')
+  const pause = [], resume = [], fork = []
+  for (let i = 0; i <= n; i++) {
+    let t0 = performance.now()
+    if (!(await box.pause())) throw new Error('pause answered false')
+    const p = performance.now() - t0
+    t0 = performance.now()
+    const again = await Sandbox.connect(box.sandboxId, { timeoutMs: 600_000 })
+    const r = performance.now() - t0
+    if ((await again.files.read('marker.txt')) !== 'm') throw new Error('resume lost the files')
+    if (i > 0) { pause.push(p); resume.push(r) } // the first round is untimed
+  }
+  for (let i = 0; i <= n; i++) {
+    const t0 = performance.now()
+    const forks = await box.fork({ count: 10, timeoutMs: 60_000 })
+    const f = performance.now() - t0
+    for (const x of forks) { if (x instanceof Error) throw x; await x.kill() }
+    if (i > 0) fork.push(f)
+  }
+  await box.kill()
+  console.log('bench-lifecycle ' + JSON.stringify({ pause, resume, fork }))
+  process.exit(0)
+}
 if (process.env.E2B_BENCH) {
   // Sandbox.create() -> first commands.run('echo hi') result, in ms: N
   // times in a row, or (E2B_BENCH_BURST) N at once. Kills are not timed.
@@ -142,11 +181,14 @@ await check('user-root', async () => {
 await check('not-served', async () => {
   // A route Moat does not serve is a 501 with the reason, not the SDK's
   // misleading "sandbox not found".
-  // (The SDK has no call left that Moat does not serve and that does not
-  // change the sandbox; volumes are E2B's and not Moat's.)
-  const res = await fetch(process.env.E2B_API_URL + '/volumes', { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
-  const body = await res.text()
-  if (res.status !== 501 || !/not implemented by Moat/.test(body)) throw new Error('GET /volumes: ' + res.status + ' ' + body)
+  const e = await rejects(Volume.list(), null, 'volumes')
+  if (e instanceof NotFoundError || !/not implemented by Moat/.test(e.message)) throw new Error('volumes: ' + e.constructor.name + ': ' + e.message)
+})
+await check('pty', async () => {
+  // No terminal in a Moat sandbox: an explicit unimplemented, not a hang
+  // or a misleading not-found.
+  const e = await rejects(sbx.pty.create({ cols: 80, rows: 24, onData: () => {} }), SandboxError, 'pty.create')
+  if (e instanceof NotFoundError || !/PTY sessions are not implemented by Moat/.test(e.message)) throw new Error('pty: ' + e.constructor.name + ': ' + e.message)
 })
 await check('watchDir', async () => {
   await sbx.files.makeDir('watched')
@@ -230,7 +272,166 @@ await check('never-existed', async () => {
 })
 await check('refused-fields', async () => {
   await rejects(Sandbox.create('no-such-template'), SandboxError, 'template')
-  await rejects(Sandbox.create({ lifecycle: { onTimeout: 'pause' } }), SandboxError, 'autoPause')
+  // A pause keeps no memory: asking for it on timeout is refused.
+  const e = await rejects(Sandbox.create({ lifecycle: { onTimeout: { action: 'pause', keepMemory: true } } }), SandboxError, 'autoPause with memory')
+  if (status(e) !== 400 || !/filesystem-only/.test(e.message)) throw new Error('autoPause with memory: ' + status(e) + ' ' + e.message)
+})
+// The lifecycle checks (issue 22 §2) run in sandboxes of their own, so
+// that the main sandbox's commands stay those the Go test counts.
+const other = process.env.E2B_OTHER_KEY
+const sleep = ms => new Promise(r => setTimeout(r, ms))
+async function waitState(id, state) {
+  for (let i = 0; i < 300; i++) {
+    const info = await Sandbox.getInfo(id).catch(() => null)
+    if (info && info.state === state) return info
+    await sleep(100)
+  }
+  throw new Error(`sandbox ${id} never became ${state}`)
+}
+await check('pause-resume', async () => {
+  const box = await Sandbox.create({ timeoutMs: 120_000, metadata: { suite: 'moat-e2b-pause' } })
+  try {
+    await box.files.write('keep.txt', 'kept')
+    await box.commands.run('sleep 600', { background: true })
+    // Moat pauses filesystem-only: keepMemory true is refused, not
+    // silently downgraded (before 2.51 the SDK sends it on every pause,
+    // chosen or not: that pause is filesystem-only, with a notice).
+    if (!before251) {
+      const mem = await rejects(box.pause({ keepMemory: true }), SandboxError, 'pause keepMemory')
+      if (status(mem) !== 400 || !/filesystem-only/.test(mem.message)) throw new Error('keepMemory: ' + status(mem) + ' ' + mem.message)
+    }
+    eq(await box.betaPause(), true, 'betaPause')
+    eq(await box.pause(), false, 'pause of a paused sandbox')
+    eq((await Sandbox.getInfo(box.sandboxId)).state, 'paused', 'state')
+    eq(await box.isRunning(), false, 'isRunning while paused')
+    await rejects(Sandbox.pause('sbx-never-existed'), NotFoundError, 'pause never existed')
+    await rejects(Sandbox.pause(box.sandboxId, { apiKey: other }), NotFoundError, 'pause other key')
+    await rejects(Sandbox.connect(box.sandboxId, { apiKey: other }), NotFoundError, 'resume other key')
+    eq((await Sandbox.getInfo(box.sandboxId)).state, 'paused', 'still paused after the other key tried')
+    const again = await Sandbox.connect(box.sandboxId, { timeoutMs: 60_000 })
+    eq(again.sandboxId, box.sandboxId, 'same id')
+    eq((await Sandbox.getInfo(box.sandboxId)).state, 'running', 'resumed')
+    eq(await again.files.read('keep.txt'), 'kept', 'files kept')
+    eq((await again.commands.list()).length, 0, 'processes gone')
+    eq((await again.commands.run('cat keep.txt')).stdout, 'kept', 'runs after resume')
+  } finally {
+    await Sandbox.kill(box.sandboxId)
+  }
+})
+await check('snapshots', async () => {
+  const box = await Sandbox.create({ timeoutMs: 120_000 })
+  const name = 'moat-snap-' + (process.env.E2B_RUN || 'x').replace(/[^A-Za-z0-9]/g, '-')
+  try {
+    await box.files.write('snap.txt', 'from the snapshot')
+    const named = await box.createSnapshot({ name })
+    if (!named.snapshotId || !named.names.includes(name)) throw new Error('named snapshot ' + JSON.stringify(named))
+    const anon = await Sandbox.createSnapshot(box.sandboxId)
+    eq(anon.names, [], 'unnamed snapshot names')
+    const all = (await Sandbox.listSnapshots().nextItems()).map(s => s.snapshotId)
+    if (!all.includes(named.snapshotId) || !all.includes(anon.snapshotId)) throw new Error('list all ' + JSON.stringify(all))
+    eq((await box.listSnapshots().nextItems()).map(s => s.snapshotId).sort(), [named.snapshotId, anon.snapshotId].sort(), 'list by sandbox')
+    eq((await Sandbox.listSnapshots({ name }).nextItems()).map(s => s.snapshotId), [named.snapshotId], 'list by name')
+    eq((await Sandbox.listSnapshots({ sandboxId: 'sbx-never-existed' }).nextItems()).length, 0, 'list by another sandbox')
+    const pager = Sandbox.listSnapshots({ limit: 1 })
+    const seen = []
+    while (pager.hasNext) seen.push(...(await pager.nextItems()).map(s => s.snapshotId))
+    eq(seen.sort(), all.slice().sort(), 'pages of one')
+    await box.files.write('snap.txt', 'changed after')
+    // Many sandboxes from one snapshot, each with its files.
+    const boxes = []
+    try {
+      for (let i = 0; i < 3; i++) boxes.push(await Sandbox.create(named.snapshotId, { timeoutMs: 60_000 }))
+      for (const b of boxes) eq(await b.files.read('snap.txt'), 'from the snapshot', 'file in ' + b.sandboxId)
+      eq(new Set(boxes.map(b => b.sandboxId)).size, 3, 'three sandboxes')
+    } finally {
+      for (const b of boxes) await b.kill()
+    }
+    // Another key sees none of it.
+    eq((await Sandbox.listSnapshots({ apiKey: other }).nextItems()).length, 0, 'other key lists')
+    eq(await Sandbox.deleteSnapshot(named.snapshotId, { apiKey: other }), false, 'other key deletes')
+    await rejects(Sandbox.create(named.snapshotId, { apiKey: other }), SandboxError, 'other key creates from it')
+    await rejects(Sandbox.createSnapshot(box.sandboxId, { apiKey: other }), NotFoundError, 'other key snapshots')
+    await rejects(Sandbox.createSnapshot('sbx-never-existed'), NotFoundError, 'snapshot never existed')
+    const dup = await rejects(box.createSnapshot({ name }), SandboxError, 'duplicate name')
+    if (status(dup) !== 409) throw new Error('duplicate name: ' + status(dup) + ' ' + dup.message)
+    const bad = await rejects(box.createSnapshot({ name: '../escape' }), SandboxError, 'bad name')
+    if (status(bad) !== 400) throw new Error('bad name: ' + status(bad) + ' ' + bad.message)
+    eq(await Sandbox.deleteSnapshot(anon.snapshotId), true, 'delete')
+    eq(await Sandbox.deleteSnapshot(anon.snapshotId), false, 'delete again')
+    eq(await Sandbox.deleteSnapshot(named.snapshotId), true, 'delete named')
+    await rejects(Sandbox.create(named.snapshotId), SandboxError, 'create from a deleted snapshot')
+    eq((await box.listSnapshots().nextItems()).length, 0, 'none left')
+  } finally {
+    await box.kill()
+  }
+})
+await check('fork', async () => {
+  const box = await Sandbox.create({ timeoutMs: 120_000 })
+  try {
+    await box.files.write('fork.txt', 'forked')
+    const forks = await box.fork({ count: 2, timeoutMs: 60_000 })
+    eq(forks.length, 2, 'forks')
+    try {
+      for (const f of forks) {
+        if (f instanceof Error) throw f
+        if (f.sandboxId === box.sandboxId) throw new Error('a fork has its parent id')
+        eq(await f.files.read('fork.txt'), 'forked', 'fork file')
+        eq((await f.commands.run('cat fork.txt')).stdout, 'forked', 'fork runs')
+      }
+      // A fork is its own sandbox: its writes stay its own.
+      await forks[0].files.write('fork.txt', 'changed')
+      eq(await forks[1].files.read('fork.txt'), 'forked', 'forks apart')
+      eq(await box.files.read('fork.txt'), 'forked', 'parent apart')
+    } finally {
+      for (const f of forks) if (!(f instanceof Error)) await f.kill()
+    }
+    // A count below 1: e2b before 2.51 raises InvalidArgumentError
+    // itself; 2.51 sends it, and Moat's 400 is a SandboxError (status
+    // 400) naming count. Above Moat's 64: a 400 from every release.
+    for (const count of [0, -1, 1000]) {
+      const local = before251 && count < 1
+      const e = await rejects(box.fork({ count }), local ? InvalidArgumentError : SandboxError, 'count ' + count)
+      if (!local && (status(e) !== 400 || !/count/.test(e.message))) throw new Error(`count ${count}: ${status(e)} ${e.message}`)
+    }
+    await rejects(Sandbox.fork('sbx-never-existed'), NotFoundError, 'fork never existed')
+    await rejects(Sandbox.fork(box.sandboxId, { apiKey: other }), NotFoundError, 'fork other key')
+  } finally {
+    await box.kill()
+  }
+})
+await check('kill-during-command', async () => {
+  // E2B's envd drops the stream and the SDK raises an actionable error;
+  // Moat ends it with one naming what happened, never an empty
+  // CommandExitError -1.
+  const box = await Sandbox.create({ timeoutMs: 120_000 })
+  const running = box.commands.run('sleep 600; echo never').then(() => null, e => e)
+  for (let i = 0; i < 300 && (await box.commands.list()).length === 0; i++) await sleep(50)
+  await box.kill()
+  const e = await running
+  if (!e) throw new Error('the command succeeded')
+  if (e instanceof CommandExitError || !(e instanceof NotFoundError) || !/killed/.test(e.message) || !e.message.includes(box.sandboxId)) throw new Error('got ' + e.constructor.name + ': ' + e.message)
+})
+await check('timeout-during-command', async () => {
+  const box = await Sandbox.create({ timeoutMs: 3_000 })
+  const e = await box.commands.run('sleep 600').then(() => null, e => e)
+  if (!(e instanceof TimeoutError) || !/reached its timeout/.test(e.message)) throw new Error('got ' + (e && e.constructor.name) + ': ' + (e && e.message))
+})
+await check('auto-pause', async () => {
+  // lifecycle.onTimeout 'pause': paused (filesystem-only) when the
+  // timeout passes, then resumed by connect with its files.
+  const box = await Sandbox.create({ timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' } })
+  try {
+    const info = await box.getInfo()
+    if (!info.lifecycle || info.lifecycle.onTimeout !== 'pause' || info.lifecycle.autoResume !== false) throw new Error('lifecycle ' + JSON.stringify(info.lifecycle))
+    await box.files.write('auto.txt', 'auto')
+    await waitState(box.sandboxId, 'paused')
+    await rejects(Sandbox.connect(box.sandboxId, { apiKey: other }), NotFoundError, 'other key resumes')
+    const again = await Sandbox.connect(box.sandboxId, { timeoutMs: 60_000 })
+    eq((await Sandbox.getInfo(box.sandboxId)).state, 'running', 'resumed')
+    eq(await again.files.read('auto.txt'), 'auto', 'files kept')
+  } finally {
+    await Sandbox.kill(box.sandboxId)
+  }
 })
 await check('internet', async () => {
   // allowInternetAccess true (what e2b before 2.51 sends by default) gets
