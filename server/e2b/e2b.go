@@ -98,6 +98,8 @@ type box struct {
 	keyID    string
 	key      audit.Key // as authenticated at creation (its quota)
 	token    string
+	traffic  string // the traffic access token of its ports (ports.go); "" when public
+	public   bool   // network.allowPublicTraffic: true
 	template string
 	cpus     int
 	memoryMB int
@@ -133,6 +135,12 @@ func (h *Handler) Wrap(moat http.Handler) http.Handler {
 		}
 		if id, port, ok := h.sandboxOf(r); ok {
 			h.serveEnvd(w, r, id, port)
+			return
+		}
+		if hasSignature(r) {
+			// A signed URL in path mode (E2B_SANDBOX_URL) names no
+			// sandbox; its signature does.
+			h.serveSignedPathMode(w, r)
 			return
 		}
 		h.serveControl(w, r)
