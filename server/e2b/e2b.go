@@ -12,8 +12,9 @@
 // manifest, limits, quotas, audit record and zero-residue destruction, and
 // Moat's API reaches it by the same id. It must never create a sandbox the API would refuse, honour
 // an E2B field Moat cannot enforce (it refuses it, naming the field), let
-// a request reach a sandbox without that sandbox's access token, or let a
-// path leave the workspace.
+// a request reach a sandbox without that sandbox's access token (or a
+// URL it signed; for the ports of a sandbox, its traffic token unless the
+// creator made them public), or let a path leave the workspace.
 package e2b
 
 import (
@@ -137,9 +138,10 @@ func (h *Handler) Wrap(moat http.Handler) http.Handler {
 			h.serveEnvd(w, r, id, port)
 			return
 		}
-		if hasSignature(r) {
-			// A signed URL in path mode (E2B_SANDBOX_URL) names no
-			// sandbox; its signature does.
+		if r.URL.Path == "/files" {
+			// envd's /files in path mode (E2B_SANDBOX_URL) without
+			// E2b-Sandbox-Id: a signed URL, whose signature names the
+			// sandbox, or nothing this server lets through (401).
 			h.serveSignedPathMode(w, r)
 			return
 		}

@@ -84,14 +84,14 @@ func TestPorts(t *testing.T) {
 			t.Fatal("the app saw no request")
 		}
 		for _, r := range seen {
-			if r.Header.Get(TrafficHeader) != "" || r.Header.Get("X-Access-Token") != "" {
-				t.Errorf("the program received a token: %v", r.Header)
-			}
-			if !strings.HasSuffix(r.Host, ".moat.test") && r.Host != "" {
-				if r.Header.Get("E2b-Sandbox-Id") != "" {
-					t.Errorf("the program received E2B routing headers: %v", r.Header)
+			for _, h := range []string{TrafficHeader, "X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port"} {
+				if r.Header.Get(h) != "" {
+					t.Errorf("the program received %s: %v", h, r.Header)
 				}
 			}
+		}
+		if h := seen[0].Host; !strings.HasPrefix(h, "8000-"+a.SandboxID+".moat.test") {
+			t.Errorf("the program saw Host %q, want the client's", h)
 		}
 	})
 	t.Run("after kill", func(t *testing.T) {

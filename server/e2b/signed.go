@@ -117,11 +117,15 @@ func (h *Handler) boxBySignature(r *http.Request) *box {
 	return nil
 }
 
-// serveSignedPathMode serves a signed /files request that names no
-// sandbox (E2B_SANDBOX_URL addressing): the sandbox is the one whose
-// token signed it; none is 401.
+// serveSignedPathMode serves a /files request that names no sandbox
+// (E2B_SANDBOX_URL addressing, no E2b-Sandbox-Id): the sandbox is the one
+// whose token signed it; no signature, or one no sandbox's token made, is
+// 401.
 func (h *Handler) serveSignedPathMode(w http.ResponseWriter, r *http.Request) {
-	b := h.boxBySignature(r)
+	var b *box
+	if hasSignature(r) {
+		b = h.boxBySignature(r)
+	}
 	if b == nil {
 		writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, "the signature is not valid for any running sandbox: sign the URL with the SDK's downloadUrl/uploadUrl, or send E2b-Sandbox-Id and X-Access-Token"})
 		return

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"mime/multipart"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -103,6 +104,8 @@ func TestSignedURLs(t *testing.T) {
 		{"tampered, path mode", "GET", none, tamper(signedQuery("secret.txt", "read", "", a.EnvdAccessToken, time.Time{})), "", 401},
 		{"another sandbox's token", "GET", host, signedQuery("secret.txt", "read", "", other.EnvdAccessToken, time.Time{}), "", 401},
 		{"missing signature and token", "GET", host, url.Values{"path": {"secret.txt"}}, "", 401},
+		{"missing signature, path mode", "GET", none, url.Values{"path": {"secret.txt"}}, "", 401},
+		{"missing signature, path mode, upload", "POST", none, url.Values{"path": {"secret.txt"}}, "overwritten", 401},
 		{"empty signature", "GET", host, url.Values{"path": {"secret.txt"}, sigParam: {""}}, "", 401},
 		{"read signature used to write", "POST", host, signedQuery("secret.txt", "read", "", a.EnvdAccessToken, time.Time{}), "overwritten", 401},
 		{"write, host mode", "POST", host, signedQuery("up.txt", "write", "", a.EnvdAccessToken, future), "uploaded", 200},
@@ -170,6 +173,34 @@ func TestSignedURLs(t *testing.T) {
 		for _, hdr := range []map[string]string{host, none} {
 			if resp, got := e.do("GET", "/files?"+q.Encode(), hdr, nil); resp.StatusCode == 200 {
 				t.Errorf("%v: %d %s after kill", hdr, resp.StatusCode, got)
+			}
+		}
+	})
+}
+
+// FuzzCheckSignature: whatever the query and method, a request is
+// accepted only with the signature of its own path, operation, user and
+// expiration under the token, and never after it expired.
+func FuzzCheckSignature(f *testing.F) {
+	now := time.Unix(1_700_000_000, 0)
+	f.Add(signedQuery("a.txt", "read", "", "tok", time.Time{}).Encode(), "GET")
+	f.Add(signedQuery("/home/user/a b.txt", "write", "user", "tok", now.Add(time.Minute)).Encode(), "POST")
+	f.Add(signedQuery("a.txt", "read", "", "tok", now.Add(-time.Minute)).Encode(), "GET")
+	f.Add("path=a.txt&signature=v1_&signature_expiration=-1", "GET")
+	f.Add("signature=%00&path=%2e%2e", "DELETE")
+	f.Fuzz(func(t *testing.T, query, method string) {
+		r := &http.Request{Method: method, URL: &url.URL{Path: "/files", RawQuery: query}}
+		if checkSignature(r, "tok", now) != "" {
+			return
+		}
+		q := r.URL.Query()
+		if q.Get(sigParam) != fileSignature(q.Get("path"), signedOperation(method), q.Get("username"), "tok", q.Get(sigExpParam)) {
+			t.Fatalf("accepted %q %s without its signature", query, method)
+		}
+		if q.Has(sigExpParam) {
+			exp, err := strconv.ParseInt(q.Get(sigExpParam), 10, 64)
+			if err != nil || exp < now.Unix() {
+				t.Fatalf("accepted %q with expiration %q at %d", query, q.Get(sigExpParam), now.Unix())
 			}
 		}
 	})
