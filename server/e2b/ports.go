@@ -23,8 +23,9 @@ import (
 // sandbox is ever bound to a host address.
 //
 // Each request needs the sandbox's traffic access token (the
-// trafficAccessToken create returned, in e2b-traffic-access-token) unless
-// its creator set network.allowPublicTraffic: true. The token is not the
+// trafficAccessToken create returned, in e2b-traffic-access-token), or its
+// envd access token, unless its creator set network.allowPublicTraffic:
+// true. The token is not the
 // envd access token: handing out a URL to a web app in the sandbox must
 // not hand out its commands and files.
 
@@ -63,7 +64,12 @@ func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id, portText
 		return
 	}
 	if !b.public {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get(TrafficHeader)), []byte(b.traffic)) != 1 || b.traffic == "" {
+		// The envd access token (X-Access-Token) also lets its holder
+		// through: it already runs commands in the sandbox, which reach
+		// every port from inside.
+		traffic := subtle.ConstantTimeCompare([]byte(r.Header.Get(TrafficHeader)), []byte(b.traffic)) == 1 && b.traffic != ""
+		envd := subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(b.token)) == 1
+		if !traffic && !envd {
 			writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, "e2b-traffic-access-token is missing or is not this sandbox's traffic access token (the SDK's sandbox.trafficAccessToken; create with network.allowPublicTraffic: true for URLs anyone may open)"})
 			return
 		}
