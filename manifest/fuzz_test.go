@@ -31,6 +31,7 @@ func FuzzParse(f *testing.F) {
 		"resources: {<<: {pids: 5}}",
 		"security: {allow_missing: [landlock, landlock]}",
 		"network: {mode: allowlist}",
+		"network: {inbound: [8000, \"9000-9100\", \"1-65535\", 0, \"80-\", \"08\", {a: 1}]}",
 		"network: {mode: allowlist}\npackages: {pypi: {index: \"http://127.0.0.1:1/simple\", allow: [\"requests==2.31.0 --hash=sha256:00\", idna]}, npm: {allow: [\"@types/node@>=20\"]}, typosquat: warn}",
 		"a: 1\n---\nb: 2\n",
 		"resources: {memory: 1GiB}\njustifications: {resources.memory: \"pandas\", network.allow: x, bogus: \"\\u202e\"}",

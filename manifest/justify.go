@@ -72,6 +72,8 @@ const (
 	WidenNetworkAllow = "network.allow"
 	// WidenAllowAddresses is any network.allow_addresses entry.
 	WidenAllowAddresses = "network.allow_addresses"
+	// WidenInbound is any network.inbound entry.
+	WidenInbound = "network.inbound"
 	// WidenSecrets is any secret.
 	WidenSecrets = "secrets"
 	// WidenPackages is any granted package, and typosquat: warn or
@@ -84,11 +86,11 @@ const (
 // JustifiableFields lists every key justifications accepts: the numeric
 // limits and the grants that Default leaves empty.
 func JustifiableFields() []string {
-	fields := make([]string, 0, len(limits)+5)
+	fields := make([]string, 0, len(limits)+6)
 	for _, l := range limits {
 		fields = append(fields, l.Field)
 	}
-	return append(fields, WidenNetworkAllow, WidenAllowAddresses, WidenSecrets, WidenPackages, WidenAllowMissing)
+	return append(fields, WidenNetworkAllow, WidenAllowAddresses, WidenInbound, WidenSecrets, WidenPackages, WidenAllowMissing)
 }
 
 // Widening is one field where a manifest grants more than Default.
@@ -118,6 +120,7 @@ func (m *Manifest) Widenings() []Widening {
 	}
 	count(WidenNetworkAllow, len(m.Network.Allow), "hosts")
 	count(WidenAllowAddresses, len(m.Network.AllowAddresses), "addresses")
+	count(WidenInbound, m.Network.inboundPorts(), "inbound ports")
 	count(WidenSecrets, len(m.Secrets), "secrets")
 	if p := m.Packages; p.Granted() || p.Typosquat == "warn" || p.Yanked == "allow" {
 		w = append(w, Widening{WidenPackages, fmt.Sprintf("%d packages", len(p.PyPI.Allow)+len(p.NPM.Allow)), "none"})

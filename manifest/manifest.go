@@ -123,6 +123,12 @@ type Network struct {
 	// (which is why each also costs its length of MaxBytesOut). More are
 	// refused with limit-names.
 	NamesPerSecond int `json:"names_per_second" yaml:"names_per_second"`
+	// Inbound lists the TCP ports inside the sandbox the host may connect
+	// to on a client's behalf (the E2B API's getHost(port) URLs, through
+	// Moat, with the sandbox's traffic token). Empty, the default: no
+	// connection ever reaches into the sandbox. Each entry widens the
+	// sandbox: see docs/THREATS.md.
+	Inbound []PortRange `json:"inbound,omitempty" yaml:"inbound,omitempty"`
 }
 
 // Packages is the grant of the guarded package index (package pkgguard):

@@ -186,7 +186,7 @@ func TestParseErrors(t *testing.T) {
 		// Unknown keys.
 		{"unknown top-level key", "m.yaml", "imagee: python", "imagee", "", `did you mean "image"?`},
 		{"unknown nested key", "m.yaml", "resources: {memroy: 1GiB}", "resources.memroy", "", `did you mean "memory"?`},
-		{"unknown key lists accepted", "m.yaml", "network: {proxy: x}", "network.proxy", "", "accepted under network: allow, allow_addresses, connections_per_second, max_bytes_in, max_bytes_out, max_connections, mode, names_per_second"},
+		{"unknown key lists accepted", "m.yaml", "network: {proxy: x}", "network.proxy", "", "accepted under network: allow, allow_addresses, connections_per_second, inbound, max_bytes_in, max_bytes_out, max_connections, mode, names_per_second"},
 		{"unknown key in an input", "m.yaml", "inputs: [{src: a}, {sorc: b}]", "inputs[1].sorc", "", `did you mean "src"?`},
 		{"unknown key in workspace", "m.yaml", "workspace: {inodes: 5}", "workspace.inodes", "", "accepted under workspace: files, size"},
 		{"unknown key in security", "m.yaml", "security: {allow: [landlock]}", "security.allow", "", "allow_missing"},

@@ -174,6 +174,7 @@ func (m *Manifest) validate(errs *errorList) {
 		}
 	}
 	m.validateNetwork(errs)
+	m.validateInbound(errs)
 	m.validatePackages(errs)
 	m.validateEnv(errs)
 	m.validateSecrets(errs)

@@ -63,7 +63,7 @@ var e2bChecks = []string{
 	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "pty", "watchDir",
 	"path-traversal", "oversized-upload", "list", "list-order", "setTimeout", "connect", "wrong-key", "other-key",
 	"never-existed", "refused-fields", "pause-resume", "snapshots", "fork", "kill-during-command", "timeout-during-command", "auto-pause",
-	"internet", "kill-sandbox", "times-out",
+	"internet", "signed-urls", "ports", "kill-sandbox", "times-out",
 }
 
 // TestServeE2BSDK drives `moat serve --e2b` with the real E2B JavaScript
@@ -84,7 +84,9 @@ func TestServeE2BSDK(t *testing.T) {
 	key := createKey(t, home)
 	other := createKey(t, home)
 	const maxBody = "1MiB"
-	s := startServer(t, home, key, "--e2b", "--pool", "0", "--session-pool", "1", "--max-body", maxBody)
+	// --e2b-domain: the SDK's getHost(port) names are <port>-<id>.moat.test
+	// (its envd traffic goes to E2B_SANDBOX_URL all the same).
+	s := startServer(t, home, key, "--e2b", "--e2b-domain", "moat.test", "--pool", "0", "--session-pool", "1", "--max-body", maxBody)
 
 	// The control plane speaks E2B's errors, and a sandbox created
 	// through it is a Moat sandbox under the same id.

@@ -170,6 +170,9 @@ type plan struct {
 	notice   string
 	// autoPause: pause rather than destroy the sandbox when it expires.
 	autoPause bool
+	// public: network.allowPublicTraffic true, ports without the traffic
+	// token.
+	public bool
 }
 
 // translate turns an E2B create request into a plan, under the operator's
@@ -216,8 +219,6 @@ func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiErro
 	denyAll := false
 	if n := req.Network; n != nil {
 		switch {
-		case n.AllowPublicTraffic != nil && *n.AllowPublicTraffic:
-			return plan{}, badField("network.allowPublicTraffic", "true is not supported: nothing can connect into a Moat sandbox; leave it unset or false")
 		case n.MaskRequestHost != nil:
 			return plan{}, badField("network.maskRequestHost", "is not supported: Moat exposes no sandbox port")
 		case isSet(n.Rules):
@@ -248,14 +249,21 @@ func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiErro
 		}
 		notice = internetNotice(internet, allowOut)
 	}
-	if net := networkSection(allow); net != nil {
-		m["network"] = net
+	net := networkSection(allow)
+	if net == nil {
+		net = map[string]any{}
 	}
 	if autoPause && req.AutoPauseMemory == nil {
 		// E2B's default is a memory snapshot: say what this one keeps.
 		notice = joinNotice(notice, autoPauseNotice)
 	}
-	return plan{manifest: m, template: template, ttl: ttl, notice: notice, autoPause: autoPause}, nil
+	// Ports (ports.go): every port, as E2B's; the traffic token, or the
+	// creator's allowPublicTraffic, decides who reaches them.
+	public := req.Network != nil && req.Network.AllowPublicTraffic != nil && *req.Network.AllowPublicTraffic
+	net["inbound"] = []string{inboundAll}
+	m["network"] = net
+	m["justifications"] = map[string]string{"network.inbound": inboundJustification(public)}
+	return plan{manifest: m, template: template, ttl: ttl, notice: notice, autoPause: autoPause, public: public}, nil
 }
 
 // autoPauseNotice is what create says of autoPause without
@@ -328,6 +336,10 @@ func (h *Handler) createdView(b *box) created {
 		d := h.cfg.Domain
 		c.Domain = &d
 	}
+	if b.traffic != "" {
+		t := b.traffic
+		c.TrafficAccessToken = &t
+	}
 	return c
 }
 
@@ -363,8 +375,11 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 		return h.fromService(err)
 	}
 	def := manifest.Default()
-	b := &box{id: sb.ID, keyID: key.ID, key: key, token: newToken(), template: template,
+	b := &box{id: sb.ID, keyID: key.ID, key: key, token: newToken(), public: p.public, template: template,
 		cpus: max(1, int(def.Resources.CPUs)), memoryMB: int(def.Resources.Memory >> 20), tags: map[string]uint32{}, watchers: map[string]*pollWatcher{}}
+	if !b.public {
+		b.traffic = newToken()
+	}
 	h.mu.Lock()
 	h.boxes[b.id] = b
 	h.mu.Unlock()

@@ -12,8 +12,9 @@
 // manifest, limits, quotas, audit record and zero-residue destruction, and
 // Moat's API reaches it by the same id. It must never create a sandbox the API would refuse, honour
 // an E2B field Moat cannot enforce (it refuses it, naming the field), let
-// a request reach a sandbox without that sandbox's access token, or let a
-// path leave the workspace.
+// a request reach a sandbox without that sandbox's access token (or a
+// URL it signed; for the ports of a sandbox, its traffic token unless the
+// creator made them public), or let a path leave the workspace.
 package e2b
 
 import (
@@ -98,6 +99,8 @@ type box struct {
 	keyID    string
 	key      audit.Key // as authenticated at creation (its quota)
 	token    string
+	traffic  string // the traffic access token of its ports (ports.go); "" when public
+	public   bool   // network.allowPublicTraffic: true
 	template string
 	cpus     int
 	memoryMB int
@@ -133,6 +136,13 @@ func (h *Handler) Wrap(moat http.Handler) http.Handler {
 		}
 		if id, port, ok := h.sandboxOf(r); ok {
 			h.serveEnvd(w, r, id, port)
+			return
+		}
+		if r.URL.Path == "/files" {
+			// envd's /files in path mode (E2B_SANDBOX_URL) without
+			// E2b-Sandbox-Id: a signed URL, whose signature names the
+			// sandbox, or nothing this server lets through (401).
+			h.serveSignedPathMode(w, r)
 			return
 		}
 		h.serveControl(w, r)

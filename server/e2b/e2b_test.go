@@ -341,7 +341,7 @@ func TestControlPlane(t *testing.T) {
 			{"mcp", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","mcp":{"x":{}}}`, 400},
 			{"volumes", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","volumeMounts":[{"name":"v","path":"/data"}]}`, 400},
 			{"narrow deny", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","network":{"denyOut":["10.0.0.0/8"]}}`, 400},
-			{"public traffic", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","network":{"allowPublicTraffic":true}}`, 400},
+			{"mask request host", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","network":{"maskRequestHost":"x"}}`, 400},
 			{"allow and no internet", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","allow_internet_access":false,"network":{"allowOut":["example.com"]}}`, 400},
 			{"bad allow host", "POST", "/v2/sandboxes", keyA, `{"templateID":"base","network":{"allowOut":["not a host!"]}}`, 400},
 			{"other key's get", "GET", "/sandboxes/" + c.SandboxID, keyB, "", 404},

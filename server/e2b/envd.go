@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -29,15 +30,35 @@ type envdCall struct {
 	svc *service.Service
 	b   *box
 	key audit.Key
+	// signedPath, when set, is the path a signed URL authorised instead
+	// of the access token: the only file the request may touch ("" in an
+	// upload URL signed without a path: the parts' own names, as E2B).
+	signedPath *string
 }
 
 func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port string) {
 	if port != "" && port != EnvdPort {
-		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "port": port, "code": 502,
-			"message": "The sandbox is running but port " + port + " is not open: Moat serves only envd (" + EnvdPort + ")"})
+		h.servePort(w, r, id, port)
 		return
 	}
-	b, ok := h.boxByToken(id, r.Header.Get("X-Access-Token"))
+	token := r.Header.Get("X-Access-Token")
+	b, ok := h.boxByToken(id, token)
+	why := "X-Access-Token is missing or is not this sandbox's access token"
+	var signedPath *string
+	if b != nil && !ok && token == "" && hasSignature(r) {
+		// A signed URL (downloadUrl/uploadUrl) stands in for the token,
+		// for its one path and operation (signed.go).
+		if why = checkSignature(r, b.token, time.Now()); why == "" {
+			if h.alive(b.keyID, id) {
+				ok = true
+				p := r.URL.Query().Get("path")
+				signedPath = &p
+			} else {
+				h.forget(id)
+				b = nil
+			}
+		}
+	}
 	if b == nil {
 		// What E2B's proxy answers for a sandbox that is not running; the
 		// SDKs' isRunning reads it as false.
@@ -45,7 +66,7 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		return
 	}
 	if !ok {
-		e := rpcErr(connect.CodeUnauthenticated, "X-Access-Token is missing or is not this sandbox's access token")
+		e := rpcErr(connect.CodeUnauthenticated, "%s", why)
 		if strings.HasPrefix(r.URL.Path, "/files") || r.URL.Path == "/health" {
 			writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, e.Message()})
 		} else {
@@ -81,7 +102,7 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id, port str
 		writeJSON(w, http.StatusBadRequest, apiError{http.StatusBadRequest, msg})
 		return
 	}
-	c := &envdCall{h: h, svc: h.svc, b: b, key: key}
+	c := &envdCall{h: h, svc: h.svc, b: b, key: key, signedPath: signedPath}
 	switch {
 	case r.URL.Path == "/files":
 		switch r.Method {

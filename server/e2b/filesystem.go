@@ -486,6 +486,14 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request) {
 			restError(w, http.StatusBadRequest, "path '%s' is the workspace directory, not a file", name)
 			return false
 		}
+		if sp := c.signedPath; sp != nil && *sp != "" {
+			// A signed upload URL grants its one path, not the other
+			// parts' names.
+			if signed, _ := workspacePath("path", *sp); signed != p {
+				restError(w, http.StatusForbidden, "the signed URL allows writing '%s' only, not '%s'", *sp, name)
+				return false
+			}
+		}
 		// Each file is bounded as one upload to Moat's API is.
 		limit := c.h.cfg.MaxBodyBytes
 		if _, err := c.svc.WriteFile(r.Context(), c.key, c.b.id, p, http.MaxBytesReader(w, io.NopCloser(data), limit), 0o644); err != nil {

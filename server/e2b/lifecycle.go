@@ -289,7 +289,9 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request, key audit.Key) *a
 // service created for key.
 func (h *Handler) register(key audit.Key, id, template string) *box {
 	def := manifest.Default()
-	b := &box{id: id, keyID: key.ID, key: key, token: newToken(), template: template,
+	// Its ports need a traffic token of its own (a fork or a resumed
+	// sandbox is never public, whatever its source was).
+	b := &box{id: id, keyID: key.ID, key: key, token: newToken(), traffic: newToken(), template: template,
 		cpus: max(1, int(def.Resources.CPUs)), memoryMB: int(def.Resources.Memory >> 20), tags: map[string]uint32{}, watchers: map[string]*pollWatcher{}}
 	h.mu.Lock()
 	h.boxes[b.id] = b

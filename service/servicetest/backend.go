@@ -55,7 +55,8 @@ type Backend struct {
 	lastReq   *engine.Request
 	sessions  []*Session
 	pools     []service.PoolStat
-	closeGate chan struct{} // when set, holds every Close until closed
+	closeGate chan struct{}  // when set, holds every Close until closed
+	ports     map[int]string // Listen: port inside -> host address
 }
 
 // Counts returns how many sessions are live (not yet closed) and were

@@ -444,6 +444,60 @@ await check('internet', async () => {
     await box.kill()
   }
 })
+await check('signed-urls', async () => {
+  // downloadUrl/uploadUrl: plain HTTP, no token, in path mode
+  // (E2B_SANDBOX_URL): the signature names the sandbox.
+  await sbx.files.write('signed.txt', 'signed content')
+  const down = await sbx.downloadUrl('signed.txt')
+  const got = await fetch(down)
+  eq(got.status, 200, 'download'); eq(await got.text(), 'signed content', 'downloaded')
+  const up = await sbx.uploadUrl('via-url.txt', { useSignatureExpiration: 60 })
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded by url']), 'via-url.txt')
+  const put = await fetch(up, { method: 'POST', body: form })
+  eq(put.status, 200, 'upload')
+  eq(await sbx.files.read('via-url.txt'), 'uploaded by url', 'uploaded')
+  const other = new URL(down); other.searchParams.set('path', 'via-url.txt')
+  eq((await fetch(other)).status, 401, 'signature for another path')
+  const unsigned = new URL(down); unsigned.searchParams.delete('signature')
+  eq((await fetch(unsigned)).status, 401, 'no signature')
+  eq((await fetch(await sbx.downloadUrl('signed.txt', { useSignatureExpiration: -5 }))).status, 401, 'expired')
+  eq((await fetch(down, { method: 'POST', body: form })).status, 401, 'read signature used to write')
+})
+await check('ports', async () => {
+  // getHost(port) with the traffic token reaches a server in the sandbox
+  // (host routing, --e2b-domain); without the token 401, a closed port 502.
+  const http = require('node:http')
+  const base = new URL(process.env.E2B_SANDBOX_URL)
+  const get = (port, headers) => new Promise((resolve, reject) => {
+    const req = http.request({ host: base.hostname, port: base.port, path: '/port.txt', headers: { Host: sbx.getHost(port), ...headers } }, res => {
+      let body = ''
+      res.on('data', d => { body += d })
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+  await sbx.files.write('port.txt', 'served from inside')
+  const server = await sbx.commands.run('python3 -m http.server 8000', { background: true })
+  try {
+    const token = { 'e2b-traffic-access-token': sbx.trafficAccessToken }
+    if (!sbx.trafficAccessToken) throw new Error('no trafficAccessToken')
+    let r
+    for (let i = 0; i < 200; i++) {
+      r = await get(8000, token)
+      if (r.status !== 502) break
+      await new Promise(res => setTimeout(res, 100))
+    }
+    eq([r.status, r.body], [200, 'served from inside'], 'with the token')
+    eq((await get(8000, {})).status, 401, 'without the token')
+    eq((await get(8000, { 'e2b-traffic-access-token': 'x' + sbx.trafficAccessToken })).status, 401, 'wrong token')
+    const closed = await get(8001, token)
+    if (closed.status !== 502 || !/not open/.test(closed.body)) throw new Error('closed port: ' + closed.status + ' ' + closed.body)
+  } finally {
+    await server.kill()
+  }
+})
 await check('kill-sandbox', async () => {
   await sbx.kill()
   eq(await sbx.isRunning(), false, 'isRunning')
