@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/workspace"
 )
 
 var (
@@ -329,7 +330,29 @@ func (s *Session) info(p string, fi fs.FileInfo) engine.FileInfo {
 	if t == "symlink" {
 		info.Target, _ = s.root.Readlink(p)
 	}
+	if t == "file" || t == "dir" {
+		if f, err := s.root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); err == nil {
+			info.Metadata, _ = workspace.ReadMetadata(f)
+			f.Close()
+		}
+	}
 	return info
+}
+
+// SetMetadata keeps md as p's user xattrs, as engine.Session does.
+func (s *Session) SetMetadata(p string, md map[string]string) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	f, err := s.root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := workspace.WriteMetadata(f, md); err != nil {
+		return fmt.Errorf("%w: %w", engine.ErrUsage, err)
+	}
+	return nil
 }
 
 func (s *Session) Open(p string) (*os.File, engine.FileInfo, error) {
@@ -490,4 +513,24 @@ func (b *Backend) checkImage(m *manifest.Manifest) error {
 	}
 	return &manifest.FieldError{Field: "image", Value: m.Image,
 		Problem: "is an unknown image: this host has or can build " + strings.Join(b.Images, ", ")}
+}
+
+// Metrics reports the session's usage as engine.Session does: no CPU or
+// memory (the fake runs no processes of its own), the workspace's file
+// bytes as disk, and the manifest's limits.
+func (s *Session) Metrics() (engine.Metrics, error) {
+	if err := s.check(); err != nil {
+		return engine.Metrics{}, err
+	}
+	var disk int64
+	fs.WalkDir(s.root.FS(), ".", func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				disk += fi.Size()
+			}
+		}
+		return nil
+	})
+	r := s.manifest.Resources
+	return engine.Metrics{CPUs: r.CPUs, MemoryLimit: int64(r.Memory), DiskBytes: disk, DiskLimit: int64(s.manifest.Workspace.Size)}, nil
 }
