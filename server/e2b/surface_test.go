@@ -1,0 +1,299 @@
+package e2b
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
+)
+
+func TestEnvdVersionCurrent(t *testing.T) {
+	// e2b 2.51's newest gate (allowNetworkMounts) is 0.6.4; metadata
+	// needs 0.6.2 and watch entries 0.6.3.
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base"}`)
+	if c.EnvdVersion != "0.6.4" {
+		t.Errorf("envdVersion %q, want 0.6.4", c.EnvdVersion)
+	}
+}
+
+func TestChanges(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	file := func(size int64, mod time.Time) watchState {
+		return watchState{typ: pb.FileType_FILE_TYPE_FILE, size: size, mod: mod, entry: &pb.EntryInfo{Path: "/home/user/x", Size: size}}
+	}
+	dir := watchState{typ: pb.FileType_FILE_TYPE_DIRECTORY, mod: t0, entry: &pb.EntryInfo{Path: "/home/user/d"}}
+	tests := []struct {
+		name      string
+		entry     bool
+		prev, cur map[string]watchState
+		want      []string
+	}{
+		{"empty file created", false, nil, map[string]watchState{"/home/user/a": file(0, t0)}, []string{"CREATE a"}},
+		{"file created with content is created then written", false, nil, map[string]watchState{"/home/user/a": file(3, t0)}, []string{"CREATE a", "WRITE a"}},
+		{"directory created", false, nil, map[string]watchState{"/home/user/d": dir}, []string{"CREATE d"}},
+		{"file grown", false, map[string]watchState{"/home/user/a": file(1, t0)}, map[string]watchState{"/home/user/a": file(2, t0)}, []string{"WRITE a"}},
+		{"file touched", false, map[string]watchState{"/home/user/a": file(1, t0)}, map[string]watchState{"/home/user/a": file(1, t0.Add(time.Second))}, []string{"WRITE a"}},
+		{"unchanged, other entry pointer", false, map[string]watchState{"/home/user/a": file(1, t0)}, map[string]watchState{"/home/user/a": file(1, t0)}, nil},
+		{"directory time changed", false, map[string]watchState{"/home/user/d": dir}, map[string]watchState{"/home/user/d": {typ: dir.typ, mod: t0.Add(time.Second)}}, nil},
+		{"removed", false, map[string]watchState{"/home/user/a": file(1, t0)}, nil, []string{"REMOVE a"}},
+		{"path order", false, map[string]watchState{"/home/user/b": file(1, t0)}, map[string]watchState{"/home/user/c": file(0, t0), "/home/user/a": file(0, t0)}, []string{"CREATE a", "REMOVE b", "CREATE c"}},
+		{"with entries", true, nil, map[string]watchState{"/home/user/a": file(3, t0)}, []string{"CREATE a +entry", "WRITE a +entry"}},
+		{"with entries, removed", true, map[string]watchState{"/home/user/a": file(3, t0)}, nil, []string{"REMOVE a +entry"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, ev := range changes(watchTarget{path: ".", includeEntry: tc.entry}, tc.prev, tc.cur) {
+				s := strings.TrimPrefix(ev.Type.String(), "EVENT_TYPE_") + " " + ev.Name
+				if ev.Entry != nil {
+					s += " +entry"
+				}
+				got = append(got, s)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("events %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFileMetadata(t *testing.T) {
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base"}`)
+	hdr := func(kv ...string) map[string]string {
+		h := envdHeaders(c)
+		for i := 0; i+1 < len(kv); i += 2 {
+			h[kv[i]] = kv[i+1]
+		}
+		return h
+	}
+	var mp bytes.Buffer
+	mw := multipart.NewWriter(&mp)
+	w, _ := mw.CreateFormFile("file", "m/multi.txt")
+	io.WriteString(w, "m")
+	mw.Close()
+	uploads := []struct {
+		name   string
+		path   string
+		hdr    map[string]string
+		body   io.Reader
+		status int
+		want   map[string]string // the metadata answered and kept
+	}{
+		{"octet-stream with metadata", "/files?path=a.txt", hdr("Content-Type", "application/octet-stream", "X-Metadata-Owner", "alice", "X-Metadata-Build_ID", "42"), strings.NewReader("a"), 200, map[string]string{"owner": "alice", "build_id": "42"}},
+		{"multipart with metadata", "/files", hdr("Content-Type", mw.FormDataContentType(), "X-Metadata-Kind", "multi"), &mp, 200, map[string]string{"kind": "multi"}},
+		{"no metadata", "/files?path=plain.txt", hdr("Content-Type", "application/octet-stream"), strings.NewReader("p"), 200, nil},
+		{"a value that is not printable ASCII", "/files?path=bad.txt", hdr("Content-Type", "application/octet-stream", "X-Metadata-K", "caf\xc3\xa9"), strings.NewReader("b"), 400, nil},
+		{"a value over the bound", "/files?path=big.txt", hdr("Content-Type", "application/octet-stream", "X-Metadata-K", strings.Repeat("v", 4097)), strings.NewReader("b"), 400, nil},
+	}
+	for _, tc := range uploads {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := e.do("POST", tc.path, tc.hdr, tc.body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("%d %s, want %d", resp.StatusCode, body, tc.status)
+			}
+			if tc.status != 200 {
+				// Refused before anything was written.
+				p := strings.TrimPrefix(tc.path, "/files?path=")
+				if st, _ := e.unary(c, "filesystem.Filesystem/Stat", map[string]any{"path": p}); st != 404 {
+					t.Errorf("a refused upload left %s (Stat %d)", p, st)
+				}
+				return
+			}
+			var written []writtenEntry
+			if err := json.Unmarshal(body, &written); err != nil || len(written) != 1 {
+				t.Fatalf("answer %s: %v", body, err)
+			}
+			if !mapsEqual(written[0].Metadata, tc.want) {
+				t.Errorf("written metadata %v, want %v", written[0].Metadata, tc.want)
+			}
+			st, out := e.unary(c, "filesystem.Filesystem/Stat", map[string]any{"path": written[0].Path})
+			if got := metadataOf(out["entry"]); st != 200 || !mapsEqual(got, tc.want) {
+				t.Errorf("Stat: %d metadata %v, want %v", st, got, tc.want)
+			}
+		})
+	}
+	t.Run("list, rename and stat keep it", func(t *testing.T) {
+		_, out := e.unary(c, "filesystem.Filesystem/ListDir", map[string]any{"path": "/home/user"})
+		found := false
+		for _, en := range items(out, "entries") {
+			m := en.(map[string]any)
+			if m["name"] == "a.txt" {
+				found = mapsEqual(metadataOf(m), map[string]string{"owner": "alice", "build_id": "42"})
+			}
+		}
+		if !found {
+			t.Errorf("ListDir has no a.txt with its metadata: %v", out)
+		}
+		st, out := e.unary(c, "filesystem.Filesystem/Move", map[string]any{"source": "a.txt", "destination": "b.txt"})
+		if got := metadataOf(out["entry"]); st != 200 || got["owner"] != "alice" {
+			t.Errorf("Move: %d %v", st, out)
+		}
+	})
+	t.Run("a key given twice", func(t *testing.T) {
+		req, _ := http.NewRequest("POST", e.url+"/files?path=twice.txt", strings.NewReader("t"))
+		for k, v := range envdHeaders(c) {
+			req.Header.Set(k, v)
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Add("X-Metadata-K", "1")
+		req.Header.Add("X-Metadata-K", "2")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("status %d, want 400", resp.StatusCode)
+		}
+	})
+}
+
+func metadataOf(v any) map[string]string {
+	m, _ := v.(map[string]any)
+	md, _ := m["metadata"].(map[string]any)
+	if len(md) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for k, v := range md {
+		out[k], _ = v.(string)
+	}
+	return out
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestWatcherEntries(t *testing.T) {
+	tests := []struct {
+		name         string
+		includeEntry bool
+	}{
+		{"without entries", false},
+		{"with entries", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			c := e.create(keyA, `{"templateID":"base"}`)
+			st, out := e.unary(c, "filesystem.Filesystem/CreateWatcher", map[string]any{"path": "/home/user", "includeEntry": tc.includeEntry})
+			id, _ := out["watcherId"].(string)
+			if st != 200 || id == "" {
+				t.Fatalf("CreateWatcher: %d %v", st, out)
+			}
+			e.session(c.SandboxID).WriteFile("w.txt", strings.NewReader("abc"), 0o644)
+			_, out = e.unary(c, "filesystem.Filesystem/GetWatcherEvents", map[string]any{"watcherId": id})
+			var types []string
+			for _, ev := range items(out, "events") {
+				m := ev.(map[string]any)
+				types = append(types, m["type"].(string))
+				en, has := m["entry"].(map[string]any)
+				if has != tc.includeEntry || (has && (en["path"] != "/home/user/w.txt" || en["size"] != "3")) {
+					t.Errorf("event %v: entry %v, want included %v", m, en, tc.includeEntry)
+				}
+			}
+			if !slices.Equal(types, []string{"EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE"}) {
+				t.Errorf("events %v, want a create then a write", types)
+			}
+		})
+	}
+}
+
+func FuzzUploadMetadata(f *testing.F) {
+	f.Add("X-Metadata-Owner", "alice")
+	f.Add("x-metadata-build_id", "42")
+	f.Add("X-Metadata-", "v")
+	f.Add("X-Metadata-K", "caf\xc3\xa9")
+	f.Add("X-Metadata-"+strings.Repeat("k", 300), "v")
+	f.Fuzz(func(t *testing.T, name, value string) {
+		h := http.Header{}
+		h[name] = []string{value}
+		md, e := uploadMetadata(h)
+		if e != nil {
+			if e.Code != 400 || e.Message == "" {
+				t.Errorf("refusal %+v", e)
+			}
+			return
+		}
+		for k, v := range md {
+			if k == "" || k != strings.ToLower(k) || len(v) > 4096 {
+				t.Errorf("accepted %q=%q", k, v)
+			}
+			for i := 0; i < len(v); i++ {
+				if v[i] < 0x20 || v[i] > 0x7e {
+					t.Errorf("accepted a value with byte %#x", v[i])
+				}
+			}
+		}
+	})
+}
+
+func TestGetMetrics(t *testing.T) {
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base"}`)
+	e.session(c.SandboxID).WriteFile("data.bin", strings.NewReader(strings.Repeat("x", 1000)), 0o644)
+	path := "/sandboxes/" + c.SandboxID + "/metrics"
+	now := time.Now().Unix()
+	tests := []struct {
+		name   string
+		path   string
+		key    string
+		status int
+		n      int // samples wanted, when 200 (-1: at least one)
+	}{
+		{"the sandbox's", path, keyA, 200, -1},
+		{"within start and end", path + "?start=" + itoa(now-60) + "&end=" + itoa(now+60), keyA, 200, -1},
+		{"before any sample", path + "?end=" + itoa(now-3600), keyA, 200, 0},
+		{"end before start", path + "?start=" + itoa(now) + "&end=" + itoa(now-10), keyA, 400, 0},
+		{"start not a number", path + "?start=yesterday", keyA, 400, 0},
+		{"start negative", path + "?start=-1", keyA, 400, 0},
+		{"another key's sandbox", path, keyB, 404, 0},
+		{"an unknown sandbox", "/sandboxes/nope/metrics", keyA, 404, 0},
+		{"no key", path, "", 401, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := e.control("GET", tc.path, tc.key, "")
+			if status != tc.status {
+				t.Fatalf("%d %s, want %d", status, body, tc.status)
+			}
+			if status != 200 {
+				wantE2BError(t, tc.name, status, body, tc.status)
+				return
+			}
+			var ms []sandboxMetric
+			if err := json.Unmarshal(body, &ms); err != nil {
+				t.Fatalf("%s: %v", body, err)
+			}
+			if (tc.n < 0 && len(ms) == 0) || (tc.n >= 0 && len(ms) != tc.n) {
+				t.Fatalf("%d samples, want %d (-1: some): %s", len(ms), tc.n, body)
+			}
+			for _, m := range ms {
+				if m.DiskUsed != 1000 || m.DiskTotal <= 0 || m.MemTotal <= 0 || m.CPUCount < 1 || m.TimestampUnix != m.Timestamp.Unix() || m.CPUUsedPct < 0 || m.CPUUsedPct > 100 {
+					t.Errorf("sample %+v", m)
+				}
+			}
+		})
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
