@@ -396,6 +396,16 @@ func (p *Process) Signal(sig unix.Signal) error {
 	return p.tp.Signal(sig)
 }
 
+// Pid is the command's pid in the sandbox's PID namespace, what its own
+// programs see (tier.PidReporter); it waits, bounded, for the command to
+// have started, and is 0 when the tier cannot tell.
+func (p *Process) Pid() int {
+	if pr, ok := p.tp.(tier.PidReporter); ok {
+		return pr.Pid()
+	}
+	return 0
+}
+
 // Done is closed when the command has ended and its Result is ready.
 func (p *Process) Done() <-chan struct{} { return p.done }
 

@@ -108,6 +108,7 @@ type box struct {
 
 	mu       sync.Mutex
 	tags     map[string]uint32 // process tag -> pid
+	pids     map[uint32]string // pid -> command id (pids.go)
 	watchers map[string]*pollWatcher
 }
 

@@ -641,7 +641,7 @@ func TestProcess(t *testing.T) {
 		return
 	}
 	pid, out, _, end := run("out:hello")
-	if pid != 1 || out != "hello\n" || end["exited"] != true || end["exitCode"] != nil && end["exitCode"] != 0.0 {
+	if pid != servicetest.FirstPid || out != "hello\n" || end["exited"] != true || end["exitCode"] != nil && end["exitCode"] != 0.0 {
 		t.Errorf("echo: pid %v out %q end %v", pid, out, end)
 	}
 	_, _, errOut, end := run("err:bad", "exit:3")

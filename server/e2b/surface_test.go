@@ -2,6 +2,8 @@ package e2b
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"mime/multipart"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
+	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 func TestEnvdVersionCurrent(t *testing.T) {
@@ -297,3 +301,133 @@ func TestGetMetrics(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestPids(t *testing.T) {
+	tests := []struct {
+		name string
+		ex   service.Exec
+		want uint32
+	}{
+		{"the tier's pid", service.Exec{ID: "e-1", Pid: 42}, 42},
+		{"no pid: above PID_MAX_LIMIT", service.Exec{ID: "e-7"}, noPidBase + 7},
+		{"init's pid is never given", service.Exec{ID: "e-1", Pid: 1}, noPidBase + 1},
+		{"a pid beyond PID_MAX_LIMIT is not believed", service.Exec{ID: "e-2", Pid: noPidBase + 5}, noPidBase + 2},
+		{"not a command id", service.Exec{ID: "x"}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &box{}
+			got := b.pidOf(tc.ex)
+			if got != tc.want {
+				t.Fatalf("pidOf(%+v) = %d, want %d", tc.ex, got, tc.want)
+			}
+			if got != 0 && b.execOf(got) != tc.ex.ID {
+				t.Errorf("execOf(%d) = %q, want %q", got, b.execOf(got), tc.ex.ID)
+			}
+		})
+	}
+	t.Run("unknown pids name no command", func(t *testing.T) {
+		b := &box{}
+		b.pidOf(service.Exec{ID: "e-1", Pid: 42})
+		for _, pid := range []uint32{0, 1, 7, 43, noPidBase} {
+			if id := b.execOf(pid); id != "" {
+				t.Errorf("execOf(%d) = %q", pid, id)
+			}
+		}
+	})
+	t.Run("a reused pid names the newest command", func(t *testing.T) {
+		b := &box{}
+		b.pidOf(service.Exec{ID: "e-1", Pid: 42})
+		b.pidOf(service.Exec{ID: "e-9", Pid: 42})
+		if id := b.execOf(42); id != "e-9" {
+			t.Errorf("execOf(42) = %q", id)
+		}
+	})
+	t.Run("bounded, the oldest forgotten", func(t *testing.T) {
+		b := &box{}
+		for i := 1; i <= maxPids+5; i++ {
+			b.pidOf(service.Exec{ID: "e-" + strconv.Itoa(i), Pid: 1000 + i})
+		}
+		if len(b.pids) > maxPids {
+			t.Errorf("%d pids kept", len(b.pids))
+		}
+		if b.execOf(1001) != "" || b.execOf(uint32(1000+maxPids+5)) == "" {
+			t.Errorf("the oldest kept or the newest lost")
+		}
+	})
+}
+
+// The SDK's commands.kill(pid) and commands.list use the pids the
+// sandbox's programs see.
+func TestKillByPid(t *testing.T) {
+	e := newEnv(t)
+	c := e.create(keyA, `{"templateID":"base"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// A blocking command, started through Start and left running.
+	data, _ := json.Marshal(map[string]any{"process": map[string]any{"cmd": "fake", "args": []string{"block"}}})
+	var buf bytes.Buffer
+	buf.WriteByte(0)
+	binary.Write(&buf, binary.BigEndian, uint32(len(data)))
+	buf.Write(data)
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+"/process.Process/Start", &buf)
+	for k, v := range envdHeaders(c) {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Content-Type", "application/connect+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, first, err := readEnvelope(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var start struct {
+		Event struct {
+			Start struct {
+				Pid uint32 `json:"pid"`
+			} `json:"start"`
+		} `json:"event"`
+	}
+	json.Unmarshal(first, &start)
+	pid := start.Event.Start.Pid
+	if pid != servicetest.FirstPid {
+		t.Fatalf("start event %s: pid %d, want the sandbox's %d", first, pid, servicetest.FirstPid)
+	}
+	st, out := e.unary(c, "process.Process/List", map[string]any{})
+	listed := false
+	for _, p := range items(out, "processes") {
+		listed = listed || p.(map[string]any)["pid"] == float64(pid)
+	}
+	if st != 200 || !listed {
+		t.Errorf("List: %d %v, want pid %d", st, out, pid)
+	}
+	tests := []struct {
+		name string
+		pid  uint32
+		code string
+	}{
+		{"init", 1, "not_found"},
+		{"an unknown pid", pid + 1, "not_found"},
+		{"the command's pid", pid, ""},
+		{"again, ended", pid, "not_found"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, out := e.unary(c, "process.Process/SendSignal", map[string]any{"process": map[string]any{"pid": tc.pid}, "signal": "SIGNAL_SIGKILL"})
+			if (tc.code == "" && st != 200) || (tc.code != "" && out["code"] != tc.code) {
+				t.Errorf("SendSignal(%d): %d %v, want %q", tc.pid, st, out, tc.code)
+			}
+			if tc.code == "" {
+				// The stream ends with the command.
+				for {
+					if _, _, err := readEnvelope(resp.Body); err != nil {
+						break
+					}
+				}
+			}
+		})
+	}
+}

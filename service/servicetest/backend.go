@@ -280,7 +280,7 @@ func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.P
 		s.dead = true // as "kill 1" inside a real sandbox
 	}
 	s.nproc++
-	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
+	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), pid: FirstPid + s.nproc - 1, argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
 	stdin := req.Stdin
 	if req.StdinOpen {
 		r, w := io.Pipe()
@@ -464,8 +464,13 @@ func (s *Session) Close() error {
 }
 
 // Process is one command started in a Session.
+// FirstPid is the pid the fake reports for a session's first command
+// (service.PidReporter); the next get the numbers after it.
+const FirstPid = 100
+
 type Process struct {
 	id       string
+	pid      int
 	argv     []string
 	sig      chan unix.Signal
 	kill     chan struct{}
@@ -477,6 +482,7 @@ type Process struct {
 }
 
 func (p *Process) ID() string     { return p.id }
+func (p *Process) Pid() int       { return p.pid }
 func (p *Process) Argv() []string { return p.argv }
 func (p *Process) Stdin() io.WriteCloser {
 	if p.stdinW == nil {
