@@ -42,6 +42,7 @@ func (h *Handler) routes() {
 	h.handle("POST /sandboxes/{id}/refreshes", h.refresh)
 	h.lifecycleRoutes()
 	h.handle("GET /sandboxes/{id}/metrics", h.getMetrics)
+	h.handle("PUT /sandboxes/{id}/network", h.updateNetwork)
 	h.control.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		notServed(r).write(w)
 	})
@@ -55,7 +56,6 @@ var unserved = []struct {
 }{
 	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/metrics$`), "Moat serves one sandbox's metrics at a time (GET /sandboxes/{id}/metrics, the SDKs' getMetrics)"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/logs$`), "Moat records each command's output in its result, not as sandbox logs"},
-	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/network$`), "a Moat sandbox's network allowlist is fixed at creation (network.allowOut)"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?templates(/|$)`), "a template is a Moat image: build one with moat image build on the host (DELETE /templates/{id} deletes a snapshot)"},
 	{regexp.MustCompile(`^/volumes(/|$)`), "a Moat sandbox sees only its own workspace"},
 }

@@ -35,6 +35,7 @@ type env struct {
 	h    *Handler
 	api  *server.Server
 	keys *fakeKeys
+	au   *servicetest.Auditor
 }
 
 func newEnv(t *testing.T) *env {
@@ -87,7 +88,7 @@ func newEnvConfig(t *testing.T, images []string, hasImage func(string) bool, pol
 			t.Errorf("%d sandboxes left after shutdown", n)
 		}
 	})
-	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk}
+	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk, au: au}
 }
 
 // live is how many of the fake backend's sandboxes are not yet closed.

@@ -188,7 +188,6 @@ func TestNotServed(t *testing.T) {
 	}{
 		{"a sandbox's snapshots by GET", "GET", "/sandboxes/" + c.SandboxID + "/snapshots", "not part of the E2B API"},
 		{"metrics of many sandboxes", "GET", "/sandboxes/metrics", "one sandbox's metrics at a time"},
-		{"network", "PUT", "/sandboxes/" + c.SandboxID + "/network", "fixed at creation"},
 		{"templates", "GET", "/templates", "moat image build"},
 		{"unknown", "GET", "/nothing/here", "not part of the E2B API"},
 	}

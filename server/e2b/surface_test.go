@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/policy"
 	pb "github.com/moat-sandbox/moat/server/e2b/envdpb/filesystem"
 	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/service/servicetest"
@@ -426,6 +429,73 @@ func TestKillByPid(t *testing.T) {
 					if _, _, err := readEnvelope(resp.Body); err != nil {
 						break
 					}
+				}
+			}
+		})
+	}
+}
+
+func TestUpdateNetwork(t *testing.T) {
+	pol, err := policy.Parse([]byte("require_justifications: false\ndefault:\n  network:\n    mode: allowlist\n    allow: [\"*.example.com\", \"pypi.org\"]\n    allow_addresses: [\"10.0.0.0/8\"]\n"), "policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		internet Internet
+		create   string // "" : with an allowlist
+		key      string
+		body     string
+		status   int
+		text     string
+		hosts    []string // the allowlist the sandbox got
+		addrs    []string
+	}{
+		{name: "replaced", body: `{"allowOut":["api.example.com"],"denyOut":["0.0.0.0/0"]}`, status: 204, hosts: []string{"api.example.com"}},
+		{name: "hosts and addresses", body: `{"allowOut":["api.example.com","10.1.2.0/24"],"denyOut":["0.0.0.0/0"]}`, status: 204, hosts: []string{"api.example.com"}, addrs: []string{"10.1.2.0/24"}},
+		{name: "emptied: deny everything", body: `{"denyOut":["0.0.0.0/0"]}`, status: 204, hosts: []string{}},
+		{name: "internet is the operator's", internet: Internet{Allow: []string{"pypi.org"}}, body: `{"allow_internet_access":true}`, status: 204, hosts: []string{"pypi.org"}},
+		{name: "no internet defined: nothing", body: `{"allow_internet_access":true}`, status: 204, hosts: []string{}},
+		{name: "internet refused by the operator", internet: Internet{Refuse: true}, body: `{"allow_internet_access":true}`, status: 400, text: "--e2b-internet=refuse"},
+		{name: "beyond the key's ceiling", body: `{"allowOut":["example.org"],"denyOut":["0.0.0.0/0"]}`, status: 403, text: "exceeds this key's ceiling"},
+		{name: "an address beyond the ceiling", body: `{"allowOut":["192.168.0.0/16"],"denyOut":["0.0.0.0/0"]}`, status: 403, text: "allow_addresses"},
+		{name: "not a host", body: `{"allowOut":["exa mple.com"],"denyOut":["0.0.0.0/0"]}`, status: 400, text: "network.allow"},
+		{name: "a narrower deny", body: `{"allowOut":["api.example.com"],"denyOut":["1.2.3.4/32"]}`, status: 400, text: "denyOut"},
+		{name: "rules", body: `{"rules":{"api.example.com":[{"transform":{"headers":{"X":"y"}}}]}}`, status: 400, text: "network.rules"},
+		{name: "an egress proxy", body: `{"egressProxy":{"address":"p:1080"}}`, status: 400, text: "egressProxy"},
+		{name: "malformed", body: `{"allowOut":"api.example.com"}`, status: 400, text: "not the JSON"},
+		{name: "unknown field", body: `{"allowOut":[],"bogus":1}`, status: 400, text: "bogus"},
+		{name: "another key's sandbox", key: keyB, body: `{"allowOut":["api.example.com"]}`, status: 404},
+		{name: "created without network", create: `{"templateID":"base","allow_internet_access":false}`, body: `{"allowOut":["api.example.com"],"denyOut":["0.0.0.0/0"]}`, status: 400, text: "network.mode none"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvConfig(t, []string{"python"}, nil, pol, func(c *Config) { c.Internet = tc.internet })
+			create := cmp.Or(tc.create, `{"templateID":"base","network":{"allowOut":["pypi.org"],"denyOut":["0.0.0.0/0"]}}`)
+			c := e.create(keyA, create)
+			status, body := e.control("PUT", "/sandboxes/"+c.SandboxID+"/network", cmp.Or(tc.key, keyA), tc.body)
+			if status != tc.status {
+				t.Fatalf("%d %s, want %d", status, body, tc.status)
+			}
+			if status != 204 {
+				wantE2BError(t, tc.name, status, body, tc.status)
+				if !strings.Contains(string(body), tc.text) {
+					t.Errorf("%s, want %q", body, tc.text)
+				}
+			}
+			n := e.session(c.SandboxID).Network()
+			if tc.status != 204 {
+				if n != nil {
+					t.Errorf("a refused update changed the allowlist to %+v", n)
+				}
+			} else if n == nil || !slices.Equal(n.Allow, tc.hosts) || !slices.Equal(n.AllowAddresses, tc.addrs) {
+				t.Errorf("allowlist %+v, want %v %v", n, tc.hosts, tc.addrs)
+			}
+			// Every update the service saw is audited, refused or not.
+			recs := e.au.Records(audit.KindNetwork)
+			if tc.status == 204 || tc.status == 403 {
+				if len(recs) != 1 || recs[0].SandboxID != c.SandboxID || recs[0].Status == audit.Running {
+					t.Errorf("audit records %+v", recs)
 				}
 			}
 		})

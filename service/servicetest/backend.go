@@ -212,8 +212,10 @@ type Session struct {
 	mu     sync.Mutex
 	closed bool
 	dead   bool // a command killed its init
-	procs  []*Process
-	nproc  int
+	// network is what SetNetwork set.
+	network *manifest.Network
+	procs   []*Process
+	nproc   int
 }
 
 // ID is the session's id, sb-NNNN.
@@ -539,4 +541,26 @@ func (s *Session) Metrics() (engine.Metrics, error) {
 	})
 	r := s.manifest.Resources
 	return engine.Metrics{CPUs: r.CPUs, MemoryLimit: int64(r.Memory), DiskBytes: disk, DiskLimit: int64(s.manifest.Workspace.Size)}, nil
+}
+
+// SetNetwork replaces the session's allowlist as engine.Session does: only
+// a sandbox made with network.mode allowlist has one. Network reports it.
+func (s *Session) SetNetwork(n manifest.Network) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.manifest.Network.Mode != "allowlist" {
+		return fmt.Errorf("%w: this sandbox was created with network.mode none", engine.ErrUsage)
+	}
+	s.network = &n
+	return nil
+}
+
+// Network is the allowlist the last SetNetwork gave, nil if none did.
+func (s *Session) Network() *manifest.Network {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.network
 }
