@@ -144,15 +144,34 @@ func ReadMetadata(fh *os.File) (map[string]string, error) {
 
 // openMeta opens p (cleaned) for its xattrs without following a final
 // symlink; only a regular file or a directory carries metadata (a FIFO
-// is opened non-blocking and refused).
+// is opened non-blocking and refused). os.Root resolves a final symlink
+// itself (inside the root) whatever O_NOFOLLOW says, so p is looked at
+// first, and what was opened must be what was looked at: a swap in
+// between (the sandbox runs meanwhile) is refused.
 func (f *Files) openMeta(p string) (*os.File, error) {
+	kind := func(fi os.FileInfo) error {
+		if !fi.Mode().IsRegular() && !fi.IsDir() {
+			return fmt.Errorf("%w: %s is a %s; only files and directories carry metadata", ErrBadPath, p, info(p, fi, "").Type)
+		}
+		return nil
+	}
+	before, err := f.root.Lstat(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := kind(before); err != nil {
+		return nil, err
+	}
 	fh, err := f.root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, err
 	}
 	fi, err := fh.Stat()
-	if err == nil && !fi.Mode().IsRegular() && !fi.IsDir() {
-		err = fmt.Errorf("%w: %s is a %s; only files and directories carry metadata", ErrBadPath, p, info(p, fi, "").Type)
+	if err == nil {
+		err = kind(fi)
+	}
+	if err == nil && !os.SameFile(before, fi) {
+		err = fmt.Errorf("%w: %s changed while it was opened", ErrBadPath, p)
 	}
 	if err != nil {
 		fh.Close()

@@ -42,6 +42,8 @@ func (h *Handler) routes() {
 	h.handle("POST /sandboxes/{id}/refreshes", h.refresh)
 	h.lifecycleRoutes()
 	h.handle("GET /sandboxes/{id}/metrics", h.getMetrics)
+	// Not the sandbox "metrics": the route of many sandboxes' metrics.
+	h.control.HandleFunc("GET /sandboxes/metrics", func(w http.ResponseWriter, r *http.Request) { notServed(r).write(w) })
 	h.handle("PUT /sandboxes/{id}/network", h.updateNetwork)
 	h.control.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		notServed(r).write(w)

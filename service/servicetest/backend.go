@@ -346,6 +346,12 @@ func (s *Session) SetMetadata(p string, md map[string]string) error {
 	if err := s.check(); err != nil {
 		return err
 	}
+	// os.Root follows a final symlink (inside the root): look first.
+	if fi, err := s.root.Lstat(p); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() && !fi.IsDir() {
+		return fmt.Errorf("%s is not a file or directory: %w", p, engine.ErrUsage)
+	}
 	f, err := s.root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
