@@ -34,7 +34,7 @@ func TestSessionPid(t *testing.T) {
 		exit int
 	}{
 		{"the sandbox sees it as sleep", []string{"sh", "-c", "grep -q '^sleep$' /proc/" + strconv.Itoa(pid) + "/comm"}, 0},
-		{"another command kills it", []string{"kill", "-9", strconv.Itoa(pid)}, 0},
+		{"another command kills it (the shell's kill)", []string{"sh", "-c", "kill -9 " + strconv.Itoa(pid)}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
