@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 )
@@ -73,14 +72,22 @@ func diskBytes(dir string, maxEntries int) int64 {
 	if maxEntries <= 0 {
 		maxEntries = 10000
 	}
+	// Through os.Root: the workspace's own path may be a link the host
+	// made (WalkDir would not descend it), and nothing below may lead
+	// out of it.
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return 0
+	}
+	defer root.Close()
 	var sum int64
 	n := 0
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+	fs.WalkDir(root.FS(), ".", func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil // gone meanwhile, or unreadable: not counted
 		}
 		if n++; n > maxEntries {
-			return filepath.SkipAll
+			return fs.SkipAll
 		}
 		if d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
