@@ -51,8 +51,8 @@ func (s *Store) Begin(r Record) error {
 	if err := validID("record id", r.ID); err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	if !slices.Contains([]Kind{KindRun, KindSandbox, KindExec, KindApproval, KindSnapshot}, r.Kind) {
-		return fmt.Errorf("begin %s: kind %q is not a record kind; accepted: run, sandbox, exec, approval, snapshot", r.ID, r.Kind)
+	if !slices.Contains([]Kind{KindRun, KindSandbox, KindExec, KindApproval, KindSnapshot, KindNetwork}, r.Kind) {
+		return fmt.Errorf("begin %s: kind %q is not a record kind; accepted: run, sandbox, exec, approval, snapshot, network", r.ID, r.Kind)
 	}
 	if r.KeyID != "" {
 		if err := validID("key id", r.KeyID); err != nil {

@@ -57,6 +57,11 @@ const (
 	// while it is kept; done when deleted, expired or resumed; SandboxID
 	// is the sandbox it was copied from.
 	KindSnapshot Kind = "snapshot"
+	// KindNetwork is a change of a live sandbox's network allowlist (E2B's
+	// updateNetwork): its Manifest is the sandbox's with the new
+	// allowlist, SandboxID the sandbox; done at once, or failed with the
+	// refusal in Error.
+	KindNetwork Kind = "network"
 )
 
 // Status is where a record is in its life.

@@ -156,6 +156,9 @@ type Exec struct {
 	SandboxID string   `json:"sandbox_id"`
 	State     string   `json:"state"`
 	Argv      []string `json:"argv"`
+	// Pid is the command's pid inside the sandbox (what its programs see
+	// and can signal), when the server's tier tells it; else 0.
+	Pid int `json:"pid,omitempty"`
 	// Result is the command's outcome (exit code, termination, output,
 	// the files it changed), present once State is not ExecRunning.
 	Result *result.Result `json:"result,omitempty"`

@@ -166,7 +166,7 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 	}
 	for _, a := range addrs {
 		a = a.WithZone("").Unmap()
-		if why, bad := reservedAddress(a); bad && !p.pol.granted(a) {
+		if why, bad := reservedAddress(a); bad && !p.acc.Load().granted(a) {
 			att.Address = a.String()
 			return fail(ReasonPrivateAddress, fmt.Errorf("package index %s resolves to %s (%s); grant it with network.allow_addresses if that is intended", host, a, why))
 		}

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -100,7 +101,12 @@ const (
 // Proxy is the egress proxy of one run. Its zero value is not usable; call
 // New.
 type Proxy struct {
+	// pol is the policy as the proxy was made: its limits never change.
+	// acc is what decides each new connection: pol, or the allowlist
+	// SetAllow put in its place (with the same secrets' hosts).
 	pol      policy
+	acc      atomic.Pointer[policy]
+	base     Policy // Secrets and Limits, for SetAllow
 	resolver Resolver
 	dialer   Dialer
 	now      func() time.Time
@@ -169,6 +175,8 @@ func New(p Policy, opts Options) *Proxy {
 	if x.now == nil {
 		x.now = time.Now
 	}
+	x.acc.Store(&pol)
+	x.base = Policy{Secrets: p.Secrets, Limits: p.Limits}
 	x.sec, x.rootCAs, x.secretUses = compileGuarded(p.Secrets, p.Canaries), opts.RootCAs, map[SecretUse]int{}
 	if len(p.Secrets) > 0 {
 		// Only bound secrets need a CA: canaries bind nothing.
@@ -508,6 +516,9 @@ type verdict struct {
 // itself; an opaque tunnel to a CDN address would let the client name any
 // site behind that CDN in its own Host header (fronting over plain HTTP).
 func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel bool) verdict {
+	// One allowlist decides the whole connection, even if SetAllow
+	// replaces it meanwhile.
+	pol := p.acc.Load()
 	v := verdict{host: rawHost, port: port}
 	refuse := func(reason string, status int, msg string) verdict {
 		v.reason, v.status, v.msg = reason, status, msg
@@ -519,10 +530,10 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel boo
 	if a, err := netip.ParseAddr(rawHost); err == nil {
 		a = a.WithZone("").Unmap()
 		v.host, v.ipLit = a.String(), true
-		if !p.pol.granted(a) {
+		if !pol.granted(a) {
 			return refuse(ReasonIPLiteral, http.StatusForbidden, fmt.Sprintf("requests to IP addresses (%s) are refused; use a host name from network.allow, or grant the address in network.allow_addresses", a))
 		}
-		if !p.pol.allowsLiteralPort(port) {
+		if !pol.allowsLiteralPort(port) {
 			return refuse(ReasonIPLiteral, http.StatusForbidden, fmt.Sprintf("%s is granted, but port %d is named by no network.allow rule", a, port))
 		}
 		v.addrs = []netip.Addr{a}
@@ -537,13 +548,13 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel boo
 		return refuse(ReasonBadRequest, http.StatusBadRequest, fmt.Sprintf("%q is not a valid host name", rawHost))
 	}
 	v.host = host
-	if p.pol.allowsName(host, port) && tunnel && port == 80 && !p.pol.allowsExplicitPort(host, port) {
+	if pol.allowsName(host, port) && tunnel && port == 80 && !pol.allowsExplicitPort(host, port) {
 		return refuse(ReasonNotAllowlisted, http.StatusForbidden, fmt.Sprintf("tunnels to %s port 80 need the rule %q in network.allow; plain HTTP goes through the proxy as GET http://%s/", host, host+":80", host))
 	}
-	if !p.pol.allowsName(host, port) {
+	if !pol.allowsName(host, port) {
 		return refuse(ReasonNotAllowlisted, http.StatusForbidden, fmt.Sprintf("%s port %d is not in network.allow; add it to the manifest to grant it", host, port))
 	}
-	if !p.pol.namesExactly(host) {
+	if !pol.namesExactly(host) {
 		// Only a wildcard allows this name: the program chose it, and
 		// the lookup carries it off the host (DNS exfiltration through
 		// the host's resolver).
@@ -569,7 +580,7 @@ func (p *Proxy) decide(ctx context.Context, rawHost string, port int, tunnel boo
 		// Any reserved answer refuses the name: with several answers a
 		// client library might pick any, and so might an attacker's
 		// rebinding server.
-		if why, bad := reservedAddress(a); bad && !p.pol.granted(a) {
+		if why, bad := reservedAddress(a); bad && !pol.granted(a) {
 			v.addrs = []netip.Addr{a}
 			return refuse(ReasonPrivateAddress, http.StatusForbidden, fmt.Sprintf("%s resolves to %s (%s); grant it with network.allow_addresses if that is intended", host, a, why))
 		}

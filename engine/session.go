@@ -80,6 +80,8 @@ type FileInfo struct {
 	Mode    string    `json:"mode"` // octal permission bits, "0644"
 	ModTime time.Time `json:"modified"`
 	Target  string    `json:"target,omitempty"` // a symlink's target, never followed
+	// Metadata is the entry's user extended attributes (SetMetadata).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // ErrSessionClosed is returned by a session's methods after Close.
@@ -312,6 +314,15 @@ func (s *Session) Rename(from, to string) error {
 	return usage(s.files.Rename(from, to))
 }
 
+// SetMetadata sets md as the metadata (user xattrs) of a workspace file
+// or directory; see workspace.Files.SetMetadata.
+func (s *Session) SetMetadata(path string, md map[string]string) error {
+	if err := s.open(); err != nil {
+		return err
+	}
+	return usage(s.files.SetMetadata(path, md))
+}
+
 // Remove removes a workspace path (a directory recursively).
 func (s *Session) Remove(path string) error {
 	if err := s.open(); err != nil {
@@ -339,7 +350,7 @@ func (s *Session) Close() error {
 // usage marks the caller's mistakes (bad paths, limits) as ErrUsage.
 func usage(err error) error {
 	var le *workspace.LimitError
-	if errors.Is(err, workspace.ErrBadPath) || errors.As(err, &le) {
+	if errors.Is(err, workspace.ErrBadPath) || errors.Is(err, workspace.ErrNoMetadata) || errors.As(err, &le) {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 	return err
@@ -347,7 +358,7 @@ func usage(err error) error {
 
 func fileInfo(in workspace.Info) FileInfo {
 	return FileInfo{Name: in.Name, Path: in.Path, Type: in.Type, Size: in.Size, Mode: fmt.Sprintf("%04o", uint32(in.Mode)),
-		ModTime: time.Unix(0, in.ModTime).UTC(), Target: in.Target}
+		ModTime: time.Unix(0, in.ModTime).UTC(), Target: in.Target, Metadata: in.Metadata}
 }
 
 // Process is one command of a session.
@@ -383,6 +394,16 @@ func (p *Process) Signal(sig unix.Signal) error {
 	default:
 	}
 	return p.tp.Signal(sig)
+}
+
+// Pid is the command's pid in the sandbox's PID namespace, what its own
+// programs see (tier.PidReporter); it waits, bounded, for the command to
+// have started, and is 0 when the tier cannot tell.
+func (p *Process) Pid() int {
+	if pr, ok := p.tp.(tier.PidReporter); ok {
+		return pr.Pid()
+	}
+	return 0
 }
 
 // Done is closed when the command has ended and its Result is ready.

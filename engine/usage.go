@@ -69,20 +69,24 @@ func (s *Session) CPU() (time.Duration, error) {
 	if err := s.open(); err != nil {
 		return 0, err
 	}
-	var pids []int
-	var err error
-	switch sb := s.p.sb.(type) {
-	case tier.RuntimeLister:
-		pids, err = sb.RuntimeProcs()
-	case tier.ProcessLister:
-		pids, err = sb.Procs()
-	default:
-		return 0, errNoProcs
-	}
+	pids, err := s.procs()
 	if err != nil {
 		return 0, err
 	}
 	return ProcsCPU(pids), nil
+}
+
+// procs lists the host processes that do the sandbox's work: its
+// runtime's on tiers whose programs run in a user-space kernel, else its
+// own.
+func (s *Session) procs() ([]int, error) {
+	switch sb := s.p.sb.(type) {
+	case tier.RuntimeLister:
+		return sb.RuntimeProcs()
+	case tier.ProcessLister:
+		return sb.Procs()
+	}
+	return nil, errNoProcs
 }
 
 // endedWait bounds how long Ended waits for a dying sandbox's processes

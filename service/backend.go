@@ -80,6 +80,12 @@ type Process interface {
 	Result() *result.Result
 }
 
+// PidReporter is implemented by a Process that knows its pid in the
+// sandbox's PID namespace (engine.Process, on tiers that tell it).
+type PidReporter interface {
+	Pid() int
+}
+
 // Auditor authenticates API keys and records what ran. *audit.Store
 // implements it.
 type Auditor interface {

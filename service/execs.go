@@ -28,6 +28,7 @@ type execution struct {
 	proc      Process
 	argv      []string
 	stdinOpen bool
+	pid       int // in the sandbox (PidReporter); 0: not known
 	started   time.Time
 	// untrack stops accruing the command's usage (before Finish).
 	untrack func()
@@ -50,7 +51,7 @@ type execution struct {
 func (ex *execution) view() Exec {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	v := Exec{ID: ex.id, SandboxID: ex.sb.id, State: ExecRunning, Argv: ex.argv, StdinOpen: ex.stdinOpen, StartedAt: ex.started, Result: ex.res, Interrupted: ex.interrupted}
+	v := Exec{ID: ex.id, SandboxID: ex.sb.id, State: ExecRunning, Argv: ex.argv, StdinOpen: ex.stdinOpen, Pid: ex.pid, StartedAt: ex.started, Result: ex.res, Interrupted: ex.interrupted}
 	if ex.res != nil {
 		v.State = ExecExited
 		if ex.failed {
@@ -240,6 +241,13 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		return nil, requestError(err, "command", "")
 	}
 	ex.proc = proc
+	if pr, ok := proc.(PidReporter); ok {
+		// Waits (bounded) for the tier's report of the start.
+		pid := pr.Pid()
+		ex.mu.Lock()
+		ex.pid = pid
+		ex.mu.Unlock()
+	}
 	started = true
 	sb.mu.Lock()
 	sb.count++

@@ -70,6 +70,9 @@ type Config struct {
 	// to the audit log (when the Auditor is an Accruer): what a crash of
 	// the server can lose of a run's accounting. Default 2s.
 	AccrueInterval time.Duration
+	// MetricsInterval is how often each live sandbox's usage is sampled
+	// for SandboxMetrics (E2B's getMetrics). Default 5s, E2B's.
+	MetricsInterval time.Duration
 	// Observe, when set, is called with the result of every program that
 	// ended (one-shot runs and commands), for metrics.
 	Observe func(*result.Result)
@@ -142,6 +145,9 @@ func (c *Config) SetDefaults() error {
 	if c.ReapInterval <= 0 {
 		c.ReapInterval = time.Second
 	}
+	if c.MetricsInterval <= 0 {
+		c.MetricsInterval = 5 * time.Second
+	}
 	if c.AccrueInterval <= 0 {
 		c.AccrueInterval = 2 * time.Second
 	}
@@ -173,6 +179,7 @@ type Service struct {
 	stopping chan struct{}
 	reaped   chan struct{}
 	accrued  chan struct{} // closed when accrueLoop has returned
+	history  metricsHistory
 
 	mu        sync.Mutex
 	closing   bool
@@ -225,6 +232,7 @@ func New(cfg Config) (*Service, error) {
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	go s.reap()
 	go s.accrueLoop()
+	go s.metricsLoop()
 	return s, nil
 }
 

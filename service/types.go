@@ -114,11 +114,14 @@ const (
 
 // Exec describes one command of a sandbox.
 type Exec struct {
-	ID        string     `json:"id"`
-	SandboxID string     `json:"sandbox_id"`
-	State     string     `json:"state"`
-	Argv      []string   `json:"argv"`
-	StdinOpen bool       `json:"stdin_open"`
+	ID        string   `json:"id"`
+	SandboxID string   `json:"sandbox_id"`
+	State     string   `json:"state"`
+	Argv      []string `json:"argv"`
+	StdinOpen bool     `json:"stdin_open"`
+	// Pid is the command's pid in the sandbox's PID namespace (what its
+	// programs see and can signal); 0 when the tier cannot tell.
+	Pid       int        `json:"pid,omitempty"`
 	StartedAt time.Time  `json:"started_at"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
 	// Result is present once State is not running.

@@ -205,6 +205,14 @@ type Process interface {
 	Wait() (*Outcome, error)
 }
 
+// PidReporter is implemented by a Process that knows its pid in the
+// sandbox's PID namespace: the number the sandbox's own programs see
+// (ps, kill) and can signal, never the sandbox's init. Pid waits until
+// the command started (bounded) and is 0 when it is not known.
+type PidReporter interface {
+	Pid() int
+}
+
 // Outcome is what a tier observed about one Exec. The engine turns it into
 // a result.Result.
 type Outcome struct {

@@ -88,6 +88,9 @@ type Info struct {
 	Mode    fs.FileMode
 	ModTime int64 // unix nanoseconds
 	Target  string
+	// Metadata is a file's or directory's metadata (SetMetadata), nil
+	// when it has none.
+	Metadata map[string]string
 }
 
 func info(p string, fi fs.FileInfo, target string) Info {
@@ -122,7 +125,9 @@ func (f *Files) stat(p string) (Info, error) {
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		target, _ = f.root.Readlink(p)
 	}
-	return info(p, fi, target), nil
+	in := info(p, fi, target)
+	in.Metadata = f.metadata(in)
+	return in, nil
 }
 
 // MaxListEntries bounds one directory listing.

@@ -123,9 +123,19 @@ func TestServeE2BSDK(t *testing.T) {
 			t.Fatalf("envd Start: pid %d exit %d err %v", pid, exitCode, err)
 		}
 		c := s.client(t)
-		ex, err := c.Sandbox(created.SandboxID).GetExec(context.Background(), fmt.Sprintf("e-%d", pid))
+		// The E2B pid is the command's pid inside the sandbox (never
+		// init's), which Moat's API lists with the command.
+		execs, err := c.Sandbox(created.SandboxID).ListExecs(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(execs, func(ex *client.Exec) bool { return ex.Pid == int(pid) })
+		if pid <= 1 || i < 0 {
+			t.Fatalf("E2B process %d: no command of Moat's API has that pid: %+v", pid, execs)
+		}
+		ex, err := c.Sandbox(created.SandboxID).GetExec(context.Background(), execs[i].ID)
 		if err != nil || ex.Result == nil {
-			t.Fatalf("Moat's API for E2B process %d: %v", pid, err)
+			t.Fatalf("Moat's API for E2B process %d (%s): %v", pid, execs[i].ID, err)
 		}
 		if !slices.ContainsFunc(ex.Result.Files, func(f result.FileChange) bool { return f.Path == "made.txt" }) {
 			t.Errorf("the command's file diff through Moat's API: %+v", ex.Result.Files)

@@ -114,7 +114,8 @@ func (s *server) exec(req *nswire.Request, fds []int) {
 		s.pids[req.Proc] = pid
 		s.procs[pid] = req.Proc
 		s.forked[pid] = forked
-		s.st.send(nswire.Status{Proc: req.Proc, Started: true})
+		// ForkExec's pid is in init's PID namespace, the sandbox's.
+		s.st.send(nswire.Status{Proc: req.Proc, Started: true, Pid: pid})
 	}
 	s.mu.Unlock()
 	if err != nil {

@@ -39,9 +39,13 @@ import (
 const EnvdPort = "49983"
 
 // envdVersion is the envd version Moat claims: the SDKs gate features on
-// it. 0.5.7 has octet-stream uploads and CloseStdin; file metadata (0.6.2)
-// and watch entries (0.6.3) are not served.
-const envdVersion = "0.5.7"
+// it, and e2b 2.51's newest gate is 0.6.4. 0.5.7 has octet-stream uploads
+// and CloseStdin; 0.6.2 file metadata (X-Metadata-* on POST /files, kept
+// as the file's user xattrs, returned by list, getInfo, rename and
+// write); 0.6.3 watch events with their entry (includeEntry); 0.6.4
+// watching on network mounts (allowNetworkMounts), which Moat's polling
+// watcher needs nothing for: a workspace has no network mount.
+const envdVersion = "0.6.4"
 
 // Config configures a Handler.
 type Config struct {
@@ -107,6 +111,7 @@ type box struct {
 
 	mu       sync.Mutex
 	tags     map[string]uint32 // process tag -> pid
+	pids     map[uint32]string // pid -> command id (pids.go)
 	watchers map[string]*pollWatcher
 }
 

@@ -35,6 +35,7 @@ type env struct {
 	h    *Handler
 	api  *server.Server
 	keys *fakeKeys
+	au   *servicetest.Auditor
 }
 
 func newEnv(t *testing.T) *env {
@@ -87,7 +88,7 @@ func newEnvConfig(t *testing.T, images []string, hasImage func(string) bool, pol
 			t.Errorf("%d sandboxes left after shutdown", n)
 		}
 	})
-	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk}
+	return &env{t: t, url: ts.URL, b: b, h: h, api: api, keys: fk, au: au}
 }
 
 // live is how many of the fake backend's sandboxes are not yet closed.
@@ -641,7 +642,7 @@ func TestProcess(t *testing.T) {
 		return
 	}
 	pid, out, _, end := run("out:hello")
-	if pid != 1 || out != "hello\n" || end["exited"] != true || end["exitCode"] != nil && end["exitCode"] != 0.0 {
+	if pid != servicetest.FirstPid || out != "hello\n" || end["exited"] != true || end["exitCode"] != nil && end["exitCode"] != 0.0 {
 		t.Errorf("echo: pid %v out %q end %v", pid, out, end)
 	}
 	_, _, errOut, end := run("err:bad", "exit:3")

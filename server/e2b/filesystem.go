@@ -11,6 +11,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,7 +34,7 @@ var _ filesystemconnect.FilesystemHandler = filesystemService{}
 func entryOf(fi service.FileInfo) *pb.EntryInfo {
 	mode, _ := strconv.ParseUint(fi.Mode, 8, 32)
 	e := &pb.EntryInfo{Name: fi.Name, Path: e2bPath(fi.Path), Size: fi.Size, Mode: uint32(mode),
-		Permissions: fs.FileMode(mode).String(), Owner: "user", Group: "user", ModifiedTime: timestamppb.New(fi.ModTime)}
+		Permissions: fs.FileMode(mode).String(), Owner: "user", Group: "user", ModifiedTime: timestamppb.New(fi.ModTime), Metadata: fi.Metadata}
 	switch fi.Type {
 	case "file":
 		e.Type = pb.FileType_FILE_TYPE_FILE
@@ -193,29 +194,34 @@ func (c *envdCall) listDir(ctx context.Context, p, shown string, depth int, out 
 	return nil
 }
 
-// watchState is what a watched entry looked like.
+// watchState is what a watched entry looked like; entry is how it was
+// described (for includeEntry), not compared.
 type watchState struct {
-	typ  pb.FileType
-	size int64
-	mod  time.Time
+	typ   pb.FileType
+	size  int64
+	mod   time.Time
+	entry *pb.EntryInfo
+}
+
+// same reports whether a and b look alike (a file unchanged).
+func (a watchState) same(b watchState) bool {
+	return a.typ == b.typ && a.size == b.size && a.mod.Equal(b.mod)
 }
 
 // watchTarget is a watched directory: its workspace path, as the caller
-// named it, and how deep it is watched.
+// named it, how deep it is watched, and whether events carry the entry.
 type watchTarget struct {
-	path, shown string
-	depth       int
+	path, shown  string
+	depth        int
+	includeEntry bool
 }
 
 func newWatchTarget(path string, recursive, includeEntry bool) (watchTarget, *connect.Error) {
-	if includeEntry {
-		return watchTarget{}, rpcErr(connect.CodeUnimplemented, "includeEntry is not supported")
-	}
 	p, e := workspacePath("path", path)
 	if e != nil {
 		return watchTarget{}, e
 	}
-	w := watchTarget{path: p, shown: path, depth: 1}
+	w := watchTarget{path: p, shown: path, depth: 1, includeEntry: includeEntry}
 	if recursive {
 		w.depth = 32
 	}
@@ -229,31 +235,51 @@ func (c *envdCall) snapshot(ctx context.Context, w watchTarget) (map[string]watc
 	}
 	m := make(map[string]watchState, len(list))
 	for _, en := range list {
-		m[en.Path] = watchState{en.Type, en.Size, en.ModifiedTime.AsTime()}
+		m[en.Path] = watchState{en.Type, en.Size, en.ModifiedTime.AsTime(), en}
 	}
 	return m, nil
 }
 
-// changes lists what differs between two snapshots of w: created,
-// written (a file's size or time changed), removed.
+// changes lists what differs between two snapshots of w, in path order:
+// created, written (a file's size or time changed), removed. A file that
+// appears with content is created and then written, as inotify reports
+// it to E2B's envd (IN_CREATE, then IN_MODIFY). With w.includeEntry a
+// create or write carries the entry as it is now, a remove as it was
+// last seen.
 func changes(w watchTarget, prev, cur map[string]watchState) []*pb.FilesystemEvent {
 	base := e2bPath(w.path)
-	ev := func(p string, typ pb.EventType) *pb.FilesystemEvent {
-		return &pb.FilesystemEvent{Name: strings.TrimPrefix(strings.TrimPrefix(p, base), "/"), Type: typ}
-	}
-	var out []*pb.FilesystemEvent
-	for p, now := range cur {
-		old, ok := prev[p]
-		switch {
-		case !ok:
-			out = append(out, ev(p, pb.EventType_EVENT_TYPE_CREATE))
-		case old != now && now.typ == pb.FileType_FILE_TYPE_FILE:
-			out = append(out, ev(p, pb.EventType_EVENT_TYPE_WRITE))
+	ev := func(p string, typ pb.EventType, st watchState) *pb.FilesystemEvent {
+		e := &pb.FilesystemEvent{Name: strings.TrimPrefix(strings.TrimPrefix(p, base), "/"), Type: typ}
+		if w.includeEntry {
+			e.Entry = st.entry
 		}
+		return e
+	}
+	paths := make([]string, 0, len(cur)+len(prev))
+	for p := range cur {
+		paths = append(paths, p)
 	}
 	for p := range prev {
 		if _, ok := cur[p]; !ok {
-			out = append(out, ev(p, pb.EventType_EVENT_TYPE_REMOVE))
+			paths = append(paths, p)
+		}
+	}
+	slices.Sort(paths)
+	var out []*pb.FilesystemEvent
+	for _, p := range paths {
+		old, had := prev[p]
+		now, has := cur[p]
+		isFile := now.typ == pb.FileType_FILE_TYPE_FILE
+		switch {
+		case !has:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_REMOVE, old))
+		case !had:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_CREATE, now))
+			if isFile && now.size > 0 {
+				out = append(out, ev(p, pb.EventType_EVENT_TYPE_WRITE, now))
+			}
+		case !old.same(now) && isFile:
+			out = append(out, ev(p, pb.EventType_EVENT_TYPE_WRITE, now))
 		}
 	}
 	return out
@@ -449,9 +475,39 @@ func (g *gzipWriter) WriteHeader(code int) {
 func (g *gzipWriter) Write(b []byte) (int, error) { return g.gz.Write(b) }
 
 type writtenEntry struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// metadataHeader prefixes the headers that carry a written file's
+// metadata (the SDK's write option metadata, envd 0.6.2).
+const metadataHeader = "X-Metadata-"
+
+// uploadMetadata reads the metadata of an upload from its X-Metadata-*
+// headers. HTTP does not keep a header name's case (Go canonicalises it,
+// HTTP/2 lowercases it), so keys are lowercased: the one spelling every
+// transport agrees on.
+func uploadMetadata(h http.Header) (map[string]string, *apiError) {
+	var md map[string]string
+	for name, vals := range h {
+		if len(name) <= len(metadataHeader) || !strings.EqualFold(name[:len(metadataHeader)], metadataHeader) {
+			continue
+		}
+		k := strings.ToLower(name[len(metadataHeader):])
+		if len(vals) != 1 {
+			return nil, &apiError{http.StatusBadRequest, fmt.Sprintf("metadata key %q is given %d times; give each key once", truncate(k, 64), len(vals))}
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[k] = vals[0]
+	}
+	if e := service.CheckFileMetadata(md); e != nil {
+		return nil, &apiError{http.StatusBadRequest, e.Message}
+	}
+	return md, nil
 }
 
 // upload is POST /files: an octet-stream body (gzip if Content-Encoding
@@ -473,6 +529,11 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request) {
 		body = gz
 	default:
 		restError(w, http.StatusBadRequest, "Content-Encoding %q: send identity or gzip", r.Header.Get("Content-Encoding"))
+		return
+	}
+	md, me := uploadMetadata(r.Header)
+	if me != nil {
+		restError(w, me.Code, "%s", me.Message)
 		return
 	}
 	var written []writtenEntry
@@ -513,7 +574,17 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request) {
 			restError(w, status, "write '%s': %s", name, msg)
 			return false
 		}
-		written = append(written, writtenEntry{Name: path.Base(e2bPath(p)), Type: "file", Path: e2bPath(p)})
+		entry := writtenEntry{Name: path.Base(e2bPath(p)), Type: "file", Path: e2bPath(p)}
+		if len(md) > 0 {
+			fi, err := c.svc.SetMetadata(r.Context(), c.key, c.b.id, p, md)
+			if err != nil {
+				e := fsError(err, name)
+				restError(w, restStatus(e), "set metadata of '%s': %s", name, e.Message())
+				return false
+			}
+			entry.Metadata = fi.Metadata
+		}
+		written = append(written, entry)
 		return true
 	}
 	switch ct {

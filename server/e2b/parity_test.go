@@ -187,8 +187,7 @@ func TestNotServed(t *testing.T) {
 		name, method, path, want string
 	}{
 		{"a sandbox's snapshots by GET", "GET", "/sandboxes/" + c.SandboxID + "/snapshots", "not part of the E2B API"},
-		{"metrics", "GET", "/sandboxes/" + c.SandboxID + "/metrics", "audit record"},
-		{"network", "PUT", "/sandboxes/" + c.SandboxID + "/network", "fixed at creation"},
+		{"metrics of many sandboxes", "GET", "/sandboxes/metrics", "one sandbox's metrics at a time"},
 		{"templates", "GET", "/templates", "moat image build"},
 		{"unknown", "GET", "/nothing/here", "not part of the E2B API"},
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -18,8 +17,8 @@ import (
 )
 
 // process.Process: each E2B process is a command of the Moat sandbox
-// (service.StartExec); its pid is the command's number ("e-7" is pid 7),
-// its output the command's event log.
+// (service.StartExec); its pid is the command's pid in the sandbox
+// (pids.go), its output the command's event log.
 
 type processService struct{}
 
@@ -45,11 +44,6 @@ func (c *envdCall) pid(s *pb.ProcessSelector) (uint32, *connect.Error) {
 		return pid, nil
 	}
 	return 0, rpcErr(connect.CodeInvalidArgument, "process: give a pid or a tag")
-}
-
-func pidOf(execID string) uint32 {
-	n, _ := strconv.ParseUint(strings.TrimPrefix(execID, "e-"), 10, 32)
-	return uint32(n)
 }
 
 func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], st *connect.ServerStream[pb.StartResponse]) error {
@@ -79,7 +73,7 @@ func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRe
 	if err != nil {
 		return rpcFromService(err)
 	}
-	pid := pidOf(view.ID)
+	pid := c.b.pidOf(view)
 	if m.Tag != nil {
 		c.b.mu.Lock()
 		c.b.tags[*m.Tag] = pid
@@ -106,7 +100,7 @@ const keepaliveEvery = 15 * time.Second
 // events are the command's event log from its first event: a Connect to a
 // running process replays what it has printed so far.
 func (c *envdCall) follow(ctx context.Context, pid uint32, send func(*pb.ProcessEvent) error) error {
-	feed, err := c.svc.Events(ctx, c.key, c.b.id, execID(pid))
+	feed, err := c.svc.Events(ctx, c.key, c.b.id, c.b.execOf(pid))
 	if err != nil {
 		return rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
 	}
@@ -176,9 +170,6 @@ func interruptedErr(id, why string) *connect.Error {
 	return rpcErr(connect.CodeNotFound, "sandbox %s was killed (Sandbox.kill) while this command ran, so the command did not finish: create a new sandbox to run it again", id)
 }
 
-// execID is the Moat command of an E2B pid.
-func execID(pid uint32) string { return fmt.Sprintf("e-%d", pid) }
-
 // endOf is envd's end event for a Moat result: a signal is "signal: …"
 // with exited false, as Go's os.ProcessState reports it in envd; Moat's
 // own terminations (timeout, oom…) are in error.
@@ -236,7 +227,7 @@ func (processService) List(ctx context.Context, _ *connect.Request[pb.ListReques
 		if ex.State != service.ExecRunning || len(ex.Argv) == 0 {
 			continue
 		}
-		i := &pb.ProcessInfo{Config: &pb.ProcessConfig{Cmd: ex.Argv[0], Args: ex.Argv[1:]}, Pid: pidOf(ex.ID)}
+		i := &pb.ProcessInfo{Config: &pb.ProcessConfig{Cmd: ex.Argv[0], Args: ex.Argv[1:]}, Pid: c.b.pidOf(ex)}
 		if t, ok := tags[i.Pid]; ok {
 			i.Tag = &t
 		}
@@ -254,7 +245,7 @@ func (c *envdCall) input(ctx context.Context, s *pb.ProcessSelector, in *pb.Proc
 	if in.GetPty() != nil {
 		return errNoPTY
 	}
-	_, err := c.svc.WriteStdin(ctx, c.key, c.b.id, execID(pid), bytes.NewReader(in.GetStdin()), eof)
+	_, err := c.svc.WriteStdin(ctx, c.key, c.b.id, c.b.execOf(pid), bytes.NewReader(in.GetStdin()), eof)
 	switch {
 	case err == nil:
 		return nil
@@ -317,7 +308,7 @@ func (processService) SendSignal(ctx context.Context, req *connect.Request[pb.Se
 	default:
 		return nil, rpcErr(connect.CodeInvalidArgument, "signal %s: give SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Msg.GetSignal())
 	}
-	_, err := c.svc.Signal(ctx, c.key, c.b.id, execID(pid), sig)
+	_, err := c.svc.Signal(ctx, c.key, c.b.id, c.b.execOf(pid), sig)
 	switch service.KindOf(err) {
 	case service.NotFound, service.Conflict:
 		// E2B: a process that has ended is not found.

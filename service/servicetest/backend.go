@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/workspace"
 )
 
 var (
@@ -212,8 +213,10 @@ type Session struct {
 	mu     sync.Mutex
 	closed bool
 	dead   bool // a command killed its init
-	procs  []*Process
-	nproc  int
+	// network is what SetNetwork set.
+	network *manifest.Network
+	procs   []*Process
+	nproc   int
 }
 
 // ID is the session's id, sb-NNNN.
@@ -280,7 +283,7 @@ func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.P
 		s.dead = true // as "kill 1" inside a real sandbox
 	}
 	s.nproc++
-	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
+	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), pid: FirstPid + s.nproc - 1, argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
 	stdin := req.Stdin
 	if req.StdinOpen {
 		r, w := io.Pipe()
@@ -330,7 +333,35 @@ func (s *Session) info(p string, fi fs.FileInfo) engine.FileInfo {
 	if t == "symlink" {
 		info.Target, _ = s.root.Readlink(p)
 	}
+	if t == "file" || t == "dir" {
+		if f, err := s.root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); err == nil {
+			info.Metadata, _ = workspace.ReadMetadata(f)
+			f.Close()
+		}
+	}
 	return info
+}
+
+// SetMetadata keeps md as p's user xattrs, as engine.Session does.
+func (s *Session) SetMetadata(p string, md map[string]string) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	// os.Root follows a final symlink (inside the root): look first.
+	if fi, err := s.root.Lstat(p); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() && !fi.IsDir() {
+		return fmt.Errorf("%s is not a file or directory: %w", p, engine.ErrUsage)
+	}
+	f, err := s.root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := workspace.WriteMetadata(f, md); err != nil {
+		return fmt.Errorf("%w: %w", engine.ErrUsage, err)
+	}
+	return nil
 }
 
 func (s *Session) Open(p string) (*os.File, engine.FileInfo, error) {
@@ -442,8 +473,13 @@ func (s *Session) Close() error {
 }
 
 // Process is one command started in a Session.
+// FirstPid is the pid the fake reports for a session's first command
+// (service.PidReporter); the next get the numbers after it.
+const FirstPid = 100
+
 type Process struct {
 	id       string
+	pid      int
 	argv     []string
 	sig      chan unix.Signal
 	kill     chan struct{}
@@ -455,6 +491,7 @@ type Process struct {
 }
 
 func (p *Process) ID() string     { return p.id }
+func (p *Process) Pid() int       { return p.pid }
 func (p *Process) Argv() []string { return p.argv }
 func (p *Process) Stdin() io.WriteCloser {
 	if p.stdinW == nil {
@@ -491,4 +528,46 @@ func (b *Backend) checkImage(m *manifest.Manifest) error {
 	}
 	return &manifest.FieldError{Field: "image", Value: m.Image,
 		Problem: "is an unknown image: this host has or can build " + strings.Join(b.Images, ", ")}
+}
+
+// Metrics reports the session's usage as engine.Session does: no CPU or
+// memory (the fake runs no processes of its own), the workspace's file
+// bytes as disk, and the manifest's limits.
+func (s *Session) Metrics() (engine.Metrics, error) {
+	if err := s.check(); err != nil {
+		return engine.Metrics{}, err
+	}
+	var disk int64
+	fs.WalkDir(s.root.FS(), ".", func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				disk += fi.Size()
+			}
+		}
+		return nil
+	})
+	r := s.manifest.Resources
+	return engine.Metrics{CPUs: r.CPUs, MemoryLimit: int64(r.Memory), DiskBytes: disk, DiskLimit: int64(s.manifest.Workspace.Size)}, nil
+}
+
+// SetNetwork replaces the session's allowlist as engine.Session does: only
+// a sandbox made with network.mode allowlist has one. Network reports it.
+func (s *Session) SetNetwork(n manifest.Network) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.manifest.Network.Mode != "allowlist" {
+		return fmt.Errorf("%w: this sandbox was created with network.mode none", engine.ErrUsage)
+	}
+	s.network = &n
+	return nil
+}
+
+// Network is the allowlist the last SetNetwork gave, nil if none did.
+func (s *Session) Network() *manifest.Network {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.network
 }

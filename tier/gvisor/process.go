@@ -233,6 +233,9 @@ func (p *process) pid() int {
 	return 0
 }
 
+// Pid implements tier.PidReporter: the pid runsc wrote for the command.
+func (p *process) Pid() int { return p.pid() }
+
 // Signal implements tier.Process: sig goes to the command's process group
 // (the command leads its own session in the sandbox), sent from inside by
 // the guest; if that fails, runsc signals the command's process itself.
@@ -374,3 +377,5 @@ func (p *process) wait() (*tier.Outcome, error) {
 	p.s.classify(out, obs, p.lim)
 	return out, nil
 }
+
+var _ tier.PidReporter = (*process)(nil)

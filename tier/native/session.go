@@ -129,7 +129,7 @@ func (s *sandbox) readSessionStatus() {
 		case st.Exited:
 			p.exit(&st)
 		case st.Started:
-			p.markStarted()
+			p.markStarted(st.Pid)
 		}
 	}
 	sendReady("init closed its status pipe")
@@ -146,7 +146,9 @@ func (s *sandbox) readSessionStatus() {
 }
 
 func plausible(st *nswire.Status) bool {
+	// A command's pid is never init's (1) and at most PID_MAX_LIMIT.
 	return st.Proc >= 0 && st.Exit >= 0 && st.Exit <= 255 && st.Signal >= 0 && st.Signal <= 64 &&
+		(st.Pid == 0 || (st.Pid > 1 && st.Pid <= 1<<22)) &&
 		len(st.Error) <= 4096 && len(st.Degraded) <= 8
 }
 
@@ -212,7 +214,7 @@ func (s *sandbox) Start(ctx context.Context, c *tier.Command) (tier.Process, err
 		return nil, errors.New("the sandbox has ended")
 	}
 	ss.next++
-	p := &process{s: s, n: ss.next, lim: s.spec.Limits, before: before, exited: make(chan struct{}), start: time.Now()}
+	p := &process{s: s, n: ss.next, lim: s.spec.Limits, before: before, exited: make(chan struct{}), startedCh: make(chan struct{}), start: time.Now()}
 	p.lim.Timeout = timeout
 	ss.procs[p.n] = p
 	ss.mu.Unlock()
@@ -273,25 +275,48 @@ type process struct {
 	copiers sync.WaitGroup
 	outputs []*os.File
 
-	mu       sync.Mutex
-	started  time.Time
-	ended    time.Time
-	final    *nswire.Status
-	timedOut bool
-	exited   chan struct{}
-	once     sync.Once
+	mu        sync.Mutex
+	started   time.Time
+	pid       int           // in the sandbox's PID namespace; 0: not known
+	startedCh chan struct{} // closed when init reported the start
+	ended     time.Time
+	final     *nswire.Status
+	timedOut  bool
+	exited    chan struct{}
+	once      sync.Once
 
 	waitOnce sync.Once
 	outcome  *tier.Outcome
 	err      error
 }
 
-func (p *process) markStarted() {
+func (p *process) markStarted(pid int) {
 	p.mu.Lock()
 	if p.started.IsZero() {
 		p.started = time.Now()
+		p.pid = pid
+		close(p.startedCh)
 	}
 	p.mu.Unlock()
+}
+
+// pidWait bounds how long Pid waits for init's report of the start.
+const pidWait = 10 * time.Second
+
+// Pid implements tier.PidReporter: the command's pid in the sandbox's
+// PID namespace, once init reported it started; 0 if it ended first or
+// never started.
+func (p *process) Pid() int {
+	t := time.NewTimer(pidWait)
+	defer t.Stop()
+	select {
+	case <-p.startedCh:
+	case <-p.exited:
+	case <-t.C:
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid
 }
 
 // exit records the command's end; st nil means init died first.
@@ -391,3 +416,5 @@ func (ss *session) started() bool {
 	defer ss.mu.Unlock()
 	return ss.waiting
 }
+
+var _ tier.PidReporter = (*process)(nil)

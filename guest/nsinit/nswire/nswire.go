@@ -189,6 +189,10 @@ type Status struct {
 	// Ready (one-shot mode): confined, waiting for the Command frame.
 	Ready   bool `json:"ready,omitempty"`
 	Started bool `json:"started,omitempty"`
+	// Pid, with Started of a command, is its pid in the sandbox's PID
+	// namespace (where init is 1): the number the sandbox's own programs
+	// see and can signal (E2B's process ids). 0: not known.
+	Pid int `json:"pid,omitempty"`
 	// Exited is true when the program ended; Exit or Signal says how.
 	Exited bool `json:"exited,omitempty"`
 	Exit   int  `json:"exit"`
