@@ -287,11 +287,12 @@ func TestServeE2BSDK(t *testing.T) {
 				execs++
 			}
 		}
-		// sdk.cjs runs 8 commands in its main sandbox (run, run-fails,
-		// envs, background, kill, stdin, files' cat, connect's cat); the
-		// ones it asks to run as root are refused before they start.
-		if execs != 8 {
-			t.Errorf("%d commands of sandbox %s audited, want the 8 the SDK ran", execs, main)
+		// sdk.cjs runs 9 commands in its main sandbox (run, run-fails,
+		// envs, background, kill, stdin, files' cat, connect's cat, ports'
+		// http.server); the ones it asks to run as root are refused
+		// before they start.
+		if execs != 9 {
+			t.Errorf("%d commands of sandbox %s audited, want the 9 the SDK ran", execs, main)
 		}
 	}
 }

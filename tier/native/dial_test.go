@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -103,4 +105,51 @@ func TestDialPort(t *testing.T) {
 			t.Errorf("err %v, want ErrSessionClosed", err)
 		}
 	})
+}
+
+// TestDialPortKeepsOtherSandboxes: dials never end a sandbox. A sandbox's
+// init gets SIGKILL when the host *thread* that started it ends
+// (PR_SET_PDEATHSIG is per thread), and the first DialPort ended its
+// thread after each dial: one that had started an init killed that
+// sandbox, at random. Sandboxes started and dialled from many goroutines
+// at once (as moat serve's handlers do) must all stay up.
+func TestDialPortKeepsOtherSandboxes(t *testing.T) {
+	needRoot(t)
+	e, err := newEngine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := func(m *manifest.Manifest) { m.Network.Inbound = []manifest.PortRange{"18002"} }
+	const workers, rounds = 4, 3
+	var (
+		mu       sync.Mutex
+		sessions []*engine.Session
+		wg       sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				s := newSession(t, e, grant)
+				mu.Lock()
+				sessions = append(sessions, s)
+				all := slices.Clone(sessions)
+				mu.Unlock()
+				for _, o := range all {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					if c, err := o.DialPort(ctx, 18002); err == nil {
+						c.Close()
+					}
+					cancel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, s := range sessions {
+		if res := execWait(t, s, &engine.ExecRequest{Argv: []string{"true"}}); res.ExitCode != 0 {
+			t.Errorf("sandbox %d of %d after the dials: %+v, want it still running commands", i, len(sessions), res)
+		}
+	}
 }
