@@ -278,9 +278,11 @@ func (s *Service) SetTimeout(ctx context.Context, key audit.Key, id string, ttl 
 // closed, dropped from the registry and its audit record finished.
 func (s *Service) destroy(sb *sandbox, reason string) (Sandbox, *Error) {
 	s.mu.Lock()
-	if sb.state != StateRunning && sb.state != StatePaused {
+	if state := sb.state; state != StateRunning && state != StatePaused {
+		// state read under s.mu: the sandbox's state is not ours once
+		// it is unlocked.
 		s.mu.Unlock()
-		return Sandbox{}, conflict("sandbox %s is %s: it cannot be deleted now; retry shortly", sb.id, sb.state)
+		return Sandbox{}, conflict("sandbox %s is %s: it cannot be deleted now; retry shortly", sb.id, state)
 	}
 	sb.state = StateDeleting
 	s.tasks.Add(1)
