@@ -426,6 +426,19 @@ type lifecycleInfo struct {
 	AutoResume bool   `json:"autoResume"`
 }
 
+// e2bState is the E2B state of a Moat sandbox state: "running",
+// "paused", or "" for one E2B does not show (being deleted, deleted). A
+// sandbox being paused is still running; one being resumed still paused.
+func e2bState(state string) string {
+	switch state {
+	case service.StateRunning, service.StatePausing:
+		return "running"
+	case service.StatePaused, service.StateResuming:
+		return "paused"
+	}
+	return ""
+}
+
 // listedView renders a Moat sandbox as E2B lists it. The CPU and memory
 // are known for the sandboxes created through E2B (the default manifest's);
 // for one created through Moat's API they are left 0, unknown here.
@@ -436,7 +449,9 @@ func (h *Handler) listedView(sb service.Sandbox) listed {
 	if sb.AutoPause {
 		l.Lifecycle.OnTimeout = "pause"
 	}
-	if sb.State == service.StatePaused {
+	// E2B has two states: a sandbox being paused is still running,
+	// one being resumed still paused.
+	if e2bState(sb.State) == "paused" {
 		l.State = "paused"
 	}
 	h.mu.Lock()
@@ -459,7 +474,7 @@ func (h *Handler) moatSandboxes(r *http.Request, key audit.Key) ([]service.Sandb
 	}
 	out := list[:0]
 	for _, sb := range list {
-		if sb.State == service.StateRunning || sb.State == service.StatePaused {
+		if e2bState(sb.State) != "" {
 			out = append(out, sb)
 		}
 	}
@@ -624,7 +639,7 @@ func (h *Handler) list(r *http.Request, key audit.Key, lq listQuery) ([]listed, 
 	}
 	var out []listed
 	for _, sb := range all {
-		if (sb.State == service.StatePaused && !lq.paused) || (sb.State != service.StatePaused && !lq.running) ||
+		if (e2bState(sb.State) == "paused" && !lq.paused) || (e2bState(sb.State) == "running" && !lq.running) ||
 			!matches(sb.Metadata, lq.metadata) || sb.CreatedAt.Before(lq.startedAfter) {
 			continue
 		}
@@ -716,7 +731,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, key audit.Key) *ap
 	id := r.PathValue("id")
 	// A paused sandbox is described too (state "paused"), as E2B's is.
 	sb, e := h.moatSandbox(r, key, id)
-	if e != nil && sb.State != service.StatePaused {
+	if e != nil && e2bState(sb.State) == "" {
 		return e
 	}
 	l := h.listedView(sb)
