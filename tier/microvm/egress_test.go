@@ -430,7 +430,9 @@ func TestEgressHostileGuest(t *testing.T) {
 				t.Fatal(err)
 			}
 			st.Write([]byte("again"))
-			for p.served.Load() == limit && time.Now().Before(deadline) {
+			// Its own deadline: on a loaded machine the wait above can
+			// use up most of its 3 s before this stream is opened.
+			for deadline := time.Now().Add(10 * time.Second); p.served.Load() == limit && time.Now().Before(deadline); {
 				time.Sleep(10 * time.Millisecond)
 			}
 			if ch.broken() || p.served.Load() != limit+1 {
