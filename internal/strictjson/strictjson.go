@@ -212,6 +212,14 @@ func (w *walker) value(tok json.Token, t reflect.Type, path string, depth int) *
 		if _, ok := tok.(bool); !ok {
 			return typeError(tok, path, "true or false")
 		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n, ok := tok.(json.Number)
+		if !ok {
+			return typeError(tok, path, "a whole number")
+		}
+		if _, err := strconv.ParseInt(n.String(), 10, t.Bits()); err != nil {
+			return &Error{Kind: WrongType, Field: path, Message: fmt.Sprintf("%s is %s: give a whole number from %d to %d", path, n, int64(-1)<<(t.Bits()-1), int64(1)<<(t.Bits()-1)-1)}
+		}
 	default:
 		// Only reachable when a wire type gains a field of a kind this
 		// walker does not know; the callers' wire-type tests catch that.

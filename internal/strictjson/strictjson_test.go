@@ -15,6 +15,7 @@ type doc struct {
 	Files []inner           `json:"files"`
 	Env   map[string]string `json:"env"`
 	Wait  *bool             `json:"wait"`
+	Rows  int16             `json:"rows"`
 }
 
 func TestCheck(t *testing.T) {
@@ -25,7 +26,7 @@ func TestCheck(t *testing.T) {
 		field string
 		msg   string // a part of the message
 	}{
-		{"unknown top-level key", `{"nmae":"x"}`, Malformed, "nmae", "unknown field nmae; accepted at the top level: env, files, name, wait"},
+		{"unknown top-level key", `{"nmae":"x"}`, Malformed, "nmae", "unknown field nmae; accepted at the top level: env, files, name, rows, wait"},
 		{"unknown nested key", `{"files":[{"mode":"1"},{"mdoe":"1"}]}`, Malformed, "files[1].mdoe", "accepted in files[1]: mode"},
 		{"repeated key", `{"name":"a","name":"b"}`, Malformed, "name", "name is given twice"},
 		{"wrong type", `{"files":{}}`, WrongType, "files", "files: is an object; expected a list"},
@@ -35,6 +36,10 @@ func TestCheck(t *testing.T) {
 		{"trailing data", `{} {}`, Malformed, "", "unexpected data after the top-level object"},
 		{"syntax", `{"name":`, Malformed, "", "malformed JSON"},
 		{"a list for a string", `{"name":[[]]}`, WrongType, "name", "name: is a list; expected a string"},
+		{"a string for a number", `{"rows":"24"}`, WrongType, "rows", "rows: is a string; expected a whole number"},
+		{"a fraction", `{"rows":2.5}`, WrongType, "rows", "rows is 2.5: give a whole number from -32768 to 32767"},
+		{"an exponent", `{"rows":1e3}`, WrongType, "rows", "give a whole number"},
+		{"out of range", `{"rows":40000}`, WrongType, "rows", "rows is 40000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,7 +53,7 @@ func TestCheck(t *testing.T) {
 		})
 	}
 	var d doc
-	if e := Decode([]byte(`{"name":"x","files":[{"mode":"0644"}],"env":{"A":"b"},"wait":null}`), &d); e != nil || d.Name != "x" || d.Files[0].Mode != "0644" {
+	if e := Decode([]byte(`{"name":"x","files":[{"mode":"0644"}],"env":{"A":"b"},"wait":null,"rows":-24}`), &d); e != nil || d.Name != "x" || d.Files[0].Mode != "0644" || d.Rows != -24 {
 		t.Errorf("Decode: %+v, %v", d, e)
 	}
 }
