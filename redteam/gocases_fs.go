@@ -44,7 +44,7 @@ func registerFSCases() {
 	register(Case{
 		ID: "fs-tiocsti-caller-tty", Category: "filesystem", Severity: "high",
 		Threat:      "inject keystrokes into the caller's terminal with ioctl(TIOCSTI) on fds 0-2 or /dev/tty, when moat's own stdin is a terminal (the host hands the run a pty and watches its echo)",
-		Why:         "the program's stdio are pipes the host copies (never the caller's terminal), /dev/tty does not exist, and seccomp answers TIOCSTI and TIOCLINUX with EPERM",
+		Why:         "the program's stdio are pipes the host copies (never the caller's terminal), /dev/tty is absent or opens only the program's own controlling terminal (a run has none: ENXIO), and seccomp answers TIOCSTI and TIOCLINUX with EPERM",
 		Unsandboxed: true,
 		custom:      fsTIOCSTI,
 	})

@@ -22,6 +22,7 @@ const nsFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUSER | unix.CLONE_NEWPID |
 const (
 	tiocsti   = 0x5412 // TIOCSTI
 	tioclinux = 0x541c // TIOCLINUX
+	tiocsetd  = 0x5423 // TIOCSETD
 )
 
 // personality(2) values a program may set; anything else changes the
@@ -231,6 +232,9 @@ func conditionalRules() []Rule {
 		Rule{Name: "ioctl", Action: Errno, Errno: unix.EPERM,
 			Args:   []ArgCond{{Index: 1, Op: Equal, Value: tioclinux, Low32: true}},
 			Reason: "TIOCLINUX can paste the console selection into the input queue like TIOCSTI (restricted to CAP_SYS_ADMIN only since Linux 6.2) and reaches console internals"},
+		Rule{Name: "ioctl", Action: Errno, Errno: unix.EPERM,
+			Args:   []ArgCond{{Index: 1, Op: Equal, Value: tiocsetd, Low32: true}},
+			Reason: "TIOCSETD switches a terminal of the sandbox's devpts to another line discipline (n_hdlc, n_gsm, slcan...), rarely used code with a history of races and use-after-frees (CVE-2017-2636, CVE-2023-6546); programs keep the default N_TTY"},
 		Rule{Name: "ioctl", Action: Allow,
 			Reason: "device and descriptor control (FIONREAD, TCGETS, FIOCLEX, ...); device nodes are limited by the mount namespace"},
 	)

@@ -89,6 +89,8 @@ func TestEvaluateDefault(t *testing.T) {
 		{name: "ioctl TIOCSTI denied", syscall: "ioctl", args: [6]uint64{0, tiocsti}, want: Errno, errno: unix.EPERM},
 		{name: "ioctl TIOCSTI with high bits set still denied (CVE-2019-7303)", syscall: "ioctl", args: [6]uint64{0, high | tiocsti}, want: Errno, errno: unix.EPERM},
 		{name: "ioctl TIOCLINUX denied", syscall: "ioctl", args: [6]uint64{0, tioclinux}, want: Errno, errno: unix.EPERM},
+		{name: "ioctl TIOCSETD denied", syscall: "ioctl", args: [6]uint64{0, tiocsetd}, want: Errno, errno: unix.EPERM},
+		{name: "ioctl TIOCSETD with high bits set still denied", syscall: "ioctl", args: [6]uint64{0, high | tiocsetd}, want: Errno, errno: unix.EPERM},
 		{name: "ioctl FIONREAD allowed", syscall: "ioctl", args: [6]uint64{0, fionread}, want: Allow},
 		{name: "ioctl TIOCSTI value in the fd argument allowed", syscall: "ioctl", args: [6]uint64{tiocsti, fionread}, want: Allow},
 
