@@ -65,6 +65,8 @@ type execSpec struct {
 	// it a pipe whose writing end is execution.stdin.
 	stdin     io.Reader
 	stdinOpen bool
+	// tty starts the command on a terminal (tier.Command.TTY).
+	tty *tier.WindowSize
 	// stdout and stderr, when set, receive the captured output as it
 	// arrives (never more than the manifest's caps).
 	stdout, stderr io.Writer
@@ -161,6 +163,7 @@ func (p *prepared) start(ctx context.Context, m *manifest.Manifest, spec *execSp
 		Stdout:  x.stdout,
 		Stderr:  x.stderr,
 		Timeout: spec.timeout,
+		TTY:     spec.tty,
 	}
 	if spec.mode == execOnce {
 		return x, nil

@@ -69,6 +69,11 @@ type ExecRequest struct {
 	// Evidence says who asked for the command, for its incident bundle
 	// when it ends flagged.
 	Evidence Evidence
+	// TTY starts the command on a terminal of this size (tier.Command.TTY):
+	// all it shows arrives on Stdout, Stdin is typed into it, and
+	// Process.Resize changes its size. Tiers without
+	// Capabilities.Terminals refuse it (ErrUsage).
+	TTY *tier.WindowSize
 }
 
 // FileInfo describes one workspace entry.
@@ -188,6 +193,14 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 			return nil, &manifest.FieldError{Field: "env", Value: k, Problem: "is not a valid variable name"}
 		}
 	}
+	if req.TTY != nil {
+		if !s.p.tier.Capabilities().Terminals {
+			return nil, fmt.Errorf("%w: tty: the %s tier does not give commands a terminal; use the native tier, or run the command without tty", ErrUsage, s.p.tier.Name())
+		}
+		if req.TTY.Rows == 0 || req.TTY.Cols == 0 {
+			return nil, &manifest.FieldError{Field: "tty", Value: fmt.Sprintf("%dx%d", req.TTY.Cols, req.TTY.Rows), Problem: "needs at least one row and one column, e.g. 80 columns by 24 rows"}
+		}
+	}
 	dir := req.Dir
 	if dir != "" && (!strings.HasPrefix(dir, "/") || strings.IndexByte(dir, 0) >= 0) {
 		return nil, &manifest.FieldError{Field: "dir", Value: dir, Problem: "must be an absolute path inside the sandbox, e.g. /workspace"}
@@ -219,7 +232,7 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		s.wg.Done()
 		return nil, fmt.Errorf("scan workspace: %w", err)
 	}
-	pr := &Process{id: fmt.Sprintf("e%d", n), argv: slices.Clone(req.Argv), done: make(chan struct{})}
+	pr := &Process{id: fmt.Sprintf("e%d", n), argv: slices.Clone(req.Argv), done: make(chan struct{}), tty: req.TTY != nil}
 	x, err := s.p.start(ctx, s.m, &execSpec{
 		mode:      execSession,
 		id:        s.info.ID + "-" + pr.id,
@@ -229,6 +242,7 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		timeout:   req.Timeout,
 		stdin:     req.Stdin,
 		stdinOpen: req.StdinOpen,
+		tty:       req.TTY,
 		stdout:    req.Stdout,
 		stderr:    req.Stderr,
 		baseline:  before,
@@ -367,6 +381,7 @@ type Process struct {
 	argv  []string
 	tp    tier.Process
 	stdin *io.PipeWriter
+	tty   bool
 	done  chan struct{}
 	res   atomic.Pointer[result.Result]
 }
@@ -404,6 +419,20 @@ func (p *Process) Pid() int {
 		return pr.Pid()
 	}
 	return 0
+}
+
+// Resize sets the window size of a command started with ExecRequest.TTY.
+func (p *Process) Resize(ws tier.WindowSize) error {
+	select {
+	case <-p.done:
+		return errors.New("the command has ended")
+	default:
+	}
+	r, ok := p.tp.(tier.Resizer)
+	if !ok || !p.tty {
+		return fmt.Errorf("%w: the command has no terminal to resize: start it with tty", ErrUsage)
+	}
+	return r.Resize(ws)
 }
 
 // Done is closed when the command has ended and its Result is ready.

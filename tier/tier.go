@@ -184,6 +184,24 @@ type Command struct {
 	// Timeout bounds one command of a session (0: Limits.Timeout). A
 	// single-use sandbox's Exec always uses Limits.Timeout.
 	Timeout time.Duration
+	// TTY, for a session command on a tier with Capabilities.Terminals,
+	// starts it on a new terminal of the sandbox's own (devpts) of this
+	// size: Stdin is typed into the terminal, Stdout receives everything
+	// it shows (stdout and stderr, with the terminal's echo and \r\n), and
+	// Stderr nothing. The Process then implements Resizer.
+	TTY *WindowSize
+}
+
+// WindowSize is a terminal's size in characters.
+type WindowSize struct {
+	Rows uint16
+	Cols uint16
+}
+
+// Resizer is implemented by a Process started with Command.TTY.
+type Resizer interface {
+	// Resize sets the terminal's window size (the command gets SIGWINCH).
+	Resize(ws WindowSize) error
 }
 
 // Sessioner is implemented by sandboxes prepared with Spec.Session: they
@@ -247,6 +265,8 @@ type Capabilities struct {
 	// Sessions: the tier prepares sandboxes that run many commands
 	// (Spec.Session, Sessioner).
 	Sessions bool
+	// Terminals: session commands can have a terminal (Command.TTY).
+	Terminals bool
 	// BuildSteps: the tier runs image build steps (Spec.Build): the
 	// image root writable, the program possibly uid 0 of its namespace.
 	BuildSteps bool

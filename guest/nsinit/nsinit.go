@@ -385,7 +385,7 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 		if cfg.WritableRoot {
 			err = fsrules.RestrictBuild()
 		} else {
-			err = fsrules.Restrict("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+			err = fsrules.RestrictTerminals("/dev/pts", sandboxDevices()...)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("landlock: %w", err)

@@ -63,6 +63,23 @@ var readonlyPaths = []string{
 // host (mknod is impossible in a user namespace, and should be).
 var devices = []string{"null", "zero", "full", "random", "urandom"}
 
+// sandboxDevices are the device files the program may read and write
+// (Landlock): devices, and /dev/tty where buildDev made it.
+func sandboxDevices() []string {
+	out := make([]string, 0, len(devices)+1)
+	for _, d := range devices {
+		out = append(out, "/dev/"+d)
+	}
+	if _, err := os.Stat("/dev/tty"); err == nil {
+		out = append(out, "/dev/tty")
+	}
+	return out
+}
+
+// maxPTYs bounds the terminals a sandbox may have open at once (devpts's
+// max): each holds kernel buffers.
+const maxPTYs = 64
+
 // buildRoot assembles the sandbox's root filesystem under cfg.Root and
 // pivots into it. It runs as root of the new user namespace, in a mount
 // namespace that is still a copy of the host's. Order matters: everything
@@ -245,6 +262,29 @@ func buildDev(dev string) error {
 			return fmt.Errorf("bind /dev/%s: %w", d, err)
 		}
 	}
+	// /dev/tty is the caller's controlling terminal, whatever it is: a
+	// terminal of the sandbox's own devpts below, or none (ENXIO). A host
+	// without the node (a minimal container) leaves it out.
+	if _, err := os.Stat("/dev/tty"); err == nil {
+		target := filepath.Join(dev, "tty")
+		if err := os.WriteFile(target, nil, 0o666); err != nil {
+			return fmt.Errorf("create /dev/tty: %w", err)
+		}
+		if err := unix.Mount("/dev/tty", target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/tty: %w", err)
+		}
+	}
+	// A devpts instance of the sandbox's own (a new one is all a user
+	// namespace can mount): terminals for commands started with a TTY and
+	// for the program's own (script, expect), none shared with the host
+	// or another sandbox, at most maxPTYs at once.
+	pts := filepath.Join(dev, "pts")
+	if err := os.Mkdir(pts, 0o755); err != nil {
+		return fmt.Errorf("create /dev/pts: %w", err)
+	}
+	if err := unix.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, fmt.Sprintf("newinstance,ptmxmode=0666,mode=0600,max=%d", maxPTYs)); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
 	// nosuid and noexec on /dev and every device below it at once; the
 	// devices must keep dev, so nodev goes on /dev alone, at the end.
 	if err := unix.MountSetattr(unix.AT_FDCWD, dev, unix.AT_SYMLINK_NOFOLLOW|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}); err != nil {
@@ -259,6 +299,7 @@ func buildDev(dev string) error {
 		// in /dev/shm; point it at the bounded /tmp rather than adding
 		// another writable filesystem.
 		{"../tmp", "shm"},
+		{"pts/ptmx", "ptmx"},
 	}
 	for _, l := range links {
 		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {

@@ -58,6 +58,7 @@ type server struct {
 	procs map[int]int // pid -> command number
 	// forked is when each running command's fork began (its duration).
 	forked map[int]time.Time
+	ttys   terminals
 }
 
 func (s *server) handle(req *nswire.Request, fds []int) {
@@ -72,6 +73,11 @@ func (s *server) handle(req *nswire.Request, fds []int) {
 			// The command's whole process group: what it started in
 			// the foreground goes too.
 			unix.Kill(-pid, unix.Signal(req.Signal))
+		}
+	case nswire.OpResize:
+		// A command that has no terminal, or has ended: nothing to do.
+		if t := s.ttys.get(req.Proc); t != nil && req.TTY != nil && req.TTY.Rows > 0 && req.TTY.Cols > 0 {
+			t.resize(*req.TTY)
 		}
 	}
 }
@@ -102,14 +108,34 @@ func (s *server) exec(req *nswire.Request, fds []int) {
 		}
 		return
 	}
-	s.mu.Lock()
-	forked := time.Now()
-	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
+	attr := &syscall.ProcAttr{
 		Dir:   req.Dir,
 		Env:   req.Env,
 		Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
-	})
+	}
+	var tty *terminal
+	var in, out *os.File
+	if req.TTY != nil {
+		var slave int
+		tty, slave, in, out, err = s.terminal(*req.TTY, fds)
+		if err != nil {
+			fail(126, false, "cannot give %s a terminal: %v", req.Argv[0], err)
+			return
+		}
+		defer unix.Close(slave)
+		// Its own session, the terminal its controlling one (fd 0 in the
+		// child), so that job control and ^C reach its process group.
+		attr.Files = []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)}
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	s.mu.Lock()
+	forked := time.Now()
+	pid, err := syscall.ForkExec(path, req.Argv, attr)
+	if err == nil && tty != nil {
+		s.ttys.put(req.Proc, tty)
+		tty.relay(in, out)
+	}
 	if err == nil {
 		s.pids[req.Proc] = pid
 		s.procs[pid] = req.Proc
@@ -119,8 +145,37 @@ func (s *server) exec(req *nswire.Request, fds []int) {
 	}
 	s.mu.Unlock()
 	if err != nil {
+		if tty != nil {
+			tty.master.Close()
+			in.Close()
+			out.Close()
+		}
 		fail(126, false, "cannot execute %s: %v", req.Argv[0], err)
 	}
+}
+
+// terminal opens a terminal of size ws for an exec whose descriptors are
+// fds, and init's own copies of the exec's stdin and stdout for the
+// relay. The slave is the caller's to close once the command is forked.
+func (s *server) terminal(ws nswire.Winsize, fds []int) (t *terminal, slave int, in, out *os.File, err error) {
+	if ws.Rows == 0 || ws.Cols == 0 {
+		return nil, -1, nil, nil, errBadSize
+	}
+	master, slave, err := openTerminal(ws)
+	if err != nil {
+		return nil, -1, nil, nil, err
+	}
+	if in, err = dupFile(fds[0], "tty-in"); err == nil {
+		if out, err = dupFile(fds[1], "tty-out"); err != nil {
+			in.Close()
+		}
+	}
+	if err != nil {
+		master.Close()
+		unix.Close(slave)
+		return nil, -1, nil, nil, err
+	}
+	return &terminal{master: master, done: make(chan struct{})}, slave, in, out, nil
 }
 
 // reap collects every child that ends: commands (reported) and orphans
@@ -155,6 +210,15 @@ func (s *server) reap(sigchld <-chan os.Signal) {
 			case ws.Signaled():
 				st.Signal = int(ws.Signal())
 				st.Exit = 128 + st.Signal
+			}
+			if t := s.ttys.take(proc); t != nil {
+				// The end is reported once the terminal's last output
+				// is on its way to the host, not before.
+				go func() {
+					t.finish()
+					s.st.send(st)
+				}()
+				continue
 			}
 			s.st.send(st)
 		}

@@ -21,6 +21,23 @@ func Restrict(devices ...string) error {
 	)
 }
 
+// terminalAccess is what a sandbox may do to the terminals of its own
+// devpts instance: open /dev/pts/ptmx and the slaves, read, write, and use
+// terminal ioctls (window size, job control). Never make or remove
+// entries (devpts would refuse anyway).
+const terminalAccess = ll.AccessFSReadFile | ll.AccessFSWriteFile | ll.AccessFSIoctlDev
+
+// RestrictTerminals is Restrict plus the terminals below pts, the mount
+// point of the sandbox's own devpts instance.
+func RestrictTerminals(pts string, devices ...string) error {
+	return landlock.V5.BestEffort().RestrictPaths(
+		landlock.RODirs("/"),
+		landlock.RWDirs("/workspace", "/tmp"),
+		landlock.RWFiles(devices...),
+		landlock.PathAccess(terminalAccess, pts),
+	)
+}
+
 // buildAccess is every file access right but making character and block
 // devices: a build step's tree is writable throughout, and device nodes
 // are never part of an image (the user namespace denies mknod of devices

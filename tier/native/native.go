@@ -94,7 +94,7 @@ func New(opts Options) (*Native, error) {
 	}
 	return &Native{exe: opts.Exe, cg: cg, filter: filter, caps: tier.Capabilities{
 		MemoryLimit: true, PidsLimit: true, CPULimit: true, NetworkNone: true, NetworkEgress: true,
-		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true, BuildSteps: true, TrustStore: true,
+		Seccomp: true, Landlock: landlockABI() > 0, WorkspaceCap: true, Sessions: true, Terminals: true, BuildSteps: true, TrustStore: true,
 	}}, nil
 }
 

@@ -219,7 +219,12 @@ func (s *sandbox) Start(ctx context.Context, c *tier.Command) (tier.Process, err
 	ss.procs[p.n] = p
 	ss.mu.Unlock()
 
-	msg, _ := json.Marshal(&nswire.Request{Op: nswire.OpExec, Proc: p.n, Argv: c.Argv, Env: c.Env, Dir: c.Dir})
+	req := &nswire.Request{Op: nswire.OpExec, Proc: p.n, Argv: c.Argv, Env: c.Env, Dir: c.Dir}
+	if c.TTY != nil {
+		req.TTY = &nswire.Winsize{Rows: c.TTY.Rows, Cols: c.TTY.Cols}
+		p.tty = true
+	}
+	msg, _ := json.Marshal(req)
 	err = unix.Sendmsg(int(ss.sock.Fd()), msg, unix.UnixRights(int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd())), nil, 0)
 	// Init has its copies now (or never will): ours must go, so that EOF
 	// on stdout and stderr means every writer is gone.
@@ -272,6 +277,7 @@ type process struct {
 	start  time.Time
 
 	timer   *time.Timer
+	tty     bool // started with a terminal (Resizer)
 	copiers sync.WaitGroup
 	outputs []*os.File
 
@@ -347,6 +353,28 @@ func (p *process) Signal(sig syscall.Signal) error {
 	}
 	return nil
 }
+
+// Resize implements tier.Resizer.
+func (p *process) Resize(ws tier.WindowSize) error {
+	if !p.tty {
+		return errors.New("the command has no terminal")
+	}
+	if ws.Rows == 0 || ws.Cols == 0 {
+		return fmt.Errorf("window size %dx%d: a terminal needs at least one row and one column", ws.Cols, ws.Rows)
+	}
+	select {
+	case <-p.exited:
+		return errors.New("the command has ended")
+	default:
+	}
+	msg, _ := json.Marshal(&nswire.Request{Op: nswire.OpResize, Proc: p.n, TTY: &nswire.Winsize{Rows: ws.Rows, Cols: ws.Cols}})
+	if err := unix.Sendmsg(int(p.s.sess.sock.Fd()), msg, nil, nil, 0); err != nil {
+		return fmt.Errorf("resize the terminal: %w", err)
+	}
+	return nil
+}
+
+var _ tier.Resizer = (*process)(nil)
 
 // Wait implements tier.Process.
 func (p *process) Wait() (*tier.Outcome, error) {

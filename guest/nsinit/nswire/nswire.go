@@ -51,6 +51,8 @@ const MaxRequestBytes = 1 << 20
 const (
 	OpExec   = "exec"
 	OpSignal = "signal"
+	// OpResize sets the window size of a command started with a TTY.
+	OpResize = "resize"
 )
 
 // Request is one message on SessionFD.
@@ -62,6 +64,18 @@ type Request struct {
 	Env    []string `json:"env,omitempty"`
 	Dir    string   `json:"dir,omitempty"`
 	Signal int      `json:"signal,omitempty"`
+	// TTY, on an exec, starts the command on a new terminal of the
+	// sandbox's own devpts instance, of this size: its stdin, stdout and
+	// stderr are the terminal, and init copies between the terminal and
+	// the exec's stdin and stdout (its stderr stays unused). On a resize,
+	// the command's new window size.
+	TTY *Winsize `json:"tty,omitempty"`
+}
+
+// Winsize is a terminal's size in characters.
+type Winsize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // MaxConfigBytes bounds the Config message.
