@@ -310,6 +310,7 @@ type execSpec struct {
 	timeout   time.Duration
 	stdin     []byte
 	stdinOpen bool
+	tty       *service.TTYSize
 	wait      bool
 }
 
@@ -323,10 +324,10 @@ func decodeExec(data []byte, m *manifest.Manifest) (*execSpec, *Error) {
 	if e != nil {
 		return nil, e
 	}
-	spec := &execSpec{argv: argv, wait: req.Wait == nil || *req.Wait, stdinOpen: req.StdinOpen, env: req.Env, dir: req.Dir}
-	// The environment and the directory are the service's rules: the
-	// E2B layer's commands are held to the same.
-	if e := service.CheckExec(&service.ExecArgs{Argv: argv, Env: req.Env, Dir: req.Dir}, m); e != nil {
+	spec := &execSpec{argv: argv, wait: req.Wait == nil || *req.Wait, stdinOpen: req.StdinOpen, env: req.Env, dir: req.Dir, tty: req.TTY}
+	// The environment, the directory and the terminal are the service's
+	// rules: the E2B layer's commands are held to the same.
+	if e := service.CheckExec(&service.ExecArgs{Argv: argv, Env: req.Env, Dir: req.Dir, TTY: req.TTY}, m); e != nil {
 		return nil, httpError(e)
 	}
 	if req.Timeout != "" {

@@ -41,7 +41,7 @@ func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
 	if e != nil {
 		return e
 	}
-	args := service.ExecArgs{Argv: spec.argv, Env: spec.env, Dir: spec.dir, Timeout: spec.timeout, StdinOpen: spec.stdinOpen}
+	args := service.ExecArgs{Argv: spec.argv, Env: spec.env, Dir: spec.dir, Timeout: spec.timeout, StdinOpen: spec.stdinOpen, TTY: spec.tty}
 	if len(spec.stdin) > 0 {
 		args.Stdin = bytes.NewReader(spec.stdin)
 	}
@@ -224,6 +224,22 @@ func (s *Server) execSignal(w http.ResponseWriter, r *http.Request) error {
 		return e
 	}
 	ex, err := s.svc.Signal(r.Context(), key, id, eid, sig)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, ex)
+}
+
+func (s *Server) execResize(w http.ResponseWriter, r *http.Request) error {
+	key, id, eid := keyOf(r), r.PathValue("id"), r.PathValue("eid")
+	if _, err := s.svc.GetExec(r.Context(), key, id, eid); err != nil {
+		return err
+	}
+	var req service.TTYSize
+	if e := readJSON(w, r, s.cfg.MaxBodyBytes, &req); e != nil {
+		return e
+	}
+	ex, err := s.svc.Resize(r.Context(), key, id, eid, req)
 	if err != nil {
 		return err
 	}

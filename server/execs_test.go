@@ -12,6 +12,7 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/service"
 )
 
 func TestExec(t *testing.T) {
@@ -92,6 +93,11 @@ func TestExecRefused(t *testing.T) {
 		{name: "relative dir", body: `{"argv":["echo"],"dir":"src"}`, status: 400, field: "dir"},
 		{name: "stdin with stdin_open", body: `{"argv":["echo"],"stdin":"x","stdin_open":true}`, status: 400, field: "stdin"},
 		{name: "wait not a bool", body: `{"argv":["echo"],"wait":"no"}`, status: 400, field: "wait"},
+		{name: "tty of zero rows", body: `{"argv":["sh"],"tty":{"rows":0,"cols":80}}`, status: 400, field: "tty"},
+		{name: "tty too wide", body: `{"argv":["sh"],"tty":{"rows":24,"cols":100000}}`, status: 400, field: "tty"},
+		{name: "tty rows not a number", body: `{"argv":["sh"],"tty":{"rows":"24","cols":80}}`, status: 400, field: "tty.rows"},
+		{name: "tty rows a fraction", body: `{"argv":["sh"],"tty":{"rows":2.5,"cols":80}}`, status: 400, field: "tty.rows"},
+		{name: "tty unknown field", body: `{"argv":["sh"],"tty":{"rows":24,"cols":80,"height":9}}`, status: 400, field: "tty.height"},
 		{name: "engine refuses", body: `{"argv":["fail-start"]}`, status: 400},
 	}
 	for _, tc := range tests {
@@ -150,6 +156,54 @@ func TestExecSignal(t *testing.T) {
 	}
 	e.must(200, req{method: "POST", path: path, token: tokenA, body: `{"signal":"KILL"}`})
 	e.waitExec(tokenA, sb.ID, ex.ID)
+}
+
+// TestExecTTY starts a command with a terminal and resizes it; every
+// refusal names its field.
+func TestExecTTY(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.createSandbox(tokenA, nil)
+	ex := e.exec(tokenA, sb.ID, `{"argv":["fake","tty","winch"],"tty":{"rows":24,"cols":80},"wait":false}`, 202)
+	if ex.TTY == nil || *ex.TTY != (service.TTYSize{Rows: 24, Cols: 80}) {
+		t.Fatalf("exec tty %+v, want 24x80", ex.TTY)
+	}
+	path := "/v1/sandboxes/" + sb.ID + "/execs/" + ex.ID + "/resize"
+	for _, bad := range []struct{ body, field string }{
+		{`{"rows":0,"cols":80}`, "size"},
+		{`{"rows":24}`, "size"},
+		{`{"rows":-1,"cols":80}`, "size"},
+		{`{"rows":24,"cols":1001}`, "size"},
+		{`{"rows":"24","cols":80}`, "rows"},
+		{`{"rows":1e100,"cols":80}`, "rows"},
+		{`{"row":24,"cols":80}`, "row"},
+	} {
+		r := e.do(req{method: "POST", path: path, token: tokenA, body: bad.body})
+		if r.StatusCode != 400 || r.errBody(t).Field != bad.field {
+			t.Errorf("resize %s: %d %s, want 400 naming %s", bad.body, r.StatusCode, r.body, bad.field)
+		}
+	}
+	e.must(404, req{method: "POST", path: path, token: tokenB, body: `{"rows":40,"cols":132}`})
+	e.must(404, req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs/e-99/resize", token: tokenA, body: `{"rows":40,"cols":132}`})
+	var got Exec
+	e.must(200, req{method: "POST", path: path, token: tokenA, body: `{"rows":40,"cols":132}`}).decode(t, &got)
+	if got.TTY == nil || *got.TTY != (service.TTYSize{Rows: 40, Cols: 132}) {
+		t.Errorf("after resize: tty %+v, want 40x132", got.TTY)
+	}
+	ex = e.waitExec(tokenA, sb.ID, ex.ID)
+	if ex.Result.Stdout.Data != "24 80\r\n40 132\r\n" {
+		t.Errorf("stdout %q: want the size before and after the resize", ex.Result.Stdout.Data)
+	}
+	r := e.must(409, req{method: "POST", path: path, token: tokenA, body: `{"rows":10,"cols":10}`})
+	if !strings.Contains(r.errBody(t).Message, "ended") {
+		t.Errorf("resize after the end: %s", r.body)
+	}
+	plain := e.exec(tokenA, sb.ID, `{"argv":["fake","block"],"wait":false}`, 202)
+	r = e.must(409, req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs/" + plain.ID + "/resize", token: tokenA, body: `{"rows":10,"cols":10}`})
+	if !strings.Contains(r.errBody(t).Message, "terminal") {
+		t.Errorf("resize without a terminal: %s", r.body)
+	}
+	e.must(200, req{method: "POST", path: "/v1/sandboxes/" + sb.ID + "/execs/" + plain.ID + "/signal", token: tokenA, body: `{"signal":"KILL"}`})
+	e.waitExec(tokenA, sb.ID, plain.ID)
 }
 
 func TestExecStdin(t *testing.T) {

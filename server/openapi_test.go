@@ -90,6 +90,7 @@ var schemaTypes = map[string]reflect.Type{
 	"Exec":               reflect.TypeFor[Exec](),
 	"ExecList":           reflect.TypeFor[ExecList](),
 	"SignalRequest":      reflect.TypeFor[SignalRequest](),
+	"TTYSize":            reflect.TypeFor[service.TTYSize](),
 	"StdinResult":        reflect.TypeFor[StdinResult](),
 	"OutputEvent":        reflect.TypeFor[OutputEvent](),
 	"FileInfo":           reflect.TypeFor[engine.FileInfo](),
@@ -125,6 +126,10 @@ var requestDecoders = map[string]func([]byte) *Error{
 		}
 		_, e := parseSignal(r.Signal)
 		return e
+	},
+	"TTYSize": func(b []byte) *Error {
+		var r service.TTYSize
+		return decodeStrict(b, &r)
 	},
 	"FileUpload": func(b []byte) *Error {
 		var f FileUpload

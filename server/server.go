@@ -233,6 +233,7 @@ func (s *Server) routesInit() {
 	s.handle("GET /v1/sandboxes/{id}/execs/{eid}/events", s.execEvents, routeOpts{})
 	s.handle("POST /v1/sandboxes/{id}/execs/{eid}/stdin", s.execStdin, routeOpts{})
 	s.handle("POST /v1/sandboxes/{id}/execs/{eid}/signal", s.execSignal, routeOpts{})
+	s.handle("POST /v1/sandboxes/{id}/execs/{eid}/resize", s.execResize, routeOpts{})
 	s.handle("PUT /v1/sandboxes/{id}/files", s.putFile, routeOpts{})
 	s.handle("GET /v1/sandboxes/{id}/files", s.getFile, routeOpts{})
 	s.handle("DELETE /v1/sandboxes/{id}/files", s.deleteFile, routeOpts{})

@@ -94,6 +94,10 @@ type ExecRequest struct {
 	StdinEncoding string `json:"stdin_encoding,omitempty"`
 	// StdinOpen keeps stdin open for POST …/stdin.
 	StdinOpen bool `json:"stdin_open,omitempty"`
+	// TTY starts the command on a terminal of this size (native tier):
+	// stdin (POST …/stdin) is typed into it, everything it shows is the
+	// stdout stream, POST …/resize changes its size.
+	TTY *service.TTYSize `json:"tty,omitempty"`
 	// Wait, true when omitted, answers with the finished Exec; false
 	// answers 202 at once.
 	Wait *bool `json:"wait,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
 )
 
 // Backend runs sandboxes: *engine.Engine, through a thin adapter, in
@@ -78,6 +79,12 @@ type Process interface {
 	Done() <-chan struct{}
 	// Result is nil until Done is closed.
 	Result() *result.Result
+}
+
+// Resizer is implemented by a Process that may have a terminal
+// (engine.Process): Resize sets its size, or fails when it has none.
+type Resizer interface {
+	Resize(ws tier.WindowSize) error
 }
 
 // PidReporter is implemented by a Process that knows its pid in the

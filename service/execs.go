@@ -18,6 +18,7 @@ import (
 	"github.com/moat-sandbox/moat/internal/strictjson"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/tier"
 )
 
 // execution is one command of a sandbox, running or ended.
@@ -28,7 +29,8 @@ type execution struct {
 	proc      Process
 	argv      []string
 	stdinOpen bool
-	pid       int // in the sandbox (PidReporter); 0: not known
+	pid       int      // in the sandbox (PidReporter); 0: not known
+	tty       *TTYSize // guarded by mu once started
 	started   time.Time
 	// untrack stops accruing the command's usage (before Finish).
 	untrack func()
@@ -52,6 +54,10 @@ func (ex *execution) view() Exec {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	v := Exec{ID: ex.id, SandboxID: ex.sb.id, State: ExecRunning, Argv: ex.argv, StdinOpen: ex.stdinOpen, Pid: ex.pid, StartedAt: ex.started, Result: ex.res, Interrupted: ex.interrupted}
+	if ex.tty != nil {
+		tty := *ex.tty
+		v.TTY = &tty
+	}
 	if ex.res != nil {
 		v.State = ExecExited
 		if ex.failed {
@@ -194,6 +200,7 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		sb:        sb,
 		argv:      args.Argv,
 		stdinOpen: args.StdinOpen,
+		tty:       args.TTY,
 		log:       newEventLog(int64(m.Resources.StdoutBytes), int64(m.Resources.StderrBytes)),
 		done:      make(chan struct{}),
 		stdinTurn: make(chan struct{}, 1),
@@ -214,6 +221,9 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		Stdout:    streamWriter{ex.log, stdoutStream},
 		Stderr:    streamWriter{ex.log, stderrStream},
 		Evidence:  evidence(key, rec),
+	}
+	if args.TTY != nil {
+		req.TTY = &tier.WindowSize{Rows: uint16(args.TTY.Rows), Cols: uint16(args.TTY.Cols)}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -301,6 +311,22 @@ func CheckExec(args *ExecArgs, m *manifest.Manifest) *Error {
 	}
 	if args.StdinOpen && args.Stdin != nil {
 		return InvalidField("stdin", "cannot be combined with stdin_open; send the input with POST …/stdin instead")
+	}
+	if args.TTY != nil {
+		if e := checkTTYSize("tty", *args.TTY); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// MaxTTYSide bounds a terminal's rows and columns.
+const MaxTTYSide = 1000
+
+// checkTTYSize refuses a terminal size a terminal cannot have.
+func checkTTYSize(field string, ws TTYSize) *Error {
+	if ws.Rows < 1 || ws.Rows > MaxTTYSide || ws.Cols < 1 || ws.Cols > MaxTTYSide {
+		return InvalidField(field, "%d rows by %d columns is not a terminal size: give rows and cols from 1 to %d, e.g. {\"rows\": 24, \"cols\": 80}", ws.Rows, ws.Cols, MaxTTYSide)
 	}
 	return nil
 }
@@ -396,6 +422,38 @@ func (s *Service) watch(ex *execution, slot func()) {
 		// every later command fails.
 		s.goSafe("check an ended sandbox", func() { s.checkEnded(ex.sb, nil) })
 	}
+}
+
+// Resize sets the terminal size of command eid of key's sandbox id, which
+// was started with a TTY; the command gets SIGWINCH.
+func (s *Service) Resize(ctx context.Context, key audit.Key, id, eid string, ws TTYSize) (Exec, error) {
+	if e := checkTTYSize("size", ws); e != nil {
+		return Exec{}, e
+	}
+	ex, e := s.lookupExec(key, id, eid)
+	if e != nil {
+		return Exec{}, e
+	}
+	ex.mu.Lock()
+	hasTTY := ex.tty != nil
+	ex.mu.Unlock()
+	if !hasTTY {
+		return Exec{}, conflict("command %s was not started with a terminal (\"tty\"), so it has no size to change", ex.id)
+	}
+	r, ok := ex.proc.(Resizer)
+	if ex.programEnded() || !ok {
+		return Exec{}, conflict("command %s has already ended", ex.id)
+	}
+	if err := r.Resize(tier.WindowSize{Rows: uint16(ws.Rows), Cols: uint16(ws.Cols)}); err != nil {
+		if ex.programEnded() {
+			return Exec{}, conflict("command %s has already ended", ex.id)
+		}
+		return Exec{}, backendError(err, "size")
+	}
+	ex.mu.Lock()
+	ex.tty = &ws
+	ex.mu.Unlock()
+	return ex.view(), nil
 }
 
 // lookupExec finds command eid in key's sandbox id.

@@ -101,6 +101,16 @@ type ExecArgs struct {
 	Stdin io.Reader
 	// StdinOpen keeps stdin open for WriteStdin.
 	StdinOpen bool
+	// TTY starts the command on a terminal of this size (tiers with
+	// terminals: native): WriteStdin types into it, all it shows is the
+	// stdout stream, Resize changes its size.
+	TTY *TTYSize
+}
+
+// TTYSize is a terminal's size in characters.
+type TTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
 }
 
 // Exec states. An ended command is "exited" whatever ended it (its result's
@@ -119,6 +129,9 @@ type Exec struct {
 	State     string   `json:"state"`
 	Argv      []string `json:"argv"`
 	StdinOpen bool     `json:"stdin_open"`
+	// TTY is the command's terminal size when it was started with one
+	// (the size it was started with, or the last Resize).
+	TTY *TTYSize `json:"tty,omitempty"`
 	// Pid is the command's pid in the sandbox's PID namespace (what its
 	// programs see and can signal); 0 when the tier cannot tell.
 	Pid       int        `json:"pid,omitempty"`

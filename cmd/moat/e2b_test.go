@@ -60,7 +60,7 @@ var e2bReleases = []struct {
 
 // The checks sdk.cjs runs; each must print "ok <name>".
 var e2bChecks = []string{
-	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "pty", "watchDir",
+	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "pty", "pty-connect-kill", "pty-bad-size", "watchDir",
 	"path-traversal", "oversized-upload", "list", "list-order", "setTimeout", "connect", "wrong-key", "other-key",
 	"never-existed", "refused-fields", "pause-resume", "snapshots", "fork", "kill-during-command", "timeout-during-command", "auto-pause",
 	"internet", "signed-urls", "ports", "kill-sandbox", "times-out",

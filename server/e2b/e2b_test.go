@@ -730,7 +730,7 @@ func TestProcess(t *testing.T) {
 		{"bad signal", "SendSignal", map[string]any{"process": map[string]any{"pid": 1}, "signal": "SIGNAL_SIGHUP"}, "invalid_argument"},
 		{"input to an unknown tag", "SendInput", map[string]any{"process": map[string]any{"tag": "nope"}, "input": map[string]any{"stdin": ""}}, "not_found"},
 		{"no selector", "CloseStdin", map[string]any{"process": map[string]any{}}, "invalid_argument"},
-		{"pty update", "Update", map[string]any{"process": map[string]any{"pid": 1}, "pty": map[string]any{"size": map[string]any{"cols": 80, "rows": 24}}}, "unimplemented"},
+		{"pty update of an unknown pid", "Update", map[string]any{"process": map[string]any{"pid": 1}, "pty": map[string]any{"size": map[string]any{"cols": 80, "rows": 24}}}, "not_found"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -745,7 +745,9 @@ func TestProcess(t *testing.T) {
 		msg          any
 		want         string
 	}{
-		{"pty start", "Start", map[string]any{"process": map[string]any{"cmd": "x"}, "pty": map[string]any{"size": map[string]any{"cols": 80, "rows": 24}}}, "unimplemented"},
+		{"pty start of zero cols", "Start", map[string]any{"process": map[string]any{"cmd": "x"}, "pty": map[string]any{"size": map[string]any{"cols": 0, "rows": 24}}}, "invalid_argument"},
+		{"pty start without a size", "Start", map[string]any{"process": map[string]any{"cmd": "x"}, "pty": map[string]any{}}, "invalid_argument"},
+		{"pty start of absurd rows", "Start", map[string]any{"process": map[string]any{"cmd": "x"}, "pty": map[string]any{"size": map[string]any{"cols": 80, "rows": 4000000000}}}, "invalid_argument"},
 		{"cwd outside", "Start", map[string]any{"process": map[string]any{"cmd": "x", "cwd": "/etc"}}, "permission_denied"},
 		{"empty cmd", "Start", map[string]any{"process": map[string]any{"cmd": ""}}, "invalid_argument"},
 		{"connect unknown", "Connect", map[string]any{"process": map[string]any{"pid": 77}}, "not_found"},

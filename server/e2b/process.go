@@ -24,11 +24,17 @@ type processService struct{}
 
 var _ processconnect.ProcessHandler = processService{}
 
-// errNoPTY refuses sandbox.pty.*: a Moat sandbox has no devpts instance
-// (its /dev holds null, zero, full, random and urandom only) and its
-// processes' stdio are pipes the guest copies, so there is no terminal to
-// give. The SDK raises unimplemented as a SandboxError with this message.
-var errNoPTY = rpcErr(connect.CodeUnimplemented, "PTY sessions are not implemented by Moat: a Moat sandbox has no /dev/pts (devpts) and its processes' stdio are pipes, so there is no terminal to attach; run the command with commands.run instead (README, What differs from E2B's cloud)")
+// ttyOf is the terminal size of a pty request: E2B's size in Moat's
+// terms, refused with the field when no terminal can have it.
+func ttyOf(field string, size *pb.PTY_Size) (*service.TTYSize, *connect.Error) {
+	if size == nil {
+		return nil, rpcErr(connect.CodeInvalidArgument, "%s is missing: give the terminal's cols and rows, e.g. {cols: 80, rows: 24}", field)
+	}
+	if size.GetCols() < 1 || size.GetRows() < 1 || size.GetCols() > service.MaxTTYSide || size.GetRows() > service.MaxTTYSide {
+		return nil, rpcErr(connect.CodeInvalidArgument, "%s is %d cols by %d rows: give cols and rows from 1 to %d", field, size.GetCols(), size.GetRows(), service.MaxTTYSide)
+	}
+	return &service.TTYSize{Rows: int(size.GetRows()), Cols: int(size.GetCols())}, nil
+}
 
 func (c *envdCall) pid(s *pb.ProcessSelector) (uint32, *connect.Error) {
 	switch sel := s.GetSelector().(type) {
@@ -48,9 +54,6 @@ func (c *envdCall) pid(s *pb.ProcessSelector) (uint32, *connect.Error) {
 
 func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], st *connect.ServerStream[pb.StartResponse]) error {
 	c, m := callOf(ctx), req.Msg
-	if m.Pty != nil {
-		return errNoPTY
-	}
 	cfg := m.GetProcess()
 	if cfg.GetCmd() == "" {
 		return rpcErr(connect.CodeInvalidArgument, "process.cmd is empty")
@@ -59,6 +62,15 @@ func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRe
 		Argv:      append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
 		Env:       cfg.GetEnvs(),
 		StdinOpen: m.GetStdin(),
+	}
+	if m.Pty != nil {
+		// sandbox.pty.create: a terminal of the sandbox's own devpts;
+		// its input (SendInput's pty) is the command's stdin.
+		tty, e := ttyOf("pty.size", m.Pty.GetSize())
+		if e != nil {
+			return e
+		}
+		ex.TTY, ex.StdinOpen = tty, true
 	}
 	if cfg.Cwd != nil && *cfg.Cwd != "" {
 		dir, e := workspacePath("process.cwd", *cfg.Cwd)
@@ -109,12 +121,17 @@ func (c *envdCall) follow(ctx context.Context, pid uint32, send func(*pb.Process
 	}
 	keepalive := time.NewTicker(keepaliveEvery)
 	defer keepalive.Stop()
+	// A terminal's output is all on stdout: it is the pty's data.
+	tty := feed.Exec().TTY != nil
 	after := 0
 	for {
 		evs, exitID, notify := feed.Read(after)
 		for _, ev := range evs {
 			d := &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: ev.Data}}
-			if ev.Stream == "stderr" {
+			switch {
+			case tty:
+				d = &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Pty{Pty: ev.Data}}
+			case ev.Stream == "stderr":
 				d = &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}}
 			}
 			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: d}}); err != nil {
@@ -242,10 +259,12 @@ func (c *envdCall) input(ctx context.Context, s *pb.ProcessSelector, in *pb.Proc
 	if e != nil {
 		return e
 	}
-	if in.GetPty() != nil {
-		return errNoPTY
+	data := in.GetStdin()
+	if pty, ok := in.GetInput().(*pb.ProcessInput_Pty); ok {
+		// Typed into the terminal: what the command reads from it.
+		data = pty.Pty
 	}
-	_, err := c.svc.WriteStdin(ctx, c.key, c.b.id, c.b.execOf(pid), bytes.NewReader(in.GetStdin()), eof)
+	_, err := c.svc.WriteStdin(ctx, c.key, c.b.id, c.b.execOf(pid), bytes.NewReader(data), eof)
 	switch {
 	case err == nil:
 		return nil
@@ -320,12 +339,27 @@ func (processService) SendSignal(ctx context.Context, req *connect.Request[pb.Se
 	return connect.NewResponse(&pb.SendSignalResponse{}), nil
 }
 
+// Update resizes a process's terminal (sandbox.pty.resize); without a pty
+// it changes nothing, as in envd.
 func (processService) Update(ctx context.Context, req *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
-	if _, e := callOf(ctx).pid(req.Msg.GetProcess()); e != nil {
+	c := callOf(ctx)
+	pid, e := c.pid(req.Msg.GetProcess())
+	if e != nil {
 		return nil, e
 	}
-	if req.Msg.Pty != nil {
-		return nil, errNoPTY
+	if req.Msg.Pty == nil {
+		return connect.NewResponse(&pb.UpdateResponse{}), nil
 	}
-	return connect.NewResponse(&pb.UpdateResponse{}), nil
+	size, e := ttyOf("pty.size", req.Msg.Pty.GetSize())
+	if e != nil {
+		return nil, e
+	}
+	_, err := c.svc.Resize(ctx, c.key, c.b.id, c.b.execOf(pid), *size)
+	switch {
+	case err == nil:
+		return connect.NewResponse(&pb.UpdateResponse{}), nil
+	case service.KindOf(err) == service.NotFound:
+		return nil, rpcErr(connect.CodeNotFound, "process with pid %d not found", pid)
+	}
+	return nil, rpcFromService(err)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/workspace"
 )
 
@@ -291,6 +292,10 @@ func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.P
 	}
 	s.procs = append(s.procs, p)
 	prog := &program{argv: req.Argv, env: req.Env, stdin: stdin, stdout: req.Stdout, stderr: req.Stderr, sig: p.sig, kill: p.kill, manifest: s.manifest}
+	if req.TTY != nil {
+		p.winch = make(chan tier.WindowSize, 8)
+		prog.tty, prog.winch = req.TTY, p.winch
+	}
 	go func() {
 		res := prog.run()
 		if p.stdinR != nil {
@@ -488,6 +493,25 @@ type Process struct {
 	res      atomic.Pointer[result.Result]
 	stdinW   *io.PipeWriter
 	stdinR   *io.PipeReader
+	winch    chan tier.WindowSize // nil: started without a terminal
+}
+
+// Resize implements service.Resizer as engine.Process does.
+func (p *Process) Resize(ws tier.WindowSize) error {
+	select {
+	case <-p.done:
+		return errors.New("the command has ended")
+	default:
+	}
+	if p.winch == nil {
+		return fmt.Errorf("%w: the command has no terminal to resize: start it with tty", engine.ErrUsage)
+	}
+	select {
+	case p.winch <- ws:
+		return nil
+	default:
+		return errors.New("resize queue full")
+	}
 }
 
 func (p *Process) ID() string     { return p.id }

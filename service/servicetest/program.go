@@ -13,6 +13,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
+	"github.com/moat-sandbox/moat/tier"
 )
 
 // program is the fake interpreter.
@@ -24,6 +25,10 @@ type program struct {
 	sig            <-chan unix.Signal
 	kill           <-chan struct{}
 	manifest       *manifest.Manifest
+	// tty is the terminal size the command was started with (nil: none);
+	// winch delivers Resize's sizes.
+	tty   *tier.WindowSize
+	winch <-chan tier.WindowSize
 }
 
 func (p *program) run() *result.Result {
@@ -73,6 +78,24 @@ func (p *program) run() *result.Result {
 				v = p.manifest.Env[arg]
 			}
 			fmt.Fprintln(stdout, v)
+		case "tty":
+			// The terminal's size, as stty size prints it.
+			if p.tty == nil {
+				fmt.Fprintln(stderr, "not a tty")
+				res.ExitCode = 1
+				return finish()
+			}
+			fmt.Fprintf(stdout, "%d %d\r\n", p.tty.Rows, p.tty.Cols)
+		case "winch":
+			// Waits for a Resize, then prints the new size.
+			select {
+			case ws := <-p.winch:
+				p.tty = &ws
+				fmt.Fprintf(stdout, "%d %d\r\n", ws.Rows, ws.Cols)
+			case <-p.kill:
+				killed(unix.SIGKILL)
+				return finish()
+			}
 		case "cat":
 			if p.stdin != nil {
 				io.Copy(stdout, p.stdin)

@@ -184,11 +184,50 @@ await check('not-served', async () => {
   const e = await rejects(Volume.list(), null, 'volumes')
   if (e instanceof NotFoundError || !/not implemented by Moat/.test(e.message)) throw new Error('volumes: ' + e.constructor.name + ': ' + e.message)
 })
+// waitFor polls got() until it matches re (a terminal's output arrives
+// in pieces), failing with what it showed after ms.
+async function waitFor(got, re, what, ms = 10_000) {
+  const end = Date.now() + ms
+  while (Date.now() < end) {
+    if (re.test(got())) return
+    await new Promise(r => setTimeout(r, 20))
+  }
+  throw new Error(`${what}: the terminal never showed ${re}; it showed ${JSON.stringify(got())}`)
+}
 await check('pty', async () => {
-  // No terminal in a Moat sandbox: an explicit unimplemented, not a hang
-  // or a misleading not-found.
-  const e = await rejects(sbx.pty.create({ cols: 80, rows: 24, onData: () => {} }), SandboxError, 'pty.create')
-  if (e instanceof NotFoundError || !/PTY sessions are not implemented by Moat/.test(e.message)) throw new Error('pty: ' + e.constructor.name + ': ' + e.message)
+  // As E2B's own PTY tests: a login bash on a terminal, typed into,
+  // resized, exited.
+  let out = ''
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: d => { out += dec.decode(d) } })
+  if (!(term.pid > 0)) throw new Error('pid ' + term.pid)
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('export ABC=123 && echo "v=$ABC"; stty size; tty\n'))
+  await waitFor(() => out, /v=123\r\n24 80\r\n\/dev\/pts\/\d+/, 'input')
+  await sbx.pty.resize(term.pid, { cols: 132, rows: 40 })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
+  await waitFor(() => out, /40 132\r\n/, 'resize')
+  // TIOCSTI cannot type into the terminal.
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode(`python3 -c "import fcntl,termios; fcntl.ioctl(0, termios.TIOCSTI, b'x')" 2>&1 | tail -1\n`))
+  await waitFor(() => out, /PermissionError: \[Errno 1\] Operation not permitted/, 'TIOCSTI')
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('exit 0\n'))
+  const r = await term.wait()
+  eq(r.exitCode, 0, 'exit code')
+})
+await check('pty-connect-kill', async () => {
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {}, timeoutMs: 0 })
+  let seen = ''
+  const again = await sbx.pty.connect(term.pid, { onData: d => { seen += new TextDecoder().decode(d) } })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo "connected $((6*7))"\n'))
+  await waitFor(() => seen, /connected 42/, 'connect')
+  eq(await sbx.pty.kill(term.pid), true, 'kill')
+  await rejects(term.wait(), CommandExitError, 'wait after kill')
+  await rejects(again.wait(), CommandExitError, 'the connected handle after kill')
+  eq(await sbx.pty.kill(term.pid), false, 'second kill')
+})
+await check('pty-bad-size', async () => {
+  const e = await rejects(sbx.pty.create({ cols: 0, rows: 24, onData: () => {} }), null, 'pty.create with 0 cols')
+  if (!/pty\.size is 0 cols by 24 rows/.test(e.message)) throw new Error('message: ' + e.message)
+  await rejects(sbx.pty.resize(999999, { cols: 80, rows: 24 }), NotFoundError, 'resize of an unknown pid')
 })
 await check('watchDir', async () => {
   await sbx.files.makeDir('watched')
