@@ -29,6 +29,10 @@ type File struct {
 	// Mode is the permission bits; 0 means 0644.
 	Mode fs.FileMode
 	Data io.Reader
+	// Metadata, when set, becomes the file's user extended attributes
+	// (Session.SetMetadata): what a snapshot kept of a file written with
+	// metadata.
+	Metadata map[string]string
 }
 
 // SessionRequest creates a sandbox that runs many commands.
@@ -158,6 +162,15 @@ func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Sessio
 	files, err := workspace.OpenFiles(ws.Dir, owner, wsLim)
 	if err != nil {
 		return nil, err
+	}
+	for _, f := range req.Files {
+		if len(f.Metadata) == 0 {
+			continue
+		}
+		if err := files.SetMetadata(f.Path, f.Metadata); err != nil {
+			files.Close()
+			return nil, fmt.Errorf("set the metadata of %s: %w", f.Path, usage(err))
+		}
 	}
 	return &Session{e: e, p: p, m: m, files: files, info: SessionInfo{
 		ID: p.id, Tier: t.Name(), Image: result.Image{Name: img.Name, Digest: img.Digest},

@@ -29,7 +29,7 @@ import (
 // kept under its own id, fork makes one and creates sandboxes from it.
 //
 // The copy is of the filesystem only: regular files with their permission
-// bits, read through the session's own file calls (which resolve beneath
+// bits and metadata (user extended attributes), read through the session's own file calls (which resolve beneath
 // /workspace without following links). Memory, processes, symlinks and
 // empty directories are not kept. On the host the copy is a directory of
 // numbered blobs under Config.SnapshotDir; no name chosen inside the
@@ -71,6 +71,9 @@ type storedFile struct {
 	mode fs.FileMode
 	size int64
 	blob string
+	// metadata is the file's user extended attributes (E2B's file
+	// metadata), restored with the file.
+	metadata map[string]string
 }
 
 // snapshot is a stored workspace copy. Listed ones (kind snapshot) hold
@@ -217,7 +220,7 @@ func (s *Service) store(sb *sandbox, sn *snapshot, p string, maxBytes int64) err
 	if perr != nil {
 		mode = 0o644
 	}
-	sn.files = append(sn.files, storedFile{path: p, mode: fs.FileMode(mode) & 0o777, size: n, blob: blob})
+	sn.files = append(sn.files, storedFile{path: p, mode: fs.FileMode(mode) & 0o777, size: n, blob: blob, metadata: info.Metadata})
 	sn.bytes += n
 	return nil
 }
@@ -237,7 +240,7 @@ func (sn *snapshot) open() (files []engine.File, close func(), err error) {
 			return nil, nil, fmt.Errorf("snapshot %s: %w", sn.id, err)
 		}
 		opened = append(opened, f)
-		files = append(files, engine.File{Path: sf.path, Mode: sf.mode, Data: f})
+		files = append(files, engine.File{Path: sf.path, Mode: sf.mode, Data: f, Metadata: sf.metadata})
 	}
 	return files, close, nil
 }

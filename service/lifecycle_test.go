@@ -489,3 +489,66 @@ func TestShutdownRemovesSnapshots(t *testing.T) {
 		t.Errorf("left after Shutdown: %v", left)
 	}
 }
+
+// TestLifecycleKeepsFileMetadata: a file's metadata (user extended
+// attributes, E2B's file metadata) comes back with the file after a
+// resume, in a sandbox created from a snapshot, and in a fork.
+func TestLifecycleKeepsFileMetadata(t *testing.T) {
+	ctx := context.Background()
+	md := map[string]string{"owner": "agent", "purpose": "test data"}
+	tests := []struct {
+		name string
+		// copy returns the sandbox holding the copy of id's files.
+		copy func(t *testing.T, s *service.Service, id string) string
+	}{
+		{"pause and resume", func(t *testing.T, s *service.Service, id string) string {
+			if _, err := s.PauseSandbox(ctx, keyA, id); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.ResumeSandbox(ctx, keyA, id, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}},
+		{"a sandbox from a snapshot", func(t *testing.T, s *service.Service, id string) string {
+			sn, err := s.CreateSnapshot(ctx, keyA, id, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{Snapshot: sn.ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return sb.ID
+		}},
+		{"a fork", func(t *testing.T, s *service.Service, id string) string {
+			forks, err := s.ForkSandbox(ctx, keyA, id, 1, time.Minute)
+			if err != nil || len(forks) != 1 || forks[0].Err != nil {
+				t.Fatalf("fork: %v %+v", err, forks)
+			}
+			return forks[0].Sandbox.ID
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, _ := lifecycleService(t, nil)
+			sb := newSandbox(t, s, keyA)
+			writeFile(t, s, keyA, sb.ID, "dir/tagged.txt", "x")
+			writeFile(t, s, keyA, sb.ID, "plain.txt", "y")
+			if _, err := s.SetMetadata(ctx, keyA, sb.ID, "dir/tagged.txt", md); err != nil {
+				t.Fatal(err)
+			}
+			id := tc.copy(t, s, sb.ID)
+			fi, err := s.Stat(ctx, keyA, id, "dir/tagged.txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(fi.Metadata) != len(md) || fi.Metadata["owner"] != "agent" || fi.Metadata["purpose"] != "test data" {
+				t.Errorf("metadata in the copy %v, want %v", fi.Metadata, md)
+			}
+			if fi, err := s.Stat(ctx, keyA, id, "plain.txt"); err != nil || len(fi.Metadata) != 0 {
+				t.Errorf("plain.txt in the copy: metadata %v (%v), want none", fi.Metadata, err)
+			}
+		})
+	}
+}

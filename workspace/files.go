@@ -167,7 +167,7 @@ func (f *Files) readDir(p string) ([]Info, error) {
 	return out, nil
 }
 
-// Open opens regular file p for reading.
+// Open opens regular file p for reading; its Info carries the metadata.
 func (f *Files) Open(p string) (*os.File, Info, error) {
 	fh, in, err := f.open(p)
 	return fh, in, rootErr(p, err)
@@ -191,7 +191,11 @@ func (f *Files) open(p string) (*os.File, Info, error) {
 		}
 		return nil, Info{}, err
 	}
-	return fh, info(p, fi, ""), nil
+	in := info(p, fi, "")
+	// From the open handle: the metadata of the very file being read (a
+	// snapshot keeps both).
+	in.Metadata, _ = ReadMetadata(fh)
+	return fh, in, nil
 }
 
 // WriteFile writes r to p (replacing a regular file there), creating the

@@ -114,6 +114,16 @@ func TestFilesMetadata(t *testing.T) {
 			t.Errorf("ReadDir: moved has metadata %v", in.Metadata)
 		}
 	}
+	// Open reports the metadata of the file it opened (a snapshot copies
+	// both).
+	fh, in, err := f.Open("moved")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	if in.Metadata["owner"] != "alice" {
+		t.Errorf("Open: metadata %v", in.Metadata)
+	}
 }
 
 // What the sandbox set on its own files is read as hostile input: names

@@ -193,6 +193,12 @@ func (b *Backend) NewSession(ctx context.Context, req *engine.SessionRequest) (s
 			root.Close()
 			return nil, err
 		}
+		if len(f.Metadata) > 0 {
+			if err := s.SetMetadata(f.Path, f.Metadata); err != nil {
+				root.Close()
+				return nil, err
+			}
+		}
 	}
 	b.mu.Lock()
 	b.live++

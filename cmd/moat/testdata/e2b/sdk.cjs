@@ -330,7 +330,7 @@ async function waitState(id, state) {
 await check('pause-resume', async () => {
   const box = await Sandbox.create({ timeoutMs: 120_000, metadata: { suite: 'moat-e2b-pause' } })
   try {
-    await box.files.write('keep.txt', 'kept')
+    await box.files.write('keep.txt', 'kept', { metadata: { owner: 'agent' } })
     await box.commands.run('sleep 600', { background: true })
     // Moat pauses filesystem-only: keepMemory true is refused, not
     // silently downgraded (before 2.51 the SDK sends it on every pause,
@@ -351,6 +351,7 @@ await check('pause-resume', async () => {
     eq(again.sandboxId, box.sandboxId, 'same id')
     eq((await Sandbox.getInfo(box.sandboxId)).state, 'running', 'resumed')
     eq(await again.files.read('keep.txt'), 'kept', 'files kept')
+    eq((await again.files.getInfo('keep.txt')).metadata, { owner: 'agent' }, 'file metadata kept')
     eq((await again.commands.list()).length, 0, 'processes gone')
     eq((await again.commands.run('cat keep.txt')).stdout, 'kept', 'runs after resume')
   } finally {
