@@ -43,7 +43,7 @@ func (h *Handler) routes() {
 	h.lifecycleRoutes()
 	h.handle("GET /sandboxes/{id}/metrics", h.getMetrics)
 	// Not the sandbox "metrics": the route of many sandboxes' metrics.
-	h.control.HandleFunc("GET /sandboxes/metrics", func(w http.ResponseWriter, r *http.Request) { notServed(r).write(w) })
+	h.handle("GET /sandboxes/metrics", h.listMetrics)
 	h.handle("PUT /sandboxes/{id}/network", h.updateNetwork)
 	h.control.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		notServed(r).write(w)
@@ -56,7 +56,6 @@ var unserved = []struct {
 	re     *regexp.Regexp
 	reason string
 }{
-	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/metrics$`), "Moat serves one sandbox's metrics at a time (GET /sandboxes/{id}/metrics, the SDKs' getMetrics)"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?sandboxes/[^/]+/logs$`), "Moat records each command's output in its result, not as sandbox logs"},
 	{regexp.MustCompile(`^/(v[0-9]+/)?templates(/|$)`), "a template is a Moat image: build one with moat image build on the host (DELETE /templates/{id} deletes a snapshot)"},
 	{regexp.MustCompile(`^/volumes(/|$)`), "a Moat sandbox sees only its own workspace"},

@@ -187,7 +187,7 @@ func TestNotServed(t *testing.T) {
 		name, method, path, want string
 	}{
 		{"a sandbox's snapshots by GET", "GET", "/sandboxes/" + c.SandboxID + "/snapshots", "not part of the E2B API"},
-		{"metrics of many sandboxes", "GET", "/sandboxes/metrics", "one sandbox's metrics at a time"},
+		{"a sandbox's logs", "GET", "/sandboxes/" + c.SandboxID + "/logs", "not as sandbox logs"},
 		{"templates", "GET", "/templates", "moat image build"},
 		{"unknown", "GET", "/nothing/here", "not part of the E2B API"},
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -298,6 +299,70 @@ func TestGetMetrics(t *testing.T) {
 				if m.DiskUsed != 1000 || m.DiskTotal <= 0 || m.MemTotal <= 0 || m.CPUCount < 1 || m.TimestampUnix != m.Timestamp.Unix() || m.CPUUsedPct < 0 || m.CPUUsedPct > 100 {
 					t.Errorf("sample %+v", m)
 				}
+			}
+		})
+	}
+}
+
+// TestListMetrics: GET /sandboxes/metrics answers the newest sample of
+// each named running sandbox of the caller's, keyed by id; others are left
+// out, and a missing or absurd list is a 400 naming sandbox_ids.
+func TestListMetrics(t *testing.T) {
+	e := newEnv(t)
+	a1 := e.create(keyA, `{"templateID":"base"}`)
+	a2 := e.create(keyA, `{"templateID":"base"}`)
+	b := e.create(keyB, `{"templateID":"base"}`)
+	e.session(a1.SandboxID).WriteFile("data.bin", strings.NewReader(strings.Repeat("x", 500)), 0o644)
+	many := make([]string, maxMetricsIDs+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("sb%d", i)
+	}
+	tests := []struct {
+		name   string
+		query  string
+		key    string
+		status int
+		want   []string // the ids answered
+	}{
+		{"comma-separated", "sandbox_ids=" + a1.SandboxID + "," + a2.SandboxID, keyA, 200, []string{a1.SandboxID, a2.SandboxID}},
+		{"repeated", "sandbox_ids=" + a1.SandboxID + "&sandbox_ids=" + a2.SandboxID, keyA, 200, []string{a1.SandboxID, a2.SandboxID}},
+		{"another key's and unknown ones are left out", "sandbox_ids=" + a1.SandboxID + "," + b.SandboxID + ",nope", keyA, 200, []string{a1.SandboxID}},
+		{"only another key's", "sandbox_ids=" + b.SandboxID, keyA, 200, nil},
+		{"none named", "", keyA, 400, nil},
+		{"only commas", "sandbox_ids=,,", keyA, 400, nil},
+		{"too many", "sandbox_ids=" + strings.Join(many, ","), keyA, 400, nil},
+		{"no key", "sandbox_ids=" + a1.SandboxID, "", 401, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := e.control("GET", "/sandboxes/metrics?"+tc.query, tc.key, "")
+			if status != tc.status {
+				t.Fatalf("%d %s, want %d", status, body, tc.status)
+			}
+			if status != 200 {
+				wantE2BError(t, tc.name, status, body, tc.status)
+				if status == 400 && !strings.Contains(string(body), "sandbox_ids") {
+					t.Errorf("%s does not name sandbox_ids", body)
+				}
+				return
+			}
+			var out struct {
+				Sandboxes map[string]sandboxMetric `json:"sandboxes"`
+			}
+			if err := json.Unmarshal(body, &out); err != nil || out.Sandboxes == nil {
+				t.Fatalf("%s: %v", body, err)
+			}
+			if len(out.Sandboxes) != len(tc.want) {
+				t.Fatalf("answered %d sandboxes, want %v: %s", len(out.Sandboxes), tc.want, body)
+			}
+			for _, id := range tc.want {
+				m, ok := out.Sandboxes[id]
+				if !ok || m.MemTotal <= 0 || m.CPUCount < 1 {
+					t.Errorf("%s: %+v (present %v)", id, m, ok)
+				}
+			}
+			if m, ok := out.Sandboxes[a1.SandboxID]; ok && m.DiskUsed != 500 {
+				t.Errorf("disk of %s: %d, want 500", a1.SandboxID, m.DiskUsed)
 			}
 		})
 	}
