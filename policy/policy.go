@@ -416,7 +416,38 @@ func checkNetwork(m *manifest.Manifest, c Ceiling, refuse func(string, string, s
 			return refuse(fmt.Sprintf("network.allow_addresses[%d]", i), s, listOrNone(c.Network.AllowAddresses))
 		}
 	}
+	for i, pr := range m.Network.Inbound {
+		if !inboundCovered(pr, c.Network.Inbound) {
+			ceiling := make([]string, len(c.Network.Inbound))
+			for j, r := range c.Network.Inbound {
+				ceiling[j] = string(r)
+			}
+			return refuse(fmt.Sprintf("network.inbound[%d]", i), string(pr), listOrNone(ceiling))
+		}
+	}
 	return nil
+}
+
+// inboundCovered reports whether every port of pr lies in one of the
+// ceiling's ranges (which may adjoin: 8000-8080 and 8081 cover 8000-8081).
+func inboundCovered(pr manifest.PortRange, ceiling []manifest.PortRange) bool {
+	first, last, err := pr.Bounds()
+	if err != nil {
+		return false // a validated manifest's ranges parse
+	}
+	for p := first; p <= last; {
+		next := 0
+		for _, c := range ceiling {
+			if lo, hi, err := c.Bounds(); err == nil && lo <= p && p <= hi && hi+1 > next {
+				next = hi + 1
+			}
+		}
+		if next == 0 {
+			return false
+		}
+		p = next
+	}
+	return true
 }
 
 // parsePrefix reads an allow_addresses entry: an address is its own

@@ -268,6 +268,29 @@ func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiErro
 	return plan{manifest: m, template: template, ttl: ttl, notice: notice, autoPause: autoPause, public: public}, nil
 }
 
+// narrowInbound grants the sandbox only the inbound ports in ceiling (the
+// key's policy ceiling) rather than every port: an operator's policy
+// narrows E2B's open ports instead of refusing every create. The notice
+// says what is left.
+func (p *plan) narrowInbound(ceiling []manifest.PortRange) {
+	net, _ := p.manifest["network"].(map[string]any)
+	if net == nil {
+		return
+	}
+	if len(ceiling) == 0 {
+		delete(net, "inbound")
+		delete(p.manifest, "justifications")
+		p.notice = joinNotice(p.notice, "ports: this server's policy opens no ports of this key's sandboxes to inbound connections, so getHost URLs answer 403")
+		return
+	}
+	ports := make([]string, len(ceiling))
+	for i, r := range ceiling {
+		ports[i] = string(r)
+	}
+	net["inbound"] = ports
+	p.notice = joinNotice(p.notice, "ports: this server's policy opens only ports "+strings.Join(ports, ", ")+" of this key's sandboxes to inbound connections")
+}
+
 // autoPauseNotice is what create says of autoPause without
 // autoPauseMemory, whose E2B default is a memory snapshot.
 const autoPauseNotice = "autoPause: this sandbox is paused filesystem-only when it times out (its processes and memory are not kept); connect resumes it with its files"
@@ -353,6 +376,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	p, e := translate(&req, h.hasBaseImage(), h.cfg.Internet)
 	if e != nil {
 		return e
+	}
+	if ranges, limited := h.svc.InboundCeiling(key); limited {
+		p.narrowInbound(ranges)
 	}
 	template := p.template
 	// A templateID naming one of the key's snapshots starts from it.
