@@ -139,6 +139,11 @@ func widen(c, m *manifest.Manifest) {
 	cn.NamesPerSecond = max(cn.NamesPerSecond, mn.NamesPerSecond)
 	cn.Allow = addAll(cn.Allow, mn.Allow...)
 	cn.AllowAddresses = addAll(cn.AllowAddresses, mn.AllowAddresses...)
+	for _, r := range mn.Inbound {
+		if !slices.Contains(cn.Inbound, r) {
+			cn.Inbound = append(cn.Inbound, r)
+		}
+	}
 	c.Security.AllowMissing = addAll(c.Security.AllowMissing, m.Security.AllowMissing...)
 }
 

@@ -31,6 +31,8 @@ func TestSuggestAdmitsObservedRuns(t *testing.T) {
 		{"ka", "network: {mode: allowlist, allow: [api.example.com]}\nsecrets: [{name: gh, hosts: [api.example.com]}]\njustifications: {network.allow: api, secrets: api}"},
 		{"kb", "network: {mode: allowlist}\npackages: {pypi: {allow: [\"requests==2.31.0\"]}, npm: {allow: [is-number]}}\njustifications: {packages: deps}"},
 		{"kb", ""},
+		{"kd", "network: {inbound: [\"1-65535\"]}\njustifications: {network.inbound: from the E2B API}"},
+		{"kd", "network: {inbound: [8080]}\njustifications: {network.inbound: a web app}"},
 	}
 	var recs []audit.Record
 	for i, d := range docs {
