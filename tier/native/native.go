@@ -489,7 +489,6 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		cancelled bool
 		graceOver bool // a cancelled program outlived tier.CancelGrace
 		grace     <-chan time.Time
-		startWait <-chan time.Time
 		setupErr  string
 	)
 	handle := func(st nswire.Status) {
@@ -537,23 +536,13 @@ loop:
 			// cleanly; then, or if it never started, everything is killed.
 			done = nil
 			cancelled = true
-			if started.IsZero() {
-				// Init reports the start right after forking, but that
-				// message may still be in flight (the program's own output
-				// can overtake it, and a loaded host can delay it): wait for
-				// it up to the grace period before treating the program as
-				// never started.
-				startWait = time.After(tier.CancelGrace)
-				break
-			}
-			s.forward(unix.SIGTERM)
-			grace = time.After(tier.CancelGrace)
-		case <-startWait:
-			startWait = nil
-			if started.IsZero() {
-				s.cg.Kill()
-				break
-			}
+			// Forwarded at once, whether init's report of the start has
+			// arrived or not (the program's own output can overtake it,
+			// and a loaded host delays it by seconds): the Command frame
+			// went first, so init reads this one only once it forked
+			// the program, and sends it to the program's process group.
+			// A program that never starts is killed with the cgroup when
+			// the grace period ends.
 			s.forward(unix.SIGTERM)
 			grace = time.After(tier.CancelGrace)
 		case <-grace:
