@@ -287,12 +287,13 @@ func TestServeE2BSDK(t *testing.T) {
 				execs++
 			}
 		}
-		// sdk.cjs runs 9 commands in its main sandbox (run, run-fails,
-		// envs, background, kill, stdin, files' cat, connect's cat, ports'
-		// http.server); the ones it asks to run as root are refused
-		// before they start.
-		if execs != 9 {
-			t.Errorf("%d commands of sandbox %s audited, want the 9 the SDK ran", execs, main)
+		// sdk.cjs runs 11 commands in its main sandbox (run, run-fails,
+		// envs, background, kill, stdin, files' cat, pty's and
+		// pty-connect-kill's terminals, connect's cat, ports'
+		// http.server); the ones it asks to run as root and the terminal
+		// of 0 columns are refused before they start.
+		if execs != 11 {
+			t.Errorf("%d commands of sandbox %s audited, want the 11 the SDK ran", execs, main)
 		}
 	}
 }
