@@ -135,6 +135,9 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 	if e != nil {
 		return nil, e
 	}
+	if limit := sb.manifest.Resources.Timeout.D(); args.CapTimeout && args.Timeout > limit {
+		args.Timeout = limit
+	}
 	if e := CheckExec(&args, sb.manifest); e != nil {
 		return nil, e
 	}

@@ -154,3 +154,15 @@ func CheckPolicy(p *policy.Policy, key audit.Key, m *manifest.Manifest) *Error {
 	}
 	return &Error{Kind: kind, Field: ManifestField(field), Message: "manifest." + r.Error()}
 }
+
+// PolicyCeiling is key's ceiling in the operator's policy, and whether a
+// policy is set at all (false: nothing limits key beyond the server's
+// flags). A front door that grants more than Moat's defaults on its own
+// (the E2B layer opens every port, as E2B does) narrows its grant to the
+// ceiling rather than have every request refused.
+func (s *Service) PolicyCeiling(key audit.Key) (policy.Ceiling, bool) {
+	if s.cfg.Policy == nil {
+		return policy.Ceiling{}, false
+	}
+	return s.cfg.Policy.For(key.ID), true
+}

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"syscall"
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
-	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -75,15 +73,4 @@ func (s *Service) DialPort(ctx context.Context, key audit.Key, id string, port i
 
 func notGranted(id string, port int) *Error {
 	return Errorf(Forbidden, "network.inbound", "port %d of sandbox %s is not open to inbound connections: its manifest's network.inbound does not list it", port, id)
-}
-
-// InboundCeiling is what key's policy ceiling allows of network.inbound,
-// and whether a policy limits it at all (false: no policy, no limit). A
-// front door that grants ports on its own (the E2B layer grants every
-// port, as E2B does) narrows its grant to this rather than be refused.
-func (s *Service) InboundCeiling(key audit.Key) ([]manifest.PortRange, bool) {
-	if s.cfg.Policy == nil {
-		return nil, false
-	}
-	return slices.Clone(s.cfg.Policy.For(key.ID).Network.Inbound), true
 }

@@ -215,6 +215,35 @@ func TestInvalidNamesTheField(t *testing.T) {
 	}
 }
 
+// TestCapTimeout: with CapTimeout, a command timeout above the sandbox's
+// resources.timeout is that limit (E2B's timeoutMs is a deadline, not a
+// request for more), not an error; 0 stays the manifest's.
+func TestCapTimeout(t *testing.T) {
+	s, be, _ := newService(t, nil)
+	ctx := t.Context()
+	sb, err := s.CreateSandbox(ctx, keyA, service.SandboxArgs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := manifest.Default().Resources.Timeout.D()
+	tests := []struct {
+		asked, want time.Duration
+	}{
+		{24 * time.Hour, limit},
+		{limit / 2, limit / 2},
+		{0, 0},
+	}
+	for i, tc := range tests {
+		if _, err := s.StartExec(ctx, keyA, sb.ID, service.ExecArgs{Argv: []string{"echo"}, Timeout: tc.asked, CapTimeout: true}); err != nil {
+			t.Fatalf("timeout %s: %v", tc.asked, err)
+		}
+		procs := be.Sessions()[0].Processes()
+		if got := procs[i].Timeout(); got != tc.want {
+			t.Errorf("asked %s: the command got %s, want %s", tc.asked, got, tc.want)
+		}
+	}
+}
+
 // TestQuota: a key's sandbox slots (sandboxes and runs alike), its CPU
 // seconds for the day, and the server-wide concurrency, each a Quota
 // error with a RetryAfter.

@@ -97,6 +97,11 @@ type ExecArgs struct {
 	Dir string
 	// Timeout is at most the manifest's resources.timeout; 0 is that.
 	Timeout time.Duration
+	// CapTimeout makes a Timeout above the manifest's resources.timeout
+	// that limit rather than an error: a front door whose clients give
+	// a deadline for the whole call (E2B's timeoutMs) rather than ask
+	// for a limit.
+	CapTimeout bool
 	// Stdin, when not nil, is the whole standard input.
 	Stdin io.Reader
 	// StdinOpen keeps stdin open for WriteStdin.

@@ -62,7 +62,7 @@ var e2bReleases = []struct {
 var e2bChecks = []string{
 	"run", "run-fails", "envs", "background", "kill", "stdin", "files", "gzip-upload", "remove-missing", "user-root", "not-served", "pty", "pty-connect-kill", "pty-bad-size", "watchDir",
 	"path-traversal", "oversized-upload", "list", "list-order", "setTimeout", "connect", "wrong-key", "other-key",
-	"never-existed", "refused-fields", "pause-resume", "snapshots", "fork", "kill-during-command", "timeout-during-command", "auto-pause",
+	"never-existed", "refused-fields", "pause-resume", "snapshots", "fork", "kill-during-command", "command-timeout", "timeout-during-command", "auto-pause",
 	"internet", "signed-urls", "ports", "kill-sandbox", "times-out",
 }
 

@@ -268,6 +268,34 @@ func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiErro
 	return plan{manifest: m, template: template, ttl: ttl, notice: notice, autoPause: autoPause, public: public}, nil
 }
 
+// maxCommandLimit is the longest resources.timeout a manifest may give.
+const maxCommandLimit = 24 * time.Hour
+
+// commandLimits sets the E2B sandbox's resources.timeout (the longest a
+// command may run) and cpu_time. E2B's envd bounds a command by the
+// request's Connect-Timeout-Ms only (the SDKs' timeoutMs, 60 s by default,
+// 0 for none), so a command may run as long as its sandbox: Moat's 30 s
+// default would end every longer command a team's code runs. Each
+// command's own limit is its request's (processService.Start).
+func (p *plan) commandLimits(timeout, cpu time.Duration) {
+	def := manifest.Default().Resources
+	timeout, cpu = min(timeout, maxCommandLimit), min(cpu, maxCommandLimit)
+	if timeout <= def.Timeout.D() {
+		return // Moat's default already, or a ceiling below it
+	}
+	p.manifest["resources"] = map[string]any{"timeout": timeout.String(), "cpu_time": cpu.String()}
+	just, _ := p.manifest["justifications"].(map[string]string)
+	if just == nil {
+		just = map[string]string{}
+		p.manifest["justifications"] = just
+	}
+	const why = "E2B API: a command runs until its own timeoutMs or its sandbox's end, as in E2B"
+	just["resources.timeout"] = why
+	if cpu > def.CPUTime.D() {
+		just["resources.cpu_time"] = why
+	}
+}
+
 // narrowInbound grants the sandbox only the inbound ports in ceiling (the
 // key's policy ceiling) rather than every port: an operator's policy
 // narrows E2B's open ports instead of refusing every create. The notice
@@ -377,9 +405,15 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	if e != nil {
 		return e
 	}
-	if ranges, limited := h.svc.InboundCeiling(key); limited {
-		p.narrowInbound(ranges)
+	// Commands run until their own timeout or the sandbox's end, as in
+	// E2B (commandLimits); under a policy, within the key's ceiling.
+	limit := h.svc.MaxTTL()
+	cpu := limit
+	if c, limited := h.svc.PolicyCeiling(key); limited {
+		p.narrowInbound(c.Network.Inbound)
+		limit, cpu = min(limit, c.Resources.Timeout.D()), min(limit, c.Resources.CPUTime.D())
 	}
+	p.commandLimits(limit, cpu)
 	template := p.template
 	// A templateID naming one of the key's snapshots starts from it.
 	snap, fromSnap := h.snapshotTemplate(r, key, req.TemplateID)

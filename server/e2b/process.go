@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -23,6 +24,22 @@ import (
 type processService struct{}
 
 var _ processconnect.ProcessHandler = processService{}
+
+// commandTimeout is how long a command may run, from its request's
+// Connect-Timeout-Ms (the SDKs' timeoutMs), as E2B's envd reads it: that
+// long, or (0, absent) until the sandbox's own limit. The stream's end
+// does not end the command; only this does, or a signal.
+func commandTimeout(h http.Header) (time.Duration, *connect.Error) {
+	v := h.Get("Connect-Timeout-Ms")
+	if v == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 || ms > int64(maxCommandLimit/time.Millisecond) {
+		return 0, rpcErr(connect.CodeInvalidArgument, "Connect-Timeout-Ms %q is not a number of milliseconds from 0 to %d (the SDKs' timeoutMs)", truncate(v, 32), int64(maxCommandLimit/time.Millisecond))
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
 
 // ttyOf is the terminal size of a pty request: E2B's size in Moat's
 // terms, refused with the field when no terminal can have it.
@@ -58,10 +75,16 @@ func (processService) Start(ctx context.Context, req *connect.Request[pb.StartRe
 	if cfg.GetCmd() == "" {
 		return rpcErr(connect.CodeInvalidArgument, "process.cmd is empty")
 	}
+	timeout, e := commandTimeout(req.Header())
+	if e != nil {
+		return e
+	}
 	ex := service.ExecArgs{
-		Argv:      append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
-		Env:       cfg.GetEnvs(),
-		StdinOpen: m.GetStdin(),
+		Argv:       append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
+		Env:        cfg.GetEnvs(),
+		StdinOpen:  m.GetStdin(),
+		Timeout:    timeout,
+		CapTimeout: true,
 	}
 	if m.Pty != nil {
 		// sandbox.pty.create: a terminal of the sandbox's own devpts;

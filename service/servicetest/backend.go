@@ -229,6 +229,13 @@ type Session struct {
 // ID is the session's id, sb-NNNN.
 func (s *Session) ID() string { return s.id }
 
+// Processes are the commands started in the session, in start order.
+func (s *Session) Processes() []*Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.procs)
+}
+
 // Dir is the directory that holds the session's workspace.
 func (s *Session) Dir() string { return s.dir }
 
@@ -290,7 +297,7 @@ func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.P
 		s.dead = true // as "kill 1" inside a real sandbox
 	}
 	s.nproc++
-	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), pid: FirstPid + s.nproc - 1, argv: req.Argv, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
+	p := &Process{id: fmt.Sprintf("%s-p%d", s.id, s.nproc), pid: FirstPid + s.nproc - 1, argv: req.Argv, timeout: req.Timeout, sig: make(chan unix.Signal, 8), done: make(chan struct{}), kill: make(chan struct{})}
 	stdin := req.Stdin
 	if req.StdinOpen {
 		r, w := io.Pipe()
@@ -492,6 +499,7 @@ type Process struct {
 	id       string
 	pid      int
 	argv     []string
+	timeout  time.Duration // the ExecRequest's
 	sig      chan unix.Signal
 	kill     chan struct{}
 	killOnce sync.Once
@@ -520,9 +528,12 @@ func (p *Process) Resize(ws tier.WindowSize) error {
 	}
 }
 
-func (p *Process) ID() string     { return p.id }
-func (p *Process) Pid() int       { return p.pid }
-func (p *Process) Argv() []string { return p.argv }
+func (p *Process) ID() string { return p.id }
+
+// Timeout is the command's ExecRequest.Timeout (0: the manifest's).
+func (p *Process) Timeout() time.Duration { return p.timeout }
+func (p *Process) Pid() int               { return p.pid }
+func (p *Process) Argv() []string         { return p.argv }
 func (p *Process) Stdin() io.WriteCloser {
 	if p.stdinW == nil {
 		return nil

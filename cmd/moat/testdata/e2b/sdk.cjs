@@ -451,6 +451,22 @@ await check('kill-during-command', async () => {
   if (!e) throw new Error('the command succeeded')
   if (e instanceof CommandExitError || !(e instanceof NotFoundError) || !/killed/.test(e.message) || !e.message.includes(box.sandboxId)) throw new Error('got ' + e.constructor.name + ': ' + e.message)
 })
+await check('command-timeout', async () => {
+  // As E2B's envd: a command is bounded by its own timeoutMs (the
+  // request's Connect-Timeout-Ms) and otherwise lives as long as its
+  // sandbox, not by Moat's 30 s default.
+  const box = await Sandbox.create({ timeoutMs: 60_000 })
+  try {
+    const cpu = Number((await box.commands.run('ulimit -t')).stdout.trim())
+    if (!(cpu > 3600)) throw new Error(`CPU-time limit ${cpu} s: want one as long as the sandbox may live`)
+    const e = await box.commands.run('sleep 600', { timeoutMs: 1500 }).then(() => null, e => e)
+    if (!(e instanceof TimeoutError)) throw new Error('got ' + (e && e.constructor.name) + ': ' + (e && e.message))
+    for (let i = 0; i < 200 && (await box.commands.list()).length > 0; i++) await sleep(50)
+    eq((await box.commands.list()).length, 0, 'the command ended with its timeoutMs')
+  } finally {
+    await box.kill()
+  }
+})
 await check('timeout-during-command', async () => {
   const box = await Sandbox.create({ timeoutMs: 3_000 })
   const e = await box.commands.run('sleep 600').then(() => null, e => e)
