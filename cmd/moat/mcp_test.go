@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// mcpBearer adds an API key to every request of the MCP client.
+type mcpBearer struct{ token string }
+
+func (b mcpBearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// mcpCall calls a tool with the Go SDK's client and decodes its
+// structured content into out; a refusal fails the test with its text.
+func mcpCall(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, out any) *mcp.CallToolResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if res.IsError {
+		t.Fatalf("%s: tool error %v", name, mcpText(res))
+	}
+	if out != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s: structured content %s: %v", name, b, err)
+		}
+	}
+	return res
+}
+
+func mcpText(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// mcpWork is multi-step work an agent does through the tools, in real
+// sandboxes: a one-shot run, then a sandbox kept across calls (a CSV
+// written, a program computing from it, the result read back and
+// downloaded). It returns the sandbox's id, still alive.
+func mcpWork(t *testing.T, cs *mcp.ClientSession) string {
+	t.Helper()
+	var run struct {
+		Result struct {
+			ExitCode    int    `json:"exit_code"`
+			Termination string `json:"termination"`
+			Stdout      struct{ Data string }
+		}
+	}
+	mcpCall(t, cs, "run_code", map[string]any{"language": "python", "code": "print(6*7)"}, &run)
+	if run.Result.ExitCode != 0 || run.Result.Stdout.Data != "42\n" {
+		t.Fatalf("run_code: %+v", run)
+	}
+	var sb struct{ ID string }
+	mcpCall(t, cs, "create_sandbox", map[string]any{"ttl": "5m"}, &sb)
+	mcpCall(t, cs, "write_file", map[string]any{"sandbox_id": sb.ID, "path": "data.csv", "content": "x\n1\n2\n39\n"}, nil)
+	var ex struct {
+		State  string
+		Result struct {
+			ExitCode int `json:"exit_code"`
+			Stderr   struct{ Data string }
+		}
+	}
+	mcpCall(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "language": "python",
+		"code": "import csv\nrows = list(csv.DictReader(open('data.csv')))\nopen('sum.txt', 'w').write(str(sum(int(r['x']) for r in rows)))"}, &ex)
+	if ex.Result.ExitCode != 0 {
+		t.Fatalf("exec: %+v", ex)
+	}
+	var fc struct{ Content string }
+	mcpCall(t, cs, "read_file", map[string]any{"sandbox_id": sb.ID, "path": "sum.txt"}, &fc)
+	if fc.Content != "42" {
+		t.Fatalf("read_file sum.txt: %q", fc.Content)
+	}
+	res := mcpCall(t, cs, "download", map[string]any{"sandbox_id": sb.ID, "path": "sum.txt"}, nil)
+	if len(res.Content) != 2 {
+		t.Fatalf("download: %d contents", len(res.Content))
+	}
+	if er, ok := res.Content[1].(*mcp.EmbeddedResource); !ok || er.Resource.Text != "42" {
+		t.Fatalf("download: %#v", res.Content[1])
+	}
+	return sb.ID
+}
+
+// TestMCP runs an agent's work through the built moat, with the Go SDK's
+// client, over stdio (moat mcp, started as a desktop client starts it)
+// and over Streamable HTTP (moat serve --mcp).
+func TestMCP(t *testing.T) {
+	needSandbox(t)
+	home := serverHome(t)
+	key := createKey(t, home)
+
+	t.Run("stdio", func(t *testing.T) {
+		cmd := exec.Command(moatBin, "mcp")
+		cmd.Env = append(os.Environ(), "MOAT_HOME="+home, "MOAT_API_KEY="+key)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		client := mcp.NewClient(&mcp.Implementation{Name: "moat-test", Version: "1"}, nil)
+		cs, err := client.Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatalf("connect to moat mcp: %v\n%s", err, stderr.String())
+		}
+		tools, err := cs.ListTools(context.Background(), nil)
+		if err != nil || len(tools.Tools) < 8 {
+			t.Fatalf("list tools: %v %v", tools, err)
+		}
+		id := mcpWork(t, cs)
+		t.Logf("sandbox %s", id)
+		// Closing the session (stdin) ends moat mcp, which destroys the
+		// sandbox it created: its run directory is gone.
+		if err := cs.Close(); err != nil {
+			t.Logf("close: %v", err)
+		}
+		for _, tr := range hostTraces() {
+			if tr == id {
+				t.Errorf("sandbox %s of the ended session is still on the host\n%s", id, stderr.String())
+			}
+		}
+		// Its record, and its commands', ended in the audit log.
+		out := moat(t, invocation{args: []string{"audit", "--sandbox", id, "--json"}, env: []string{"MOAT_HOME=" + home}})
+		if out.code != 0 || !strings.Contains(out.stdout, id) || strings.Contains(out.stdout, `"status":"running"`) {
+			t.Errorf("the session's sandbox in the audit log: %s", out)
+		}
+	})
+
+	t.Run("no key", func(t *testing.T) {
+		out := moat(t, invocation{args: []string{"mcp"}, env: []string{"MOAT_HOME=" + home, "MOAT_API_KEY="}})
+		out.check(t, exitUsage, nil, []string{"MOAT_API_KEY"}, nil)
+		out = moat(t, invocation{args: []string{"mcp"}, env: []string{"MOAT_HOME=" + home, "MOAT_API_KEY=moat_k000000000000_nope"}})
+		out.check(t, exitMoat, nil, []string{"not a valid key"}, nil)
+	})
+
+	t.Run("streamable http", func(t *testing.T) {
+		s := startServer(t, home, key, "--mcp", "--pool", "0", "--session-pool", "0")
+		rq, _ := http.NewRequest("POST", s.url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		rq.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("/mcp without a key: %d, want 401", resp.StatusCode)
+		}
+		client := mcp.NewClient(&mcp.Implementation{Name: "moat-test", Version: "1"}, nil)
+		cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: s.url + "/mcp", HTTPClient: &http.Client{Transport: mcpBearer{key}}}, nil)
+		if err != nil {
+			t.Fatalf("connect to /mcp: %v", err)
+		}
+		defer cs.Close()
+		id := mcpWork(t, cs)
+		// The sandbox is the key's, through Moat's own API too.
+		if _, err := s.client(t).GetSandbox(context.Background(), id); err != nil {
+			t.Errorf("the MCP sandbox through /v1: %v", err)
+		}
+		mcpCall(t, cs, "kill_sandbox", map[string]any{"sandbox_id": id}, nil)
+		s.terminate(t, 30*time.Second)
+	})
+}
