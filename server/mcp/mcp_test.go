@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -49,7 +50,7 @@ func logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	be := &servicetest.Backend{Dir: t.TempDir()}
 	au := servicetest.NewAuditor()
@@ -568,5 +569,40 @@ func TestHeldForApproval(t *testing.T) {
 				t.Errorf("decided approval: %+v", e)
 			}
 		})
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/tools.json from the tools")
+
+// TestToolsGolden pins what a model is told: every tool's name,
+// description, annotations and input schema (docs/MCP.md points here).
+// go test ./server/mcp -run TestToolsGolden -update rewrites it.
+func TestToolsGolden(t *testing.T) {
+	h := newHarness(t)
+	cs, _ := h.connect(t, "stdio", tokenA)
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := json.MarshalIndent(res.Tools, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, '\n')
+	const golden = "testdata/tools.json"
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("the tools differ from %s (run with -update and review the diff):\n%s", golden, got)
 	}
 }
