@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,4 +182,69 @@ func TestMCP(t *testing.T) {
 		mcpCall(t, cs, "kill_sandbox", map[string]any{"sandbox_id": id}, nil)
 		s.terminate(t, 30*time.Second)
 	})
+}
+
+// mcpSDK is where scripts/setup installed the pinned MCP TypeScript SDK
+// of testdata/mcp/package-lock.json (its node_modules).
+func mcpSDK(t *testing.T) string {
+	t.Helper()
+	lock, err := os.ReadFile("testdata/mcp/package-lock.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(lock)
+	return filepath.Join("/var/cache/moat/mcp-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
+}
+
+// The checks client.cjs runs; each must print "ok <name>".
+var mcpChecks = []string{"list-tools", "run-code", "keep-sandbox", "read-file", "download", "bad-arguments", "other-key", "quota", "kill"}
+
+// TestMCPTypeScriptSDK drives moat mcp (stdio) and moat serve --mcp
+// (Streamable HTTP) with the real MCP TypeScript SDK
+// (testdata/mcp/client.cjs) in real native sandboxes.
+func TestMCPTypeScriptSDK(t *testing.T) {
+	needSandbox(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("needs node (scripts/setup installs nodejs): " + err.Error())
+	}
+	sdk := mcpSDK(t)
+	if _, err := os.Stat(filepath.Join(sdk, "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		t.Skipf("the MCP TypeScript SDK is not installed at %s (scripts/setup installs it): %v", sdk, err)
+	}
+	home := serverHome(t)
+	key, other := createKey(t, home), createKey(t, home)
+	small := createKey(t, home, "--max-sandboxes", "1")
+	for _, tr := range []string{"stdio", "http"} {
+		t.Run(tr, func(t *testing.T) {
+			env := append(os.Environ(), "NODE_PATH="+sdk, "MCP_TRANSPORT="+tr, "MOAT_HOME="+home, "MOAT_BIN="+moatBin,
+				"MOAT_API_KEY="+key, "MCP_OTHER_KEY="+other, "MCP_SMALL_KEY="+small)
+			var s *testServer
+			if tr == "http" {
+				s = startServer(t, home, key, "--mcp", "--pool", "0", "--session-pool", "0")
+				env = append(env, "MCP_URL="+s.url+"/mcp")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, node, "testdata/mcp/client.cjs")
+			cmd.Env = env
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			out, err := cmd.CombinedOutput()
+			t.Logf("client.cjs:\n%s", out)
+			if !bytes.Contains(out, []byte("mcp sdk 1.32.2 over "+tr)) {
+				t.Errorf("client.cjs did not run the pinned SDK 1.32.2")
+			}
+			for _, name := range mcpChecks {
+				if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {
+					t.Errorf("check %s did not pass", name)
+				}
+			}
+			if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
+				t.Fatalf("client.cjs failed: %v", err)
+			}
+			if s != nil {
+				s.terminate(t, 30*time.Second)
+			}
+		})
+	}
 }

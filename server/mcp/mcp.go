@@ -68,6 +68,9 @@ type Server struct {
 	cfg Config
 	svc *service.Service
 	log *slog.Logger
+	// sdkLog is log for the SDK: its warnings and errors only (it logs
+	// every session's start and end at info).
+	sdkLog *slog.Logger
 }
 
 // New returns a Server.
@@ -93,8 +96,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 30 * time.Minute
 	}
-	return &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger}, nil
+	return &Server{cfg: cfg, svc: cfg.Service, log: cfg.Logger, sdkLog: slog.New(quieter{cfg.Logger.Handler()})}, nil
 }
+
+// quieter passes on warnings and errors only.
+type quieter struct{ slog.Handler }
+
+func (q quieter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && q.Handler.Enabled(ctx, l)
+}
+
+func (q quieter) WithAttrs(as []slog.Attr) slog.Handler { return quieter{q.Handler.WithAttrs(as)} }
+func (q quieter) WithGroup(name string) slog.Handler    { return quieter{q.Handler.WithGroup(name)} }
 
 // keyExtra is where the HTTP handler's token verifier leaves the caller's
 // audit.Key in the SDK's TokenInfo (auth.TokenInfo.Extra).
@@ -149,7 +162,7 @@ func (c *conn) drain() []string {
 func (s *Server) newServer(c *conn) *mcp.Server {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "moat", Title: "Moat sandbox", Version: s.cfg.Version}, &mcp.ServerOptions{
 		Instructions: instructions,
-		Logger:       s.log,
+		Logger:       s.sdkLog,
 	})
 	s.addTools(srv, c)
 	return srv
@@ -203,7 +216,7 @@ func (s *Server) Handler() (http.Handler, error) {
 	c := &conn{key: keyFromToken}
 	srv := s.newServer(c)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
-		Logger:              s.log,
+		Logger:              s.sdkLog,
 		SessionTimeout:      s.cfg.SessionTimeout,
 		MaxRequestBodyBytes: s.cfg.MaxRequestBytes,
 	})
