@@ -3,7 +3,9 @@ package mcp
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -604,5 +606,45 @@ func TestToolsGolden(t *testing.T) {
 	}
 	if string(got) != string(want) {
 		t.Errorf("the tools differ from %s (run with -update and review the diff):\n%s", golden, got)
+	}
+}
+
+func TestErrorResult(t *testing.T) {
+	h := newHarness(t)
+	held := &service.Approval{ID: "ap-1", State: service.ApprovalPending}
+	tests := []struct {
+		name      string
+		err       error
+		isError   bool
+		wantCode  string
+		wantField string
+		wantText  string
+		notText   string
+	}{
+		{name: "invalid field", err: service.InvalidField("files[0].path", "is absolute"), isError: true, wantCode: "invalid_field", wantField: "files[0].path", wantText: "invalid_field: files[0].path: is absolute"},
+		{name: "quota with retry", err: service.Errorf(service.Quota, "", "key ka holds 10 sandboxes"), isError: true, wantCode: "quota_exceeded", wantText: "quota_exceeded: key ka holds 10 sandboxes"},
+		{name: "a plain error is internal and hidden", err: errors.New("open /var/lib/moat/secret: permission denied"), isError: true, wantCode: "internal", notText: "/var/lib/moat"},
+		{name: "wrapped service error", err: fmt.Errorf("x: %w", service.Errorf(service.NotFound, "", "sandbox \"s\" not found")), isError: true, wantCode: "not_found"},
+		{name: "cancelled call", err: context.Canceled, isError: true, wantCode: "conflict", wantText: "cancelled"},
+		{name: "held for approval", err: &service.Error{Kind: service.Forbidden, Held: held, Message: "the command is held for approval ap-1"}, isError: false, wantText: "Not run yet: the command is held for approval ap-1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := h.srv.errorResult(tc.err)
+			if res.IsError != tc.isError {
+				t.Fatalf("IsError %v, want %v", res.IsError, tc.isError)
+			}
+			txt := text(res)
+			if !strings.Contains(txt, tc.wantText) || (tc.notText != "" && strings.Contains(txt, tc.notText)) {
+				t.Errorf("text %q", txt)
+			}
+			if !tc.isError {
+				return
+			}
+			te := res.StructuredContent.(map[string]any)["error"].(ToolError)
+			if te.Code != tc.wantCode || te.Field != tc.wantField {
+				t.Errorf("error %+v, want code %s field %q", te, tc.wantCode, tc.wantField)
+			}
+		})
 	}
 }

@@ -185,7 +185,13 @@ type ToolError struct {
 // command held for approval is not an error: it says so with the id.
 func (s *Server) errorResult(err error) *mcp.CallToolResult {
 	var e *service.Error
-	if !errors.As(err, &e) {
+	switch {
+	case errors.As(err, &e):
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		// The client cancelled the call or went away (service.RunExec
+		// returns ctx's error; the command is not killed).
+		e = service.Errorf(service.Conflict, "", "the call was cancelled before it finished; a command it started goes on in its sandbox until it ends or reaches its timeout")
+	default:
 		e = service.InternalError(err)
 	}
 	if e.Held != nil {
