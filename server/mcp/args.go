@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/moat-sandbox/moat/internal/strictjson"
+	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -152,13 +153,15 @@ func parseMode(field, s string) (fs.FileMode, *service.Error) {
 }
 
 // files decodes a call's files: each path checked (service.CheckPath), no
-// path twice or below another file, at most maxFiles.
-func files(args []FileArg, maxFiles int) ([]service.File, *service.Error) {
+// path twice or below another file, at most maxFiles, and no more bytes
+// than the workspace of m holds.
+func files(args []FileArg, maxFiles int, m *manifest.Manifest) ([]service.File, *service.Error) {
 	if len(args) > maxFiles {
 		return nil, service.Errorf(service.TooLarge, "files", "files: %d files is more than the %d one call may write", len(args), maxFiles)
 	}
 	out := make([]service.File, 0, len(args))
 	paths := make(map[string]bool, len(args))
+	var total int64
 	for i, f := range args {
 		field := fmt.Sprintf("files[%d]", i)
 		if e := service.CheckPath(field+".path", f.Path); e != nil {
@@ -176,7 +179,11 @@ func files(args []FileArg, maxFiles int) ([]service.File, *service.Error) {
 		if e != nil {
 			return nil, e
 		}
+		total += int64(len(data))
 		out = append(out, service.File{Path: f.Path, Mode: mode, Data: bytes.NewReader(data)})
+	}
+	if ws := int64(m.Workspace.Size); total > ws {
+		return nil, service.Errorf(service.TooLarge, "files", "files: they hold %d bytes, more than the workspace's %d (raise manifest.workspace.size)", total, ws)
 	}
 	for i, f := range args {
 		for dir := f.Path; ; {

@@ -394,6 +394,7 @@ func TestBadArguments(t *testing.T) {
 				{"bad base64", "run_code", py(map[string]any{"files": []map[string]any{{"path": "a", "content": "!!", "encoding": "base64"}}}), "invalid_field", "files[0].content"},
 				{"bad manifest value", "run_code", py(map[string]any{"manifest": map[string]any{"resources": map[string]any{"memory": "lots"}}}), "invalid_field", "manifest.resources.memory"},
 				{"host inputs", "run_code", py(map[string]any{"manifest": map[string]any{"inputs": []map[string]any{{"host": "/etc", "path": "etc"}}}}), "invalid_field", "manifest.inputs"},
+				{"files over the workspace", "create_sandbox", map[string]any{"manifest": map[string]any{"workspace": map[string]any{"size": "1MiB"}}, "files": []map[string]any{{"path": "big", "content": strings.Repeat("x", 1<<20+1)}}}, "too_large", "files"},
 				{"bad ttl", "create_sandbox", map[string]any{"ttl": "forever"}, "invalid_field", "ttl"},
 				{"ttl over the maximum", "create_sandbox", map[string]any{"ttl": "100h"}, "invalid_field", "ttl"},
 				{"exec without sandbox", "exec", map[string]any{"argv": []string{"ls"}}, "invalid_field", "sandbox_id"},

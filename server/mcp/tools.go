@@ -272,7 +272,7 @@ func runCode(ctx context.Context, s *Server, _ *conn, key audit.Key, in *RunCode
 	if e != nil {
 		return reply{}, e
 	}
-	fs, e := files(in.Files, s.cfg.MaxFiles)
+	fs, e := files(in.Files, s.cfg.MaxFiles, m)
 	if e != nil {
 		return reply{}, e
 	}
@@ -298,7 +298,7 @@ func createSandbox(ctx context.Context, s *Server, c *conn, key audit.Key, in *C
 			return reply{}, e
 		}
 	}
-	fs, e := files(in.Files, s.cfg.MaxFiles)
+	fs, e := files(in.Files, s.cfg.MaxFiles, m)
 	if e != nil {
 		return reply{}, e
 	}
