@@ -220,6 +220,7 @@ func cmdServe(args []string) int {
 		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
 	}
 	handler := srv.Handler()
+	closeMCP := func() {}
 	if *mcpHTTP {
 		ms, err := moatmcp.New(moatmcp.Config{Service: srv.Service(), Keys: store, Logger: log, Version: versionString(), MaxRequestBytes: int64(body), MaxFiles: *maxFiles})
 		if err != nil {
@@ -229,6 +230,7 @@ func cmdServe(args []string) int {
 		if err != nil {
 			return fail(err)
 		}
+		closeMCP = ms.CloseSessions
 		api := handler
 		mux := http.NewServeMux()
 		mux.Handle("/mcp", mh)
@@ -243,6 +245,9 @@ func cmdServe(args []string) int {
 		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
 	}
 	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// MCP clients hold an event stream open (GET /mcp): end them, or
+	// Shutdown waits for its deadline.
+	hs.RegisterOnShutdown(closeMCP)
 	served := make(chan error, 1)
 	go func() {
 		if *tlsCert != "" {

@@ -71,6 +71,10 @@ type Server struct {
 	// sdkLog is log for the SDK: its warnings and errors only (it logs
 	// every session's start and end at info).
 	sdkLog *slog.Logger
+
+	mu sync.Mutex
+	// http is the SDK server behind Handler, once made.
+	http *mcp.Server
 }
 
 // New returns a Server.
@@ -215,6 +219,9 @@ func (s *Server) Handler() (http.Handler, error) {
 	}
 	c := &conn{key: keyFromToken}
 	srv := s.newServer(c)
+	s.mu.Lock()
+	s.http = srv
+	s.mu.Unlock()
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Logger:              s.sdkLog,
 		SessionTimeout:      s.cfg.SessionTimeout,
@@ -233,6 +240,22 @@ func (s *Server) Handler() (http.Handler, error) {
 		return &auth.TokenInfo{UserID: key.ID, Extra: map[string]any{keyExtra: key}}, nil
 	}
 	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h), nil
+}
+
+// CloseSessions ends the HTTP sessions, so that their open event streams
+// (a client's GET /mcp) do not hold an http.Server's Shutdown until its
+// deadline. Register it with http.Server.RegisterOnShutdown. The
+// sessions' sandboxes are the service's to end.
+func (s *Server) CloseSessions() {
+	s.mu.Lock()
+	srv := s.http
+	s.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	for ss := range srv.Sessions() {
+		ss.Close()
+	}
 }
 
 // keyFromToken is the key the HTTP handler's verifier authenticated for

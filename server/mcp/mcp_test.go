@@ -649,3 +649,30 @@ func TestErrorResult(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseSessions: an HTTP client's open event stream does not hold the
+// http.Server's Shutdown once CloseSessions is registered (moat serve
+// does).
+func TestCloseSessions(t *testing.T) {
+	h := newHarness(t)
+	mh, err := h.srv.Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(mh)
+	defer hs.Close()
+	hs.Config.RegisterOnShutdown(h.srv.CloseSessions)
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: &http.Client{Transport: bearer{tokenA, http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	toolErr(t, call(t, cs, "list_files", map[string]any{"sandbox_id": "none"}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := hs.Config.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown after %s: %v (an MCP event stream held it)", time.Since(start), err)
+	}
+}
