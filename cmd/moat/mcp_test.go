@@ -133,9 +133,13 @@ func TestMCP(t *testing.T) {
 		id := mcpWork(t, cs)
 		t.Logf("sandbox %s", id)
 		// Closing the session (stdin) ends moat mcp, which destroys the
-		// sandbox it created: its run directory is gone.
+		// sandbox it created (the session's end does, not the service's
+		// shutdown after it) and exits 0; nothing of it is left.
 		if err := cs.Close(); err != nil {
-			t.Logf("close: %v", err)
+			t.Errorf("moat mcp did not exit cleanly when its session ended: %v\n%s", err, stderr.String())
+		}
+		if !regexp.MustCompile(`msg="sandbox destroyed" sandbox=` + id + ` reason="deleted by its key"`).MatchString(stderr.String()) {
+			t.Errorf("the session's end did not delete sandbox %s:\n%s", id, stderr.String())
 		}
 		for _, tr := range hostTraces() {
 			if tr == id {
