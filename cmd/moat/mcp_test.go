@@ -252,3 +252,26 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 		})
 	}
 }
+
+func TestMCPFlags(t *testing.T) {
+	home := t.TempDir()
+	tests := []struct {
+		name             string
+		args             []string
+		env              []string
+		code             int
+		wantOut, wantErr []string
+	}{
+		{name: "help", args: []string{"mcp", "--help"}, wantOut: []string{"Usage: moat mcp", "MOAT_API_KEY", "-key", "-db", "-policy", "destroyed when it ends"}},
+		{name: "serve names --mcp", args: []string{"serve", "--help"}, wantOut: []string{"-mcp", "/mcp"}},
+		{name: "no arguments", args: []string{"mcp", "extra"}, code: exitUsage, wantErr: []string{"mcp takes no arguments"}},
+		{name: "no key", args: []string{"mcp"}, env: []string{"MOAT_API_KEY="}, code: exitUsage, wantErr: []string{"MOAT_API_KEY", "moat keys create"}},
+		{name: "no database", args: []string{"mcp", "--db", home + "/none.db"}, env: []string{"MOAT_API_KEY=moat_k000000000000_x"}, code: exitMoat, wantErr: []string{"no audit database", "none.db"}},
+		{name: "bad ttl", args: []string{"mcp", "--max-ttl", "-1s"}, env: []string{"MOAT_API_KEY=x"}, code: exitUsage, wantErr: []string{"--max-ttl"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			moat(t, invocation{args: tc.args, env: append([]string{"MOAT_HOME=" + home}, tc.env...)}).check(t, tc.code, tc.wantOut, tc.wantErr, nil)
+		})
+	}
+}
