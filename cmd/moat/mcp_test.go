@@ -208,13 +208,19 @@ var mcpChecks = []string{"list-tools", "run-code", "keep-sandbox", "read-file", 
 // (testdata/mcp/client.cjs) in real native sandboxes.
 func TestMCPTypeScriptSDK(t *testing.T) {
 	needSandbox(t)
+	// CI runs scripts/setup, which installs both: there a missing one is
+	// a failure, not a skip.
+	missing := t.Skipf
+	if os.Getenv("CI") == "true" {
+		missing = t.Fatalf
+	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		t.Skip("needs node (scripts/setup installs nodejs): " + err.Error())
+		missing("needs node (scripts/setup installs nodejs): %v", err)
 	}
 	sdk := mcpSDK(t)
 	if _, err := os.Stat(filepath.Join(sdk, "@modelcontextprotocol", "sdk", "package.json")); err != nil {
-		t.Skipf("the MCP TypeScript SDK is not installed at %s (scripts/setup installs it): %v", sdk, err)
+		missing("the MCP TypeScript SDK is not installed at %s (scripts/setup installs it): %v", sdk, err)
 	}
 	home := serverHome(t)
 	key, other := createKey(t, home), createKey(t, home)
