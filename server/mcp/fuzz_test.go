@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/moat-sandbox/moat/service"
@@ -55,5 +56,24 @@ func FuzzToolArguments(f *testing.F) {
 			}
 		}
 		h.srv.destroyAll(keyA, c.drain())
+	})
+}
+
+// FuzzFileURI: a resource URI from a client never panics the parser, and
+// every file a sandbox can hold (a path CheckPath accepts) round-trips.
+func FuzzFileURI(f *testing.F) {
+	for _, s := range []string{"0123abcd", "out/chart.png", "a b/ü?#%.txt", "moat://sandboxes/s/files/a", "moat://sandboxes/s/files/../x", "%", ""} {
+		f.Add(s, s)
+	}
+	f.Fuzz(func(t *testing.T, id, p string) {
+		parseFileURI(id)
+		parseFileURI(p)
+		if id == "" || strings.Contains(id, "/") || service.CheckPath("path", p) != nil {
+			return
+		}
+		gotID, gotP, ok := parseFileURI(fileURI(id, p))
+		if !ok || gotID != id || gotP != p {
+			t.Fatalf("fileURI(%q, %q) = %q parses as %q, %q, %v", id, p, fileURI(id, p), gotID, gotP, ok)
+		}
 	})
 }

@@ -120,8 +120,9 @@ const keyExtra = "moat_key"
 // conn is what the tools know of their caller: how to find its key, and,
 // for a stdio session, the sandboxes it created (destroyed when it ends).
 type conn struct {
-	// key returns the caller's key from a tool call's request.
-	key func(req *mcp.CallToolRequest) (audit.Key, bool)
+	// key returns the caller's key from a request's extra information
+	// (a tool call's, a resource read's).
+	key func(extra *mcp.RequestExtra) (audit.Key, bool)
 
 	mu      sync.Mutex
 	owned   map[string]bool // nil: sandboxes outlive the connection (HTTP)
@@ -169,6 +170,7 @@ func (s *Server) newServer(c *conn) *mcp.Server {
 		Logger:       s.sdkLog,
 	})
 	s.addTools(srv, c)
+	s.addFiles(srv, c)
 	return srv
 }
 
@@ -184,7 +186,7 @@ const instructions = "Moat runs code in isolated, disposable sandboxes. Use run_
 // created that are still alive.
 func (s *Server) Serve(ctx context.Context, t mcp.Transport, key audit.Key) error {
 	c := &conn{
-		key:   func(*mcp.CallToolRequest) (audit.Key, bool) { return key, true },
+		key:   func(*mcp.RequestExtra) (audit.Key, bool) { return key, true },
 		owned: map[string]bool{},
 	}
 	err := s.newServer(c).Run(ctx, t)
@@ -259,11 +261,11 @@ func (s *Server) CloseSessions() {
 }
 
 // keyFromToken is the key the HTTP handler's verifier authenticated for
-// the request carrying a tool call.
-func keyFromToken(req *mcp.CallToolRequest) (audit.Key, bool) {
-	if req == nil || req.Extra == nil || req.Extra.TokenInfo == nil {
+// the HTTP request carrying a call.
+func keyFromToken(extra *mcp.RequestExtra) (audit.Key, bool) {
+	if extra == nil || extra.TokenInfo == nil {
 		return audit.Key{}, false
 	}
-	k, ok := req.Extra.TokenInfo.Extra[keyExtra].(audit.Key)
+	k, ok := extra.TokenInfo.Extra[keyExtra].(audit.Key)
 	return k, ok && k.ID != ""
 }

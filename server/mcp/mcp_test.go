@@ -320,6 +320,11 @@ func TestSandboxAcrossCalls(t *testing.T) {
 					if !isRes || er.Resource.MIMEType != "image/png" || string(er.Resource.Blob) != "\x89PNG\r\n\x1a\n" || er.Resource.URI != d.URI {
 						t.Errorf("resource %+v, structured %+v", er, d)
 					}
+					// The URI reads the file again while the sandbox lives.
+					rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: d.URI})
+					if err != nil || len(rr.Contents) != 1 || string(rr.Contents[0].Blob) != "\x89PNG\r\n\x1a\n" || rr.Contents[0].MIMEType != "image/png" {
+						t.Errorf("resources/read %s: %+v %v", d.URI, rr, err)
+					}
 				}},
 				{"the sandbox is listed as the key's", "exec", map[string]any{"sandbox_id": id, "code": "echo hi", "language": "sh"}, func(t *testing.T, res *mcp.CallToolResult) {
 					var ex service.Exec
@@ -454,6 +459,15 @@ func TestOtherKeysSandbox(t *testing.T) {
 					}
 				})
 			}
+			t.Run("resources/read", func(t *testing.T) {
+				uri := fileURI(sb.ID, "secret.txt")
+				if _, err := b.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri}); err == nil || strings.Contains(err.Error(), "a's") {
+					t.Errorf("key b read key a's file %s: %v", uri, err)
+				}
+				if rr, err := a.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri}); err != nil || rr.Contents[0].Text != "a's" {
+					t.Errorf("key a reading its own file %s: %+v %v", uri, rr, err)
+				}
+			})
 			// Still there for its owner.
 			ok(t, call(t, a, "kill_sandbox", map[string]any{"sandbox_id": sb.ID}), nil)
 		})
@@ -674,5 +688,33 @@ func TestCloseSessions(t *testing.T) {
 	start := time.Now()
 	if err := hs.Config.Shutdown(ctx); err != nil {
 		t.Errorf("Shutdown after %s: %v (an MCP event stream held it)", time.Since(start), err)
+	}
+}
+
+func TestFileURI(t *testing.T) {
+	tests := []struct {
+		uri    string
+		id, p  string
+		wantOK bool
+	}{
+		{uri: fileURI("0123abcd", "out/chart.png"), id: "0123abcd", p: "out/chart.png", wantOK: true},
+		{uri: fileURI("s", "a b/ü?#%.txt"), id: "s", p: "a b/ü?#%.txt", wantOK: true},
+		{uri: "moat://sandboxes/s/files/", id: "s", p: "", wantOK: true}, // the path is CheckPath's to refuse
+		{uri: "moat://sandboxes/s/files/../../etc/passwd", id: "s", p: "../../etc/passwd", wantOK: true},
+		{uri: "file:///etc/passwd"},
+		{uri: "moat://other/s/files/a"},
+		{uri: "moat://sandboxes/s/a"},
+		{uri: "moat://sandboxes//files/a"},
+		{uri: "moat://sandboxes/s/files/a?x=1"},
+		{uri: "moat://sandboxes/a/b/files/c"},
+		{uri: "%zz"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.uri, func(t *testing.T) {
+			id, p, ok := parseFileURI(tc.uri)
+			if ok != tc.wantOK || id != tc.id || p != tc.p {
+				t.Errorf("parseFileURI = %q, %q, %v; want %q, %q, %v", id, p, ok, tc.id, tc.p, tc.wantOK)
+			}
+		})
 	}
 }

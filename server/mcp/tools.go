@@ -7,9 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
-	"net/url"
-	"path"
 	"reflect"
 	"strings"
 	"time"
@@ -132,7 +129,7 @@ func (s *Server) addTools(srv *mcp.Server, c *conn) {
 	for _, t := range tools {
 		t := t
 		srv.AddTool(t.def, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			key, ok := c.key(req)
+			key, ok := c.key(req.Extra)
 			if !ok {
 				return s.errorResult(service.Errorf(service.Unauthenticated, "", "a valid API key is required")), nil
 			}
@@ -463,33 +460,14 @@ type Download struct {
 	MIMEType string `json:"mime_type"`
 }
 
-// fileURI names a sandbox's file as a resource.
-func fileURI(sandboxID, p string) string {
-	return "moat://sandboxes/" + url.PathEscape(sandboxID) + "/files/" + (&url.URL{Path: p}).EscapedPath()
-}
-
 func download(ctx context.Context, s *Server, _ *conn, key audit.Key, in *FileArgs) (reply, error) {
 	data, fi, err := s.readAll(ctx, key, in.SandboxID, in.Path)
 	if err != nil {
 		return reply{}, err
 	}
-	typ := mime.TypeByExtension(path.Ext(in.Path))
-	rc := &mcp.ResourceContents{URI: fileURI(in.SandboxID, in.Path)}
-	if _, enc := textOrBase64(data); enc == "utf-8" && (typ == "" || strings.HasPrefix(typ, "text/") || strings.Contains(typ, "json")) {
-		if typ == "" {
-			typ = "text/plain; charset=utf-8"
-		}
-		rc.Text = string(data)
-	} else {
-		if typ == "" {
-			typ = "application/octet-stream"
-		}
-		// The SDK encodes Blob in base64 on the wire.
-		rc.Blob = data
-	}
-	rc.MIMEType = typ
-	out := Download{URI: rc.URI, Path: fi.Path, Size: int64(len(data)), MIMEType: typ}
-	return reply{out: out, text: fmt.Sprintf("%s (%s, %d bytes) as resource %s", fi.Path, typ, len(data), rc.URI),
+	rc := fileContents(fileURI(in.SandboxID, in.Path), in.Path, data)
+	out := Download{URI: rc.URI, Path: fi.Path, Size: int64(len(data)), MIMEType: rc.MIMEType}
+	return reply{out: out, text: fmt.Sprintf("%s (%s, %d bytes) as resource %s", fi.Path, rc.MIMEType, len(data), rc.URI),
 		extra: []mcp.Content{&mcp.EmbeddedResource{Resource: rc}}}, nil
 }
 

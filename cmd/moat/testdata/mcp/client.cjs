@@ -122,6 +122,9 @@ async function main() {
   res = await ok(client, "download", { sandbox_id: id, path: "chart.png" });
   const r = res.content.find((c) => c.type === "resource");
   check(r && r.resource.mimeType === "image/png" && r.resource.blob === "iVBORw0KGgo=" && r.resource.uri === res.structuredContent.uri, "download", res.content);
+  // The resource's URI reads the file again.
+  const rr = await client.readResource({ uri: r.resource.uri });
+  check(rr.contents.length === 1 && rr.contents[0].blob === "iVBORw0KGgo=" && rr.contents[0].mimeType === "image/png", "resources/read", rr);
   console.log("ok download");
 
   await refused(client, "run_code", { language: "cobol", code: "x" }, "invalid_field", "language");
