@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -127,7 +128,6 @@ var toolsErr error
 // addTools registers the tools on srv for the connection c.
 func (s *Server) addTools(srv *mcp.Server, c *conn) {
 	for _, t := range tools {
-		t := t
 		srv.AddTool(t.def, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			key, ok := c.key(req.Extra)
 			if !ok {
@@ -151,7 +151,7 @@ func (s *Server) addTools(srv *mcp.Server, c *conn) {
 func (s *Server) safeCall(ctx context.Context, t tool, c *conn, key audit.Key, raw json.RawMessage) (r reply, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			r, err = reply{}, service.InternalError(fmt.Errorf("panic in tool %s: %v", t.def.Name, p))
+			r, err = reply{}, service.InternalError(fmt.Errorf("panic in tool %s: %v\n%s", t.def.Name, p, debug.Stack()))
 		}
 	}()
 	return t.call(ctx, s, c, key, raw)
