@@ -410,6 +410,9 @@ func TestBadArguments(t *testing.T) {
 				{"write outside", "write_file", map[string]any{"sandbox_id": sb.ID, "path": "../x", "content": ""}, "invalid_field", "path"},
 				{"write setuid", "write_file", map[string]any{"sandbox_id": sb.ID, "path": "x", "content": "", "mode": "4755"}, "invalid_field", "mode"},
 				{"write bad encoding", "write_file", map[string]any{"sandbox_id": sb.ID, "path": "x", "content": "", "encoding": "rot13"}, "invalid_field", "encoding"},
+				// The fake session's Stat panics on this path: the call is
+				// an internal error and the session goes on (the rows after).
+				{"a panicking backend", "write_file", map[string]any{"sandbox_id": sb.ID, "path": "panic", "content": ""}, "internal", ""},
 				{"read missing file", "read_file", map[string]any{"sandbox_id": sb.ID, "path": "nope.txt"}, "not_found", ""},
 				{"read no path", "read_file", map[string]any{"sandbox_id": sb.ID}, "invalid_field", "path"},
 				{"list unknown sandbox", "list_files", map[string]any{"sandbox_id": "sb-nope"}, "not_found", ""},
