@@ -167,37 +167,14 @@ func decodeManifest(raw json.RawMessage) (*manifest.Manifest, *Error) {
 	return m, nil
 }
 
-// command turns argv, or code with language, into the program's argv.
+// command turns argv, or code with language, into the program's argv
+// (service.Command: one rule for every front door).
 func command(argv []string, code, language string) ([]string, *Error) {
-	switch {
-	case len(argv) > 0 && (code != "" || language != ""):
-		return nil, invalid("code", "give either argv, or code with language; not both")
-	case len(argv) > 0:
-		for i, a := range argv {
-			if strings.IndexByte(a, 0) >= 0 {
-				return nil, invalid(fmt.Sprintf("argv[%d]", i), "contains a NUL byte, which no program can receive")
-			}
-		}
-		if argv[0] == "" {
-			return nil, invalid("argv[0]", "is empty; it names the program, e.g. \"python3\"")
-		}
-		return argv, nil
-	case code == "" && language == "":
-		return nil, invalid("argv", "is missing: give argv, e.g. [\"python3\", \"main.py\"], or code with language")
-	case code == "":
-		return nil, invalid("code", "is missing: language %s needs code to run", quote(language))
-	case strings.IndexByte(code, 0) >= 0:
-		return nil, invalid("code", "contains a NUL byte, which no program can receive")
+	out, e := service.Command(argv, code, language)
+	if e != nil {
+		return nil, httpError(e)
 	}
-	switch language {
-	case "python":
-		return []string{"python3", "-c", code}, nil
-	case "bash", "sh":
-		return []string{language, "-c", code}, nil
-	case "":
-		return nil, invalid("language", "is missing; accepted with code: python, bash, sh")
-	}
-	return nil, invalid("language", "%s is not supported; accepted: python, bash, sh (or give argv)", quote(language))
+	return out, nil
 }
 
 // runSpec is a decoded, validated POST /v1/runs.

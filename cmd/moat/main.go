@@ -44,6 +44,7 @@ func init() {
 		{"redteam", "attack this host's sandbox with Moat's red-team corpus", cmdRedteam},
 		{"bench", "measure per-run overhead against the bare command and bubblewrap", cmdBench},
 		{"serve", "serve the HTTP API with warm pools and an audit log (docs/API.md)", cmdServe},
+		{"mcp", "serve Moat's tools to a local agent over MCP on stdio (docs/MCP.md)", cmdMCP},
 		{"keys", "create, list and revoke API keys of moat serve (moat keys create --name NAME)", cmdKeys},
 		{"secrets", "store the secrets runs use without seeing them (moat secrets add NAME)", cmdSecrets},
 		{"audit", "list what ran, or report what it attempted and cost (moat audit report)", cmdAudit},

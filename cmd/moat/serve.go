@@ -20,6 +20,7 @@ import (
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
 	"github.com/moat-sandbox/moat/server/e2b"
+	moatmcp "github.com/moat-sandbox/moat/server/mcp"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -39,6 +40,10 @@ With --e2b the same listener also serves E2B's API, so the unmodified E2B
 SDKs run their sandboxes here (E2B_API_URL and E2B_SANDBOX_URL set to this
 server's URL, E2B_API_KEY a Moat key): see the README, "Using Moat with the
 E2B SDK".
+
+With --mcp the same listener also serves the Model Context Protocol
+(Streamable HTTP) at /mcp, the API key as "Authorization: Bearer", for
+remote agents: the tools of 'moat mcp' (docs/MCP.md).
 
 The same listener serves a web dashboard at /dashboard/ for admin keys
 (moat keys create --admin): runs, sandboxes, network, approvals,
@@ -79,6 +84,7 @@ func cmdServe(args []string) int {
 		e2bInternet   = fs.String("e2b-internet", "none", "with --e2b, what E2B sandboxes that ask for internet access (allow_internet_access, true by default in e2b JS before 2.51 and the Python SDK) get: none (loopback only; the create answer's X-Moat-Notice header says so), refuse (answer 400), or a comma-separated `ALLOWLIST` of hosts and addresses (pypi.org,*.npmjs.org,192.0.2.0/24); never the open internet")
 		snapshotTTL   = fs.Duration("snapshot-ttl", 24*time.Hour, "how long a snapshot or a paused sandbox is kept before it is removed (they live under $MOAT_HOME/snapshots and do not survive a restart)")
 		noDashboard   = fs.Bool("no-dashboard", false, "do not serve the web dashboard at /dashboard/ (admin keys only; see README, \"Dashboard\")")
+		mcpHTTP       = fs.Bool("mcp", false, "also serve MCP (Streamable HTTP) at /mcp on the same listener, the API key as bearer token (docs/MCP.md)")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
 	)
 	if c := parse(fs, args); c >= 0 {
@@ -214,6 +220,23 @@ func cmdServe(args []string) int {
 		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
 	}
 	handler := srv.Handler()
+	closeMCP := func() {}
+	if *mcpHTTP {
+		ms, err := moatmcp.New(moatmcp.Config{Service: srv.Service(), Keys: store, Logger: log, Version: versionString(), MaxRequestBytes: int64(body), MaxFiles: *maxFiles})
+		if err != nil {
+			return fail(err)
+		}
+		mh, err := ms.Handler()
+		if err != nil {
+			return fail(err)
+		}
+		closeMCP = ms.CloseSessions
+		api := handler
+		mux := http.NewServeMux()
+		mux.Handle("/mcp", mh)
+		mux.Handle("/", api)
+		handler = mux
+	}
 	if *e2bAPI {
 		log.Info("e2b: sandboxes that ask for internet access get", "e2b_internet", internet.String())
 		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
@@ -222,6 +245,9 @@ func cmdServe(args []string) int {
 		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
 	}
 	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// MCP clients hold an event stream open (GET /mcp): end them, or
+	// Shutdown waits for its deadline.
+	hs.RegisterOnShutdown(closeMCP)
 	served := make(chan error, 1)
 	go func() {
 		if *tlsCert != "" {

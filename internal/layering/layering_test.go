@@ -205,8 +205,8 @@ func TestLayering(t *testing.T) {
 			}
 		})
 	}
-	t.Run("server and server/e2b import the service layer", func(t *testing.T) {
-		for _, front := range []string{"server", "server/e2b"} {
+	t.Run("server, server/e2b and server/mcp import the service layer", func(t *testing.T) {
+		for _, front := range []string{"server", "server/e2b", "server/mcp"} {
 			p, ok := pkgs[front]
 			if !ok {
 				t.Fatalf("package %s is missing", front)
