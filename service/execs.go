@@ -29,9 +29,11 @@ type execution struct {
 	proc      Process
 	argv      []string
 	stdinOpen bool
-	pid       int      // in the sandbox (PidReporter); 0: not known
-	tty       *TTYSize // guarded by mu once started
-	started   time.Time
+	// kernel: the code interpreter's kernel, whose stdin is its own.
+	kernel  bool
+	pid     int      // in the sandbox (PidReporter); 0: not known
+	tty     *TTYSize // guarded by mu once started
+	started time.Time
 	// untrack stops accruing the command's usage (before Finish).
 	untrack func()
 	log     *eventLog
@@ -200,6 +202,7 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		sb:        sb,
 		argv:      args.Argv,
 		stdinOpen: args.StdinOpen,
+		kernel:    args.kernel != nil,
 		tty:       args.TTY,
 		log:       newEventLog(int64(m.Resources.StdoutBytes), int64(m.Resources.StderrBytes)),
 		done:      make(chan struct{}),
@@ -221,6 +224,11 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		Stdout:    streamWriter{ex.log, stdoutStream},
 		Stderr:    streamWriter{ex.log, stderrStream},
 		Evidence:  evidence(key, rec),
+	}
+	if args.kernel != nil {
+		// The kernel's stdout is its protocol: all of it to the decoder,
+		// which bounds what it keeps per cell; none to the event log.
+		req.Stdout, req.RawStdout = nil, args.kernel
 	}
 	if args.TTY != nil {
 		req.TTY = &tier.WindowSize{Rows: uint16(args.TTY.Rows), Cols: uint16(args.TTY.Cols)}
@@ -562,6 +570,9 @@ func (s *Service) WriteStdin(ctx context.Context, key audit.Key, id, eid string,
 		return 0, e
 	}
 	stdin := ex.proc.Stdin()
+	if ex.kernel {
+		return 0, conflict("command %s is the sandbox's code kernel: its stdin carries its protocol; send code with POST /v1/sandboxes/%s/cells", ex.id, ex.sb.id)
+	}
 	if !ex.stdinOpen || stdin == nil {
 		return 0, conflict("command %s was not started with \"stdin_open\": true", ex.id)
 	}

@@ -51,6 +51,10 @@ type sandbox struct {
 	// the effects a person approved (RememberApprovals: session).
 	fx         *effects.Session
 	remembered map[string]bool
+	// kernel is the code interpreter's kernel (kernel.go), nil until the
+	// first cell; kernelTurn orders starting one and sending it cells.
+	kernel     *kernel
+	kernelTurn sync.Mutex
 }
 
 // CreateSandbox creates a sandbox owned by key: it takes one of the key's
