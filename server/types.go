@@ -139,3 +139,13 @@ type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
 }
+
+// CellRequest is the body of POST /v1/sandboxes/{id}/cells.
+type CellRequest struct {
+	Code string `json:"code"`
+	// Language is "python" (the default).
+	Language string `json:"language,omitempty"`
+	// Timeout bounds the cell, e.g. "30s"; default and at most the
+	// sandbox's resources.timeout.
+	Timeout string `json:"timeout,omitempty"`
+}
