@@ -11,13 +11,28 @@ import (
 	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
-// kernelSandbox is a sandbox of the fake backend, which runs the kernel
-// driver with the host's python3; plain forces the exec fallback.
+// kernelBackend makes a Service whose sandboxes can run the kernel: the
+// fake backend, which runs the kernel driver with the host's python3, and
+// the native tier with the python image (root).
+type kernelBackend struct {
+	name string
+	new  func(t *testing.T) *service.Service
+}
+
+var kernelBackends = []kernelBackend{
+	{"fake", func(t *testing.T) *service.Service {
+		if !servicetest.HostPython() {
+			t.Skip("needs python3 on the host: the fake backend runs the kernel driver with it")
+		}
+		s, _, _ := newService(t, nil)
+		return s
+	}},
+	{"native", newNativeService},
+}
+
+// kernelSandbox is a sandbox of s; plain forces the exec fallback.
 func kernelSandbox(t *testing.T, s *service.Service, plain bool, mod func(*manifest.Manifest)) string {
 	t.Helper()
-	if !servicetest.HostPython() {
-		t.Skip("needs python3 on the host: the fake backend runs the kernel driver with it")
-	}
 	m := manifest.Default()
 	m.Resources.Timeout = manifest.Duration(20 * time.Second)
 	if plain {
@@ -61,9 +76,18 @@ func text(c service.Cell, stream string) string {
 // back as a MIME bundle, errors come with a traceback, in both the
 // IPython kernel (when the host has IPython) and the exec fallback.
 func TestKernelCells(t *testing.T) {
-	for _, plain := range []bool{true, false} {
-		t.Run(map[bool]string{true: "plain", false: "ipython-if-present"}[plain], func(t *testing.T) {
-			s, _, _ := newService(t, nil)
+	for _, be := range kernelBackends {
+		for _, plain := range []bool{true, false} {
+			t.Run(be.name+"/"+map[bool]string{true: "plain", false: "ipython-if-present"}[plain], func(t *testing.T) {
+				testKernelCells(t, be.new(t), plain)
+			})
+		}
+	}
+}
+
+func testKernelCells(t *testing.T, s *service.Service, plain bool) {
+	{
+		{
 			id := kernelSandbox(t, s, plain, nil)
 			tests := []struct {
 				name, code string
@@ -118,7 +142,7 @@ func TestKernelCells(t *testing.T) {
 					}
 				})
 			}
-		})
+		}
 	}
 }
 
@@ -251,12 +275,14 @@ func TestKernelControl(t *testing.T) {
 			}
 		}},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			s, _, _ := newService(t, nil)
-			id := kernelSandbox(t, s, true, tc.mod)
-			tc.run(t, s, id)
-		})
+	for _, be := range kernelBackends {
+		for _, tc := range tests {
+			t.Run(be.name+"/"+tc.name, func(t *testing.T) {
+				s := be.new(t)
+				id := kernelSandbox(t, s, true, tc.mod)
+				tc.run(t, s, id)
+			})
+		}
 	}
 }
 
