@@ -34,7 +34,7 @@ func TestCells(t *testing.T) {
 		}},
 		{"streamed cell", req{method: "POST", path: path + "/cells", token: tokenA, body: CellRequest{Code: "print(x)\n1/0"}, header: map[string]string{"Accept": "text/event-stream"}}, http.StatusOK, func(t *testing.T, r response) {
 			body := string(r.body)
-			for _, want := range []string{"event: stdout\ndata: {\"type\":\"stdout\",\"text\":\"41\\n\"}", "event: error\n", "ZeroDivisionError", "event: end\n", `"status":"error"`} {
+			for _, want := range []string{"event: stdout\ndata: {\"type\":\"stdout\",\"text\":\"41\\n\"}\n\nid: 2\nevent: error\n", "event: error\n", "ZeroDivisionError", "event: end\n", `"status":"error"`} {
 				if !strings.Contains(body, want) {
 					t.Errorf("stream %q lacks %q", body, want)
 				}

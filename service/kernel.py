@@ -38,6 +38,9 @@ _cell = [None]  # the id of the running cell
 
 
 def send(msg):
+    if msg["type"] != "stream":
+        for w in _writers:
+            w.flush()
     data = json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
     frame = str(len(data)).encode() + b"\n" + data
     with _lock:
@@ -82,17 +85,27 @@ def emit_stream(name, text):
 
 
 class Writer:
-    """sys.stdout and sys.stderr: every write is a stream frame."""
+    """sys.stdout and sys.stderr: line-buffered into stream frames (as
+    Python's own stdout is on a terminal); flushed before any other frame,
+    so a cell's prints and its displays keep their order."""
 
     def __init__(self, name):
         self.name = name
         self.encoding = "utf-8"
         self.errors = "replace"
+        self.buf = []
+        self.size = 0
+        self.lock = threading.Lock()
 
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError("write() argument must be str, not " + type(s).__name__)
-        emit_stream(self.name, s)
+        with self.lock:
+            self.buf.append(s)
+            self.size += len(s)
+            if "\n" not in s and self.size < 8192:
+                return len(s)
+        self.flush()
         return len(s)
 
     def writelines(self, lines):
@@ -100,7 +113,9 @@ class Writer:
             self.write(s)
 
     def flush(self):
-        pass
+        with self.lock:
+            text, self.buf, self.size = "".join(self.buf), [], 0
+        emit_stream(self.name, text)
 
     def isatty(self):
         return False
@@ -115,17 +130,56 @@ class Writer:
         return 1 if self.name == "stdout" else 2
 
 
-def drain(fd, name):
-    # What subprocesses and C code write to fds 1 and 2.
+_writers = []
+
+
+# SYNC is written to fds 1 and 2 at the end of a cell: when a drain
+# thread reads it back, everything written to the pipe before it (by the
+# cell, its subprocesses, C code) has been sent, so the cell's output
+# precedes its end frame. Random per kernel: a cell cannot forge it.
+SYNC = b"\x00moat-sync-" + os.urandom(8).hex().encode() + b"\x00"
+_synced = {1: threading.Event(), 2: threading.Event()}
+
+
+def drain(fd, out, name):
     dec = __import__("codecs").getincrementaldecoder("utf-8")("replace")
+    held = b""
     while True:
         try:
             b = os.read(fd, 65536)
         except OSError:
             return
         if not b:
+            emit_stream(name, dec.decode(held, final=True))
             return
-        emit_stream(name, dec.decode(b))
+        held += b
+        while True:
+            i = held.find(SYNC)
+            if i < 0:
+                break
+            emit_stream(name, dec.decode(held[:i]))
+            held = held[i + len(SYNC):]
+            _synced[out].set()
+        # Keep back only a tail that may be the start of SYNC.
+        keep = 0
+        for k in range(min(len(held), len(SYNC) - 1), 0, -1):
+            if SYNC.startswith(held[-k:]):
+                keep = k
+                break
+        emit_stream(name, dec.decode(held[:len(held) - keep]))
+        held = held[len(held) - keep:]
+
+
+def sync_fds(timeout=1.0):
+    """Waits (bounded) until fds 1 and 2 have been drained up to now."""
+    for fd in (1, 2):
+        _synced[fd].clear()
+        try:
+            os.write(fd, SYNC)
+        except OSError:
+            continue
+    for fd in (1, 2):
+        _synced[fd].wait(timeout)
 
 
 def redirect():
@@ -136,10 +190,11 @@ def redirect():
         r, w = os.pipe()
         os.dup2(w, fd)
         os.close(w)
-        threading.Thread(target=drain, args=(r, name), daemon=True).start()
+        threading.Thread(target=drain, args=(r, fd, name), daemon=True).start()
     sys.stdin = open(os.devnull)
     sys.stdout = Writer("stdout")
     sys.stderr = Writer("stderr")
+    _writers.extend((sys.stdout, sys.stderr))
 
 
 def text_of(v):
@@ -363,7 +418,9 @@ def main():
         except BaseException as e:
             error(type(e), e, traceback.format_exception(type(e), e, e.__traceback__))
         try:
-            sys.stdout.flush()
+            for w in _writers:
+                w.flush()
+            sync_fds()
         except BaseException:
             pass
         send({"type": "end", "id": _cell[0], "status": status})
