@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -242,7 +243,12 @@ func (c *cellRun) addText(name, text string) {
 	room := c.caps[i] - c.text[i]
 	if int64(len(text)) > room {
 		c.truncated = true
-		text = text[:max(room, 0)]
+		n := int(max(room, 0))
+		// Cut at a rune's start, so the kept text stays UTF-8.
+		for n > 0 && !utf8.RuneStart(text[n]) {
+			n--
+		}
+		text = text[:n]
 	}
 	if text == "" {
 		return

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/service"
@@ -217,6 +218,10 @@ func TestKernelControl(t *testing.T) {
 			c := runCell(t, s, id, "print('a' * 5000)", 0)
 			if !c.Truncated || len(text(c, "stdout")) != 1000 {
 				t.Fatalf("cell truncated=%v with %d bytes of stdout, want truncated at 1000", c.Truncated, len(text(c, "stdout")))
+			}
+			c = runCell(t, s, id, "print('a' + 'é' * 600)", 0)
+			if got := text(c, "stdout"); !c.Truncated || len(got) != 999 || !utf8.ValidString(got) {
+				t.Fatalf("cut in a rune: truncated=%v, %d bytes, valid UTF-8 %v", c.Truncated, len(got), utf8.ValidString(got))
 			}
 			for i := 0; i < 3; i++ {
 				// Past the kernel's lifetime's worth of the cap: still heard.
