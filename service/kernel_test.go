@@ -242,6 +242,44 @@ func TestKernelControl(t *testing.T) {
 				t.Errorf("next cell %+v, want 2 in a fresh kernel", c)
 			}
 		}},
+		{"display() and figures come back as MIME bundles", nil, func(t *testing.T, s *service.Service, id string) {
+			// A stand-in for matplotlib.pyplot (the python image has no
+			// matplotlib): the driver shows each open figure as PNG at the
+			// end of the cell, then closes it.
+			setup := "import sys, types\n" +
+				"plt = types.ModuleType('matplotlib.pyplot')\n" +
+				"class Fig:\n" +
+				"    def savefig(self, buf, format, bbox_inches): buf.write(b'\\x89PNG fake')\n" +
+				"    def __repr__(self): return '<Figure size 640x480 with 1 Axes>'\n" +
+				"figs = {1: Fig()}\n" +
+				"plt.get_fignums = lambda: list(figs)\n" +
+				"plt.figure = lambda n: figs[n]\n" +
+				"plt.close = lambda which: figs.clear()\n" +
+				"sys.modules['matplotlib.pyplot'] = plt\n" +
+				"class H:\n" +
+				"    def _repr_html_(self): return '<i>h</i>'\n" +
+				"    def _repr_json_(self): return {'a': 1}\n" +
+				"print('before')\n" +
+				"display(H())\n" +
+				"print('after')"
+			c := runCell(t, s, id, setup, 0)
+			var types []string
+			for _, o := range c.Outputs {
+				types = append(types, o.Type)
+			}
+			if strings.Join(types, ",") != "stdout,display,stdout,display" {
+				t.Fatalf("outputs %v (%+v), want stdout, display, stdout, then the figure", types, c.Outputs)
+			}
+			if d := c.Outputs[1].Data; d["text/html"] != "<i>h</i>" || d["application/json"] != `{"a": 1}` {
+				t.Errorf("display %v", d)
+			}
+			if d := c.Outputs[3].Data; d["image/png"] != "iVBORyBmYWtl" || d["text/plain"] != "<Figure size 640x480 with 1 Axes>" {
+				t.Errorf("figure %v, want image/png of the fake figure", d)
+			}
+			if c := runCell(t, s, id, "1", 0); len(c.Outputs) != 1 {
+				t.Errorf("next cell %+v: the figure was not closed", c.Outputs)
+			}
+		}},
 		{"the kernel's stdin is its own", nil, func(t *testing.T, s *service.Service, id string) {
 			runCell(t, s, id, "1", 0)
 			k, err := s.GetKernel(t.Context(), keyA, id)
