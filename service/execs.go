@@ -140,7 +140,9 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 	if e := CheckExec(&args, sb.manifest); e != nil {
 		return nil, e
 	}
-	if p := s.effectsPolicy(); p != nil {
+	if p := s.effectsPolicy(); p != nil && args.kernel == nil {
+		// (The code kernel's driver is Moat's own code; its cells are
+		// screened one by one, in StartCell.)
 		// Analysed on a clone, kept only when the command may run: a
 		// refused or held command's writes must not count for the next
 		// ones. The analysis is bounded (effects.MaxSteps), so holding

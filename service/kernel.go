@@ -417,6 +417,9 @@ func (s *Service) StartCell(ctx context.Context, key audit.Key, id string, args 
 	if timeout == 0 {
 		timeout = limit
 	}
+	if e := s.screenCell(key, sb, args.Code); e != nil {
+		return nil, e
+	}
 	sb.kernelTurn.Lock()
 	defer sb.kernelTurn.Unlock()
 	k, fresh, err := s.kernelOf(ctx, key, sb)
@@ -680,4 +683,36 @@ func (s *Service) RestartKernel(ctx context.Context, key audit.Key, id string) (
 		return Kernel{}, err
 	}
 	return k.view(sb), nil
+}
+
+// screenCell holds a cell to the operator's effects policy as the same
+// code run as a command (python3 -c CODE) is held: a denied cell is
+// refused and recorded as a denied command is; a cell that needs a
+// person's approval is refused too, since a cell cannot wait for one
+// (the kernel's state would move on without it): the caller may run the
+// code as a command, which can.
+func (s *Service) screenCell(key audit.Key, sb *sandbox, code string) *Error {
+	p := s.effectsPolicy()
+	if p == nil {
+		return nil
+	}
+	argv := []string{"python3", "-c", code}
+	sb.mu.Lock()
+	clone := sb.fx.Clone()
+	held, denied := screen(p, clone, argv, sb.remembered)
+	if denied == nil && held == nil {
+		sb.fx = clone
+	}
+	sb.mu.Unlock()
+	if denied != nil {
+		e := s.refuse(key, sb.id, sb.manifest, argv, denied)
+		e.Field = "code"
+		return e
+	}
+	if held != nil {
+		return &Error{Kind: Forbidden, Field: "code",
+			Message: "the cell needs a person's approval under the operator's effects policy: " + plainEffects(held) +
+				"; a cell cannot wait for one: run the code as a command (POST /v1/sandboxes/" + sb.id + "/execs with code and language), which waits for the approval"}
+	}
+	return nil
 }

