@@ -448,7 +448,10 @@ func (s *Service) StartCell(ctx context.Context, key audit.Key, id string, args 
 		_, err = k.stdin.Write(frame)
 	}
 	if err != nil {
-		k.fail(fmt.Errorf("sending the cell to the kernel: %w", err))
+		// A kernel that does not take its cell is of no more use: kill
+		// it rather than leave it holding its slot until its timeout.
+		k.fail(fmt.Errorf("sending the cell to the kernel: %w; the kernel was killed", err))
+		k.ex.proc.Signal(unix.SIGKILL)
 		return &CellFeed{c}, nil
 	}
 	s.goSafe("cell timer", func() { k.time(c, timeout) })
