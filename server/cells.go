@@ -20,7 +20,7 @@ func decodeCell(data []byte, m *manifest.Manifest) (service.CellArgs, *Error) {
 	if e := decodeStrict(data, &req); e != nil {
 		return service.CellArgs{}, e
 	}
-	args := service.CellArgs{Code: req.Code, Language: req.Language}
+	args := service.CellArgs{Code: req.Code, Language: req.Language, Context: req.Context}
 	if req.Timeout != "" {
 		d, err := time.ParseDuration(req.Timeout)
 		if err != nil {
@@ -125,7 +125,7 @@ func (s *Server) cellEvents(w http.ResponseWriter, r *http.Request, feed *servic
 }
 
 func (s *Server) getKernel(w http.ResponseWriter, r *http.Request) error {
-	k, err := s.svc.GetKernel(r.Context(), keyOf(r), r.PathValue("id"))
+	k, err := s.svc.GetKernel(r.Context(), keyOf(r), r.PathValue("id"), r.URL.Query().Get("context"))
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ func (s *Server) getKernel(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) interruptKernel(w http.ResponseWriter, r *http.Request) error {
-	k, err := s.svc.InterruptKernel(r.Context(), keyOf(r), r.PathValue("id"))
+	k, err := s.svc.InterruptKernel(r.Context(), keyOf(r), r.PathValue("id"), r.URL.Query().Get("context"))
 	if err != nil {
 		return err
 	}
@@ -141,9 +141,33 @@ func (s *Server) interruptKernel(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) restartKernel(w http.ResponseWriter, r *http.Request) error {
-	k, err := s.svc.RestartKernel(r.Context(), keyOf(r), r.PathValue("id"))
+	k, err := s.svc.RestartKernel(r.Context(), keyOf(r), r.PathValue("id"), r.URL.Query().Get("context"))
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, k)
+}
+
+func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
+	k, err := s.svc.CreateContext(r.Context(), keyOf(r), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusCreated, k)
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
+	list, err := s.svc.ListContexts(r.Context(), keyOf(r), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, ContextList{Contexts: list})
+}
+
+func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
+	if err := s.svc.DeleteContext(r.Context(), keyOf(r), r.PathValue("id"), r.PathValue("cid")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }

@@ -59,6 +59,31 @@ func TestCells(t *testing.T) {
 				t.Errorf("cell %+v", c)
 			}
 		}},
+		{"create a context", req{method: "POST", path: path + "/contexts", token: tokenA}, http.StatusCreated, func(t *testing.T, r response) {
+			var k service.Kernel
+			r.decode(t, &k)
+			if k.Context != "ctx-1" || k.State != "idle" {
+				t.Errorf("context %+v", k)
+			}
+		}},
+		{"a cell in the context", req{method: "POST", path: path + "/cells", token: tokenA, body: CellRequest{Code: "'x' in globals()", Context: "ctx-1"}}, http.StatusOK, func(t *testing.T, r response) {
+			var c service.Cell
+			r.decode(t, &c)
+			if c.Result["text/plain"] != "False" || c.Context != "ctx-1" {
+				t.Errorf("cell %+v", c)
+			}
+		}},
+		{"list contexts", req{method: "GET", path: path + "/contexts", token: tokenA}, http.StatusOK, func(t *testing.T, r response) {
+			var l ContextList
+			r.decode(t, &l)
+			if len(l.Contexts) != 2 || l.Contexts[1].Context != "ctx-1" {
+				t.Errorf("contexts %+v", l)
+			}
+		}},
+		{"the context's kernel", req{method: "GET", path: path + "/kernel?context=ctx-1", token: tokenA}, http.StatusOK, nil},
+		{"delete the context", req{method: "DELETE", path: path + "/contexts/ctx-1", token: tokenA}, http.StatusNoContent, nil},
+		{"an unknown context", req{method: "POST", path: path + "/cells", token: tokenA, body: CellRequest{Code: "1", Context: "ctx-1"}}, http.StatusNotFound, fieldIs("context")},
+		{"another key's contexts", req{method: "GET", path: path + "/contexts", token: tokenB}, http.StatusNotFound, nil},
 		{"bad language", req{method: "POST", path: path + "/cells", token: tokenA, body: CellRequest{Code: "1", Language: "cobol"}}, http.StatusBadRequest, fieldIs("language")},
 		{"bad timeout", req{method: "POST", path: path + "/cells", token: tokenA, body: CellRequest{Code: "1", Timeout: "soon"}}, http.StatusBadRequest, fieldIs("timeout")},
 		{"timeout above the manifest", req{method: "POST", path: path + "/cells", token: tokenA, body: CellRequest{Code: "1", Timeout: "100h"}}, http.StatusBadRequest, fieldIs("timeout")},

@@ -106,6 +106,7 @@ var schemaTypes = map[string]reflect.Type{
 	"CellOutput":         reflect.TypeFor[service.CellOutput](),
 	"CellError":          reflect.TypeFor[service.CellErrorInfo](),
 	"Kernel":             reflect.TypeFor[service.Kernel](),
+	"ContextList":        reflect.TypeFor[ContextList](),
 }
 
 // requestDecoders run a request example through what the handler runs.

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -58,6 +60,10 @@ var kernelStartTimeout = 60 * time.Second
 // CellArgs is one cell to run.
 type CellArgs struct {
 	Code string
+	// Context names the kernel: "" or DefaultContext is the sandbox's
+	// default one, started by its first cell; others are made with
+	// CreateContext.
+	Context string
 	// Language is "python" ("" means python).
 	Language string
 	// Timeout bounds the cell; 0 is the manifest's resources.timeout, and
@@ -86,6 +92,7 @@ type CellErrorInfo struct {
 type Cell struct {
 	ID        string       `json:"id"`
 	SandboxID string       `json:"sandbox_id"`
+	Context   string       `json:"context"`
 	Language  string       `json:"language"`
 	Status    string       `json:"status"`
 	Outputs   []CellOutput `json:"outputs"`
@@ -101,9 +108,19 @@ type Cell struct {
 	DurationMS    float64 `json:"duration_ms"`
 }
 
-// Kernel describes a sandbox's kernel.
+// DefaultContext is the kernel every sandbox has.
+const DefaultContext = "default"
+
+// MaxContexts bounds the kernels (contexts) of one sandbox, the default
+// one included: each is a process holding a command slot.
+const MaxContexts = 8
+
+// Kernel describes one of a sandbox's kernels (a context).
 type Kernel struct {
 	SandboxID string `json:"sandbox_id"`
+	// Context is the kernel's name: "default", or the id CreateContext
+	// gave it.
+	Context string `json:"context"`
 	// State is "none" (not started or ended), "idle" or "busy".
 	State string `json:"state"`
 	// ExecID is the command that runs it.
@@ -141,6 +158,7 @@ type kernel struct {
 type cellRun struct {
 	id      string
 	sandbox string
+	context string
 	started time.Time
 	caps    [2]int64 // stdout, stderr text bytes
 	fresh   bool
@@ -328,7 +346,7 @@ func (c *cellRun) finish(status string, override *CellErrorInfo) {
 	}
 	outs := make([]CellOutput, len(c.outputs))
 	copy(outs, c.outputs)
-	c.cell = &Cell{ID: c.id, SandboxID: c.sandbox, Language: "python", Status: status, Outputs: outs, Result: c.result, Error: c.err,
+	c.cell = &Cell{ID: c.id, SandboxID: c.sandbox, Context: c.context, Language: "python", Status: status, Outputs: outs, Result: c.result, Error: c.err,
 		Truncated: c.truncated, KernelStarted: c.fresh, DurationMS: float64(time.Since(c.started).Microseconds()) / 1000}
 	c.changedLocked()
 	close(c.done)
@@ -420,9 +438,13 @@ func (s *Service) StartCell(ctx context.Context, key audit.Key, id string, args 
 	if e := s.screenCell(key, sb, args.Code); e != nil {
 		return nil, e
 	}
+	name, e := sb.context(args.Context)
+	if e != nil {
+		return nil, e
+	}
 	sb.kernelTurn.Lock()
 	defer sb.kernelTurn.Unlock()
-	k, fresh, err := s.kernelOf(ctx, key, sb)
+	k, fresh, err := s.kernelOf(ctx, key, sb, name)
 	if err != nil {
 		return nil, err
 	}
@@ -430,10 +452,10 @@ func (s *Service) StartCell(ctx context.Context, key audit.Key, id string, args 
 	if k.cur != nil {
 		cur := k.cur.id
 		k.mu.Unlock()
-		return nil, conflict("cell %s is still running in sandbox %s: wait for it, or interrupt it (POST /v1/sandboxes/%s/kernel/interrupt)", cur, sb.id, sb.id)
+		return nil, conflict("cell %s is still running in context %s of sandbox %s: wait for it, interrupt it (POST /v1/sandboxes/%s/kernel/interrupt?context=%s), or run the cell in another context", cur, name, sb.id, sb.id, name)
 	}
 	k.cells++
-	c := &cellRun{id: "c-" + strconv.Itoa(k.cells), sandbox: sb.id, started: time.Now(), fresh: fresh,
+	c := &cellRun{id: "c-" + strconv.Itoa(k.cells), sandbox: sb.id, context: name, started: time.Now(), fresh: fresh,
 		caps:   [2]int64{int64(sb.manifest.Resources.StdoutBytes), int64(sb.manifest.Resources.StderrBytes)},
 		notify: make(chan struct{}), done: make(chan struct{})}
 	k.cur = c
@@ -512,11 +534,11 @@ func encodeFrame(v any) ([]byte, error) {
 	return append([]byte(strconv.Itoa(len(data))+"\n"), data...), nil
 }
 
-// kernelOf returns sb's live kernel, starting one when it has none (fresh
-// true). sb.kernelTurn is held.
-func (s *Service) kernelOf(ctx context.Context, key audit.Key, sb *sandbox) (*kernel, bool, error) {
+// kernelOf returns sb's live kernel of context name, starting one when it
+// has none (fresh true). sb.kernelTurn is held.
+func (s *Service) kernelOf(ctx context.Context, key audit.Key, sb *sandbox, name string) (*kernel, bool, error) {
 	sb.mu.Lock()
-	k := sb.kernel
+	k := sb.kernels[name]
 	sb.mu.Unlock()
 	if k != nil {
 		k.mu.Lock()
@@ -568,7 +590,10 @@ func (s *Service) kernelOf(ctx context.Context, key audit.Key, sb *sandbox) (*ke
 		return nil, false, ctx.Err()
 	}
 	sb.mu.Lock()
-	sb.kernel = k
+	if sb.kernels == nil {
+		sb.kernels = map[string]*kernel{}
+	}
+	sb.kernels[name] = k
 	sb.mu.Unlock()
 	return k, true, nil
 }
@@ -587,14 +612,19 @@ func startStderr(ex *execution) string {
 	return "its stderr: " + Quote(t)
 }
 
-// kernelIn returns key's sandbox id and its live kernel (nil: none).
-func (s *Service) kernelIn(key audit.Key, id string) (*sandbox, *kernel, *Error) {
+// kernelIn returns key's sandbox id, the context's name and its live
+// kernel (nil: none).
+func (s *Service) kernelIn(key audit.Key, id, context string) (*sandbox, string, *kernel, *Error) {
 	sb, e := s.lookup(key, id)
 	if e != nil {
-		return nil, nil, e
+		return nil, "", nil, e
+	}
+	name, e := sb.context(context)
+	if e != nil {
+		return nil, "", nil, e
 	}
 	sb.mu.Lock()
-	k := sb.kernel
+	k := sb.kernels[name]
 	sb.mu.Unlock()
 	if k != nil {
 		k.mu.Lock()
@@ -604,11 +634,11 @@ func (s *Service) kernelIn(key audit.Key, id string) (*sandbox, *kernel, *Error)
 			k = nil
 		}
 	}
-	return sb, k, nil
+	return sb, name, k, nil
 }
 
-func (k *kernel) view(sb *sandbox) Kernel {
-	v := Kernel{SandboxID: sb.id, State: "none"}
+func (k *kernel) view(sb *sandbox, name string) Kernel {
+	v := Kernel{SandboxID: sb.id, Context: name, State: "none"}
 	if k == nil {
 		return v
 	}
@@ -621,21 +651,22 @@ func (k *kernel) view(sb *sandbox) Kernel {
 	return v
 }
 
-// GetKernel describes the kernel of key's sandbox id.
-func (s *Service) GetKernel(ctx context.Context, key audit.Key, id string) (Kernel, error) {
-	sb, k, e := s.kernelIn(key, id)
+// GetKernel describes the kernel of context ("": the default) of key's
+// sandbox id.
+func (s *Service) GetKernel(ctx context.Context, key audit.Key, id, context string) (Kernel, error) {
+	sb, name, k, e := s.kernelIn(key, id, context)
 	if e != nil {
 		return Kernel{}, e
 	}
-	return k.view(sb), nil
+	return k.view(sb, name), nil
 }
 
 // InterruptKernel interrupts the running cell of key's sandbox id (SIGINT:
 // KeyboardInterrupt in the cell); a cell that does not stop within
 // kernelGrace has its kernel killed. It returns once the cell has ended.
 // No running cell is a Conflict.
-func (s *Service) InterruptKernel(ctx context.Context, key audit.Key, id string) (Kernel, error) {
-	sb, k, e := s.kernelIn(key, id)
+func (s *Service) InterruptKernel(ctx context.Context, key audit.Key, id, context string) (Kernel, error) {
+	sb, name, k, e := s.kernelIn(key, id, context)
 	if e != nil {
 		return Kernel{}, e
 	}
@@ -646,7 +677,7 @@ func (s *Service) InterruptKernel(ctx context.Context, key audit.Key, id string)
 		k.mu.Unlock()
 	}
 	if c == nil {
-		return Kernel{}, conflict("sandbox %s has no running cell to interrupt", sb.id)
+		return Kernel{}, conflict("context %s of sandbox %s has no running cell to interrupt", name, sb.id)
 	}
 	k.interrupt(c, "the cell was interrupted")
 	select {
@@ -654,14 +685,75 @@ func (s *Service) InterruptKernel(ctx context.Context, key audit.Key, id string)
 	case <-ctx.Done():
 		return Kernel{}, ctx.Err()
 	}
-	_, k, _ = s.kernelIn(key, id)
-	return k.view(sb), nil
+	_, _, k, _ = s.kernelIn(key, id, name)
+	return k.view(sb, name), nil
 }
 
 // RestartKernel kills the kernel of key's sandbox id, if any (its running
 // cell ends as kernel-died), and starts a fresh one: variables and imports
 // are gone, files stay.
-func (s *Service) RestartKernel(ctx context.Context, key audit.Key, id string) (Kernel, error) {
+func (s *Service) RestartKernel(ctx context.Context, key audit.Key, id, context string) (Kernel, error) {
+	sb, e := s.lookup(key, id)
+	if e != nil {
+		return Kernel{}, e
+	}
+	name, e := sb.context(context)
+	if e != nil {
+		return Kernel{}, e
+	}
+	sb.kernelTurn.Lock()
+	defer sb.kernelTurn.Unlock()
+	if err := sb.stopKernel(ctx, name, "the kernel was restarted; its state is lost"); err != nil {
+		return Kernel{}, err
+	}
+	k, _, err := s.kernelOf(ctx, key, sb, name)
+	if err != nil {
+		return Kernel{}, err
+	}
+	return k.view(sb, name), nil
+}
+
+// stopKernel kills the kernel of context name, if it has one, and waits
+// for its end; the context stays. sb.kernelTurn is held.
+func (sb *sandbox) stopKernel(ctx context.Context, name, why string) error {
+	sb.mu.Lock()
+	old := sb.kernels[name]
+	if old != nil {
+		sb.kernels[name] = nil
+	}
+	sb.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	old.fail(errors.New(why))
+	old.ex.proc.Signal(unix.SIGKILL)
+	select {
+	case <-old.ex.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// context resolves a context's name: "" is the default; any other must
+// have been made by CreateContext.
+func (sb *sandbox) context(name string) (string, *Error) {
+	if name == "" || name == DefaultContext {
+		return DefaultContext, nil
+	}
+	sb.mu.Lock()
+	_, ok := sb.kernels[name]
+	sb.mu.Unlock()
+	if !ok {
+		return "", &Error{Kind: NotFound, Field: "context", Message: fmt.Sprintf("context %s is not one of sandbox %s: make one with POST /v1/sandboxes/%s/contexts, or leave context out for the default", Quote(name), sb.id, sb.id)}
+	}
+	return name, nil
+}
+
+// CreateContext starts a new kernel in key's sandbox id, with state of its
+// own, and returns it once it is ready. A sandbox has at most MaxContexts,
+// the default one included.
+func (s *Service) CreateContext(ctx context.Context, key audit.Key, id string) (Kernel, error) {
 	sb, e := s.lookup(key, id)
 	if e != nil {
 		return Kernel{}, e
@@ -669,23 +761,77 @@ func (s *Service) RestartKernel(ctx context.Context, key audit.Key, id string) (
 	sb.kernelTurn.Lock()
 	defer sb.kernelTurn.Unlock()
 	sb.mu.Lock()
-	old := sb.kernel
-	sb.kernel = nil
-	sb.mu.Unlock()
-	if old != nil {
-		old.fail(errors.New("the kernel was restarted; its state is lost"))
-		old.ex.proc.Signal(unix.SIGKILL)
-		select {
-		case <-old.ex.done:
-		case <-ctx.Done():
-			return Kernel{}, ctx.Err()
-		}
+	n := len(sb.kernels)
+	if _, ok := sb.kernels[DefaultContext]; !ok {
+		n++ // the default context always counts
 	}
-	k, _, err := s.kernelOf(ctx, key, sb)
+	sb.contextSeq++
+	name := "ctx-" + strconv.Itoa(sb.contextSeq)
+	sb.mu.Unlock()
+	if n >= MaxContexts {
+		return Kernel{}, conflict("sandbox %s has %d contexts, the most it may have: delete one (DELETE /v1/sandboxes/%s/contexts/{context})", sb.id, MaxContexts, sb.id)
+	}
+	k, _, err := s.kernelOf(ctx, key, sb, name)
 	if err != nil {
 		return Kernel{}, err
 	}
-	return k.view(sb), nil
+	return k.view(sb, name), nil
+}
+
+// ListContexts describes the kernels of key's sandbox id, the default one
+// first, then in creation order.
+func (s *Service) ListContexts(ctx context.Context, key audit.Key, id string) ([]Kernel, error) {
+	sb, e := s.lookup(key, id)
+	if e != nil {
+		return nil, e
+	}
+	sb.mu.Lock()
+	names := make([]string, 0, len(sb.kernels)+1)
+	for name := range sb.kernels {
+		if name != DefaultContext {
+			names = append(names, name)
+		}
+	}
+	sb.mu.Unlock()
+	slices.SortFunc(names, func(a, b string) int {
+		na, _ := strconv.Atoi(strings.TrimPrefix(a, "ctx-"))
+		nb, _ := strconv.Atoi(strings.TrimPrefix(b, "ctx-"))
+		return na - nb
+	})
+	out := make([]Kernel, 0, len(names)+1)
+	for _, name := range append([]string{DefaultContext}, names...) {
+		_, _, k, e := s.kernelIn(key, id, name)
+		if e != nil {
+			continue // deleted meanwhile
+		}
+		out = append(out, k.view(sb, name))
+	}
+	return out, nil
+}
+
+// DeleteContext kills the kernel of context name of key's sandbox id and
+// forgets the context. The default context cannot be deleted (restart it).
+func (s *Service) DeleteContext(ctx context.Context, key audit.Key, id, context string) error {
+	sb, e := s.lookup(key, id)
+	if e != nil {
+		return e
+	}
+	name, e := sb.context(context)
+	if e != nil {
+		return e
+	}
+	if name == DefaultContext {
+		return InvalidField("context", "the default context cannot be deleted; restart it (POST /v1/sandboxes/%s/kernel/restart) to lose its state", sb.id)
+	}
+	sb.kernelTurn.Lock()
+	defer sb.kernelTurn.Unlock()
+	if err := sb.stopKernel(ctx, name, "the context was deleted"); err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	delete(sb.kernels, name)
+	sb.mu.Unlock()
+	return nil
 }
 
 // screenCell holds a cell to the operator's effects policy as the same

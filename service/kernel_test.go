@@ -189,7 +189,7 @@ func TestKernelControl(t *testing.T) {
 			} else {
 				wantKind(t, err, service.Conflict, "")
 			}
-			k, err := s.InterruptKernel(t.Context(), keyA, id)
+			k, err := s.InterruptKernel(t.Context(), keyA, id, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,13 +199,13 @@ func TestKernelControl(t *testing.T) {
 			if k.State != "idle" {
 				t.Errorf("kernel %+v, want idle", k)
 			}
-			if _, err := s.InterruptKernel(t.Context(), keyA, id); err == nil {
+			if _, err := s.InterruptKernel(t.Context(), keyA, id, ""); err == nil {
 				t.Error("interrupting with no running cell was accepted")
 			}
 		}},
 		{"restart loses variables, keeps files", nil, func(t *testing.T, s *service.Service, id string) {
 			runCell(t, s, id, "z = 1\nopen('f.txt', 'w').write('kept')", 0)
-			k, err := s.RestartKernel(t.Context(), keyA, id)
+			k, err := s.RestartKernel(t.Context(), keyA, id, "")
 			if err != nil || k.State != "idle" {
 				t.Fatalf("restart: %+v, %v", k, err)
 			}
@@ -285,7 +285,7 @@ func TestKernelControl(t *testing.T) {
 		}},
 		{"the kernel's stdin is its own", nil, func(t *testing.T, s *service.Service, id string) {
 			runCell(t, s, id, "1", 0)
-			k, err := s.GetKernel(t.Context(), keyA, id)
+			k, err := s.GetKernel(t.Context(), keyA, id, "")
 			if err != nil || k.ExecID == "" {
 				t.Fatalf("kernel %+v, %v", k, err)
 			}
@@ -307,14 +307,58 @@ func TestKernelControl(t *testing.T) {
 				t.Errorf("a benign cell after the refusals: %+v", c)
 			}
 		}},
+		{"contexts keep state apart and run at once", nil, func(t *testing.T, s *service.Service, id string) {
+			runCell(t, s, id, "v = 'default'", 0)
+			k, err := s.CreateContext(t.Context(), keyA, id)
+			if err != nil || k.Context == "" || k.Context == service.DefaultContext || k.State != "idle" {
+				t.Fatalf("CreateContext: %+v, %v", k, err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			c, err := s.RunCell(ctx, keyA, id, service.CellArgs{Code: "'v' in globals()", Context: k.Context})
+			if err != nil || c.Result["text/plain"] != "False" || c.Context != k.Context {
+				t.Fatalf("cell in the new context: %+v, %v; want its own globals", c, err)
+			}
+			// A running cell in one context does not block another.
+			f, err := s.StartCell(ctx, keyA, id, service.CellArgs{Code: "import time\nprint('x', flush=True)\ntime.sleep(60)", Context: k.Context})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitOutput(t, f)
+			if c := runCell(t, s, id, "v", 0); c.Result["text/plain"] != "'default'" {
+				t.Errorf("default context while the other runs: %+v", c)
+			}
+			if _, err := s.InterruptKernel(ctx, keyA, id, k.Context); err != nil {
+				t.Fatal(err)
+			}
+			list, err := s.ListContexts(ctx, keyA, id)
+			if err != nil || len(list) != 2 || list[0].Context != service.DefaultContext || list[1].Context != k.Context {
+				t.Fatalf("ListContexts: %+v, %v", list, err)
+			}
+			if err := s.DeleteContext(ctx, keyA, id, k.Context); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.RunCell(ctx, keyA, id, service.CellArgs{Code: "1", Context: k.Context})
+			wantKind(t, err, service.NotFound, "context")
+			wantKind(t, s.DeleteContext(ctx, keyA, id, service.DefaultContext), service.Invalid, "context")
+			_, err = s.CreateContext(ctx, keyB, id)
+			wantKind(t, err, service.NotFound, "")
+			for i := 1; i < service.MaxContexts; i++ {
+				if _, err := s.CreateContext(ctx, keyA, id); err != nil {
+					t.Fatalf("context %d: %v", i+1, err)
+				}
+			}
+			_, err = s.CreateContext(ctx, keyA, id)
+			wantKind(t, err, service.Conflict, "")
+		}},
 		{"another key's sandbox is not found", nil, func(t *testing.T, s *service.Service, id string) {
 			_, err := s.RunCell(t.Context(), keyB, id, service.CellArgs{Code: "1"})
 			wantKind(t, err, service.NotFound, "")
-			_, err = s.InterruptKernel(t.Context(), keyB, id)
+			_, err = s.InterruptKernel(t.Context(), keyB, id, "")
 			wantKind(t, err, service.NotFound, "")
-			_, err = s.RestartKernel(t.Context(), keyB, id)
+			_, err = s.RestartKernel(t.Context(), keyB, id, "")
 			wantKind(t, err, service.NotFound, "")
-			_, err = s.GetKernel(t.Context(), keyB, id)
+			_, err = s.GetKernel(t.Context(), keyB, id, "")
 			wantKind(t, err, service.NotFound, "")
 		}},
 		{"bad input names the field", nil, func(t *testing.T, s *service.Service, id string) {

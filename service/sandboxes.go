@@ -51,9 +51,12 @@ type sandbox struct {
 	// the effects a person approved (RememberApprovals: session).
 	fx         *effects.Session
 	remembered map[string]bool
-	// kernel is the code interpreter's kernel (kernel.go), nil until the
-	// first cell; kernelTurn orders starting one and sending it cells.
-	kernel     *kernel
+	// kernels are the code interpreter's kernels (kernel.go) by context:
+	// the default one from its first cell, others from CreateContext; a
+	// nil value is a context whose kernel is not running. kernelTurn
+	// orders starting them and sending them cells.
+	kernels    map[string]*kernel
+	contextSeq int
 	kernelTurn sync.Mutex
 }
 
