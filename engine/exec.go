@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -70,6 +71,8 @@ type execSpec struct {
 	// stdout and stderr, when set, receive the captured output as it
 	// arrives (never more than the manifest's caps).
 	stdout, stderr io.Writer
+	// rawStdout receives all of stdout, uncapped (ExecRequest.RawStdout).
+	rawStdout io.Writer
 	// baseline is the workspace the diff compares with: the inputs as
 	// copied in for a one-shot run, the workspace as the command found it
 	// for a session's.
@@ -155,12 +158,16 @@ func (p *prepared) start(ctx context.Context, m *manifest.Manifest, spec *execSp
 		Pooled:         p.pooled,
 		StartedAt:      time.Now().UTC(),
 	}
+	var stdout io.Writer = x.stdout
+	if spec.rawStdout != nil {
+		stdout = &rawTee{capture: x.stdout, raw: spec.rawStdout}
+	}
 	x.cmd = &tier.Command{
 		Argv:    spec.argv,
 		Env:     p.env(m, spec.env),
 		Dir:     spec.dir,
 		Stdin:   stdin,
-		Stdout:  x.stdout,
+		Stdout:  stdout,
 		Stderr:  x.stderr,
 		Timeout: spec.timeout,
 		TTY:     spec.tty,
@@ -318,4 +325,26 @@ func fillOutcome(res *result.Result, out *tier.Outcome, stdout, stderr *output.C
 			res.Violations = append(res.Violations, result.Violation{Kind: "output", Detail: fmt.Sprintf("%s truncated: %d bytes written, %d kept", s.name, s.c.Total(), len(s.c.Bytes())), Limit: fmt.Sprint(int64(s.lim))})
 		}
 	}
+}
+
+// rawTee is a command's stdout when its caller takes the whole stream
+// (ExecRequest.RawStdout): the capture keeps the capped copy for the
+// result, raw gets every byte. Write never fails, as Capture's never does,
+// so the copier keeps draining the pipe; a failing raw writer is dropped.
+type rawTee struct {
+	capture *output.Capture
+	mu      sync.Mutex
+	raw     io.Writer
+}
+
+func (t *rawTee) Write(p []byte) (int, error) {
+	t.capture.Write(p)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.raw != nil {
+		if _, err := t.raw.Write(p); err != nil {
+			t.raw = nil
+		}
+	}
+	return len(p), nil
 }

@@ -70,6 +70,14 @@ type ExecRequest struct {
 	// Stdout and Stderr, when set, receive the captured output as it
 	// arrives (never more than the manifest's caps).
 	Stdout, Stderr io.Writer
+	// RawStdout, when set, receives every byte the program writes to its
+	// stdout, past the manifest's resources.stdout_bytes: a long-lived
+	// program that speaks a protocol on its stdout (the service's code
+	// kernel) would otherwise go deaf once its lifetime's output reached
+	// the cap. The caller takes over the cap: it must bound what it keeps
+	// of these bytes. The result's stdout is still the capped capture.
+	// Moat's own code sets it, never a request field.
+	RawStdout io.Writer
 	// Evidence says who asked for the command, for its incident bundle
 	// when it ends flagged.
 	Evidence Evidence
@@ -257,6 +265,7 @@ func (s *Session) Start(ctx context.Context, req *ExecRequest) (*Process, error)
 		stdinOpen: req.StdinOpen,
 		tty:       req.TTY,
 		stdout:    req.Stdout,
+		rawStdout: req.RawStdout,
 		stderr:    req.Stderr,
 		baseline:  before,
 		gone:      func() bool { return s.open() != nil },

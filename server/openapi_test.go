@@ -101,6 +101,12 @@ var schemaTypes = map[string]reflect.Type{
 	"ApprovalList":       reflect.TypeFor[ApprovalList](),
 	"ApprovalDecision":   reflect.TypeFor[ApprovalDecision](),
 	"ApprovalOutcome":    reflect.TypeFor[service.ApprovalOutcome](),
+	"CellRequest":        reflect.TypeFor[CellRequest](),
+	"Cell":               reflect.TypeFor[service.Cell](),
+	"CellOutput":         reflect.TypeFor[service.CellOutput](),
+	"CellError":          reflect.TypeFor[service.CellErrorInfo](),
+	"Kernel":             reflect.TypeFor[service.Kernel](),
+	"ContextList":        reflect.TypeFor[ContextList](),
 }
 
 // requestDecoders run a request example through what the handler runs.
@@ -111,6 +117,7 @@ var requestDecoders = map[string]func([]byte) *Error{
 		return e
 	},
 	"ExecRequest": func(b []byte) *Error { _, e := decodeExec(b, manifest.Default()); return e },
+	"CellRequest": func(b []byte) *Error { _, e := decodeCell(b, manifest.Default()); return e },
 	"TimeoutRequest": func(b []byte) *Error {
 		var r TimeoutRequest
 		if e := decodeStrict(b, &r); e != nil {

@@ -139,3 +139,20 @@ type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
 }
+
+// CellRequest is the body of POST /v1/sandboxes/{id}/cells.
+type CellRequest struct {
+	Code string `json:"code"`
+	// Context names the kernel (POST …/contexts); default "default".
+	Context string `json:"context,omitempty"`
+	// Language is "python" (the default).
+	Language string `json:"language,omitempty"`
+	// Timeout bounds the cell, e.g. "30s"; default and at most the
+	// sandbox's resources.timeout.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// ContextList is the body of GET /v1/sandboxes/{id}/contexts.
+type ContextList struct {
+	Contexts []service.Kernel `json:"contexts"`
+}

@@ -29,9 +29,11 @@ type execution struct {
 	proc      Process
 	argv      []string
 	stdinOpen bool
-	pid       int      // in the sandbox (PidReporter); 0: not known
-	tty       *TTYSize // guarded by mu once started
-	started   time.Time
+	// kernel: the code interpreter's kernel, whose stdin is its own.
+	kernel  bool
+	pid     int      // in the sandbox (PidReporter); 0: not known
+	tty     *TTYSize // guarded by mu once started
+	started time.Time
 	// untrack stops accruing the command's usage (before Finish).
 	untrack func()
 	log     *eventLog
@@ -141,7 +143,9 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 	if e := CheckExec(&args, sb.manifest); e != nil {
 		return nil, e
 	}
-	if p := s.effectsPolicy(); p != nil {
+	if p := s.effectsPolicy(); p != nil && args.kernel == nil {
+		// (The code kernel's driver is Moat's own code; its cells are
+		// screened one by one, in StartCell.)
 		// Analysed on a clone, kept only when the command may run: a
 		// refused or held command's writes must not count for the next
 		// ones. The analysis is bounded (effects.MaxSteps), so holding
@@ -203,6 +207,7 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		sb:        sb,
 		argv:      args.Argv,
 		stdinOpen: args.StdinOpen,
+		kernel:    args.kernel != nil,
 		tty:       args.TTY,
 		log:       newEventLog(int64(m.Resources.StdoutBytes), int64(m.Resources.StderrBytes)),
 		done:      make(chan struct{}),
@@ -224,6 +229,11 @@ func (s *Service) startScreened(ctx context.Context, key audit.Key, id string, a
 		Stdout:    streamWriter{ex.log, stdoutStream},
 		Stderr:    streamWriter{ex.log, stderrStream},
 		Evidence:  evidence(key, rec),
+	}
+	if args.kernel != nil {
+		// The kernel's stdout is its protocol: all of it to the decoder,
+		// which bounds what it keeps per cell; none to the event log.
+		req.Stdout, req.RawStdout = nil, args.kernel
 	}
 	if args.TTY != nil {
 		req.TTY = &tier.WindowSize{Rows: uint16(args.TTY.Rows), Cols: uint16(args.TTY.Cols)}
@@ -565,6 +575,9 @@ func (s *Service) WriteStdin(ctx context.Context, key audit.Key, id, eid string,
 		return 0, e
 	}
 	stdin := ex.proc.Stdin()
+	if ex.kernel {
+		return 0, conflict("command %s is the sandbox's code kernel: its stdin carries its protocol; send code with POST /v1/sandboxes/%s/cells", ex.id, ex.sb.id)
+	}
 	if !ex.stdinOpen || stdin == nil {
 		return 0, conflict("command %s was not started with \"stdin_open\": true", ex.id)
 	}

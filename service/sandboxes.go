@@ -51,6 +51,13 @@ type sandbox struct {
 	// the effects a person approved (RememberApprovals: session).
 	fx         *effects.Session
 	remembered map[string]bool
+	// kernels are the code interpreter's kernels (kernel.go) by context:
+	// the default one from its first cell, others from CreateContext; a
+	// nil value is a context whose kernel is not running. kernelTurn
+	// orders starting them and sending them cells.
+	kernels    map[string]*kernel
+	contextSeq int
+	kernelTurn sync.Mutex
 }
 
 // CreateSandbox creates a sandbox owned by key: it takes one of the key's

@@ -110,6 +110,11 @@ type ExecArgs struct {
 	// terminals: native): WriteStdin types into it, all it shows is the
 	// stdout stream, Resize changes its size.
 	TTY *TTYSize
+	// kernel, set only by the code interpreter (kernel.go), makes the
+	// command its kernel: all its stdout goes to this writer, past the
+	// manifest's cap (engine.ExecRequest.RawStdout), and its stdin is
+	// the kernel's alone.
+	kernel io.Writer
 }
 
 // TTYSize is a terminal's size in characters.

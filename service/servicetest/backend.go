@@ -305,6 +305,11 @@ func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.P
 	}
 	s.procs = append(s.procs, p)
 	prog := &program{argv: req.Argv, env: req.Env, stdin: stdin, stdout: req.Stdout, stderr: req.Stderr, sig: p.sig, kill: p.kill, manifest: s.manifest}
+	if req.RawStdout != nil {
+		// The fake caps nothing: the raw writer takes the place of the
+		// capped one.
+		prog.stdout = req.RawStdout
+	}
 	if req.TTY != nil {
 		p.winch = make(chan tier.WindowSize, 8)
 		prog.tty, prog.winch = req.TTY, p.winch

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +59,9 @@ func (p *program) run() *result.Result {
 		res.Stdout = result.Stream{Data: out.String(), Encoding: "utf-8", Bytes: int64(out.Len())}
 		res.Stderr = result.Stream{Data: errb.String(), Encoding: "utf-8", Bytes: int64(errb.Len())}
 		return res
+	}
+	if kernelDriver(p.argv) {
+		return p.hostPython(res, stdout, stderr, finish)
 	}
 	if p.argv[0] != "fake" {
 		fmt.Fprintln(stdout, strings.Join(p.argv, " "))
@@ -130,6 +136,70 @@ func (p *program) run() *result.Result {
 		case "violate":
 			res.Violations = append(res.Violations, result.Violation{Kind: arg, Detail: "fake"})
 		}
+	}
+	return finish()
+}
+
+// kernelDriver reports whether argv starts the service's code kernel
+// (service/kernel.py): the fake runs it with the host's python3, so the
+// service's kernel tests exercise the real driver and protocol without a
+// sandbox. Every other program stays fake.
+func kernelDriver(argv []string) bool {
+	return len(argv) == 3 && argv[0] == "python3" && argv[1] == "-c" && strings.HasPrefix(argv[2], "# Moat's code kernel driver")
+}
+
+// HostPython reports whether the host has the python3 the fake runs the
+// kernel driver with; tests of the kernel skip without it.
+func HostPython() bool {
+	_, err := exec.LookPath("python3")
+	return err == nil
+}
+
+// hostPython runs the kernel driver on the host: stdin, stdout and stderr
+// are the command's, signals and the session's kill reach the process.
+func (p *program) hostPython(res *result.Result, stdout, stderr io.Writer, finish func() *result.Result) *result.Result {
+	cmd := exec.Command("python3", "-c", p.argv[2])
+	cmd.Env = os.Environ()
+	for _, env := range []map[string]string{p.manifest.Env, p.env} {
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		res.Termination, res.ExitCode, res.Error = result.InfraError, 125, err.Error()
+		return finish()
+	}
+	if err := cmd.Start(); err != nil {
+		res.Termination, res.ExitCode, res.Error = result.InfraError, 125, err.Error()
+		return finish()
+	}
+	if p.stdin != nil {
+		// Not waited for: it ends when the command's stdin is closed,
+		// which happens once this returns.
+		go func() { io.Copy(in, p.stdin); in.Close() }()
+	}
+	waited := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case sig := <-p.sig:
+				cmd.Process.Signal(sig)
+			case <-p.kill:
+				cmd.Process.Kill()
+			case <-waited:
+				return
+			}
+		}
+	}()
+	err = cmd.Wait()
+	close(waited)
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		sig := unix.Signal(ws.Signal())
+		res.Termination, res.Signal, res.SignalName, res.ExitCode = result.Signaled, int(sig), unix.SignalName(sig), 128+int(sig)
+	} else if err != nil {
+		res.ExitCode = cmd.ProcessState.ExitCode()
 	}
 	return finish()
 }

@@ -348,7 +348,7 @@ func (p *process) Signal(sig syscall.Signal) error {
 	default:
 	}
 	msg, _ := json.Marshal(&nswire.Request{Op: nswire.OpSignal, Proc: p.n, Signal: int(sig)})
-	if err := unix.Sendmsg(int(p.s.sess.sock.Fd()), msg, nil, nil, 0); err != nil {
+	if err := p.s.sess.send(msg); err != nil {
 		return fmt.Errorf("signal command: %w", err)
 	}
 	return nil
@@ -368,7 +368,7 @@ func (p *process) Resize(ws tier.WindowSize) error {
 	default:
 	}
 	msg, _ := json.Marshal(&nswire.Request{Op: nswire.OpResize, Proc: p.n, TTY: &nswire.Winsize{Rows: ws.Rows, Cols: ws.Cols}})
-	if err := unix.Sendmsg(int(p.s.sess.sock.Fd()), msg, nil, nil, 0); err != nil {
+	if err := p.s.sess.send(msg); err != nil {
 		return fmt.Errorf("resize the terminal: %w", err)
 	}
 	return nil
@@ -446,3 +446,22 @@ func (ss *session) started() bool {
 }
 
 var _ tier.PidReporter = (*process)(nil)
+
+// send writes one request without descriptors to init. Through
+// SyscallConn, which holds a reference on the descriptor for the call: a
+// Destroy closing the socket at the same time (a signal racing a delete)
+// then fails the send instead of freeing the number mid-call, when the
+// request could go to whatever file reused it (sock.Fd() holds nothing).
+// The socket is already in blocking mode: Start's Sendmsg took Fd() before
+// any process existed to signal.
+func (ss *session) send(msg []byte) error {
+	rc, err := ss.sock.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Sendmsg(int(fd), msg, nil, nil, 0) }); err != nil {
+		return err
+	}
+	return serr
+}
