@@ -455,6 +455,81 @@ func TestRequests(t *testing.T) {
 			status: 200, resp: `{}`,
 		},
 		{
+			name: "exec on a terminal",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return c.Sandbox("sb-1").Start(ctx, &client.ExecRequest{Argv: []string{"bash", "-i"}, StdinOpen: true, TTY: &client.TTYSize{Rows: 24, Cols: 80}})
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/execs", ctype: "application/json",
+			wantBody: `{"argv": ["bash", "-i"], "stdin_open": true, "tty": {"rows": 24, "cols": 80}, "wait": false}`,
+			status: 202, resp: `{"id": "e-2", "sandbox_id": "sb-1", "state": "running", "argv": ["bash", "-i"], "tty": {"rows": 24, "cols": 80}}`,
+			check: func(t *testing.T, got any) {
+				if e := got.(*client.Exec); e.TTY == nil || *e.TTY != (client.TTYSize{Rows: 24, Cols: 80}) {
+					t.Errorf("exec = %+v", e)
+				}
+			},
+		},
+		{
+			name: "resize",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return nil, c.Sandbox("sb-1").Resize(ctx, "e-2", client.TTYSize{Rows: 40, Cols: 132})
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/execs/e-2/resize", ctype: "application/json", wantBody: `{"rows": 40, "cols": 132}`,
+			status: 200, resp: `{}`,
+		},
+		{
+			name: "run a cell",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return c.Sandbox("sb-1").RunCell(ctx, &client.CellRequest{Code: "x = 1\nx + 1", Context: "k-2", Timeout: 5 * time.Second})
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/cells", ctype: "application/json",
+			wantBody: `{"code": "x = 1\nx + 1", "context": "k-2", "timeout": "5s"}`,
+			status: 200, resp: `{"id": "c-1", "sandbox_id": "sb-1", "context": "k-2", "status": "error", "outputs": [{"type": "stdout", "text": "hi\n"}],
+				"result": {"text/plain": "2"}, "error": {"name": "ValueError", "value": "bad", "traceback": ["line 1"]}, "kernel_started": true}`,
+			check: func(t *testing.T, got any) {
+				c := got.(*client.Cell)
+				if c.ID != "c-1" || c.Result["text/plain"] != "2" || c.Error == nil || c.Error.Name != "ValueError" || len(c.Outputs) != 1 || c.Outputs[0].Text != "hi\n" || !c.KernelStarted {
+					t.Errorf("cell = %+v", c)
+				}
+			},
+		},
+		{
+			name: "restart a context's kernel",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return nil, c.Sandbox("sb-1").RestartKernel(ctx, "k-2")
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/kernel/restart", query: url.Values{"context": {"k-2"}}, ctype: "application/json", wantBody: `{}`,
+			status: 200, resp: `{}`,
+		},
+		{
+			name: "interrupt the default kernel",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return nil, c.Sandbox("sb-1").InterruptKernel(ctx, "")
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/kernel/interrupt", ctype: "application/json", wantBody: `{}`,
+			status: 200, resp: `{}`,
+		},
+		{
+			name: "create a context",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return c.Sandbox("sb-1").CreateContext(ctx)
+			},
+			method: "POST", path: "/v1/sandboxes/sb-1/contexts", ctype: "application/json", wantBody: `{}`,
+			status: 201, resp: `{"sandbox_id": "sb-1", "context": "k-3", "state": "none"}`,
+			check: func(t *testing.T, got any) {
+				if k := got.(*client.Kernel); k.Context != "k-3" || k.State != "none" {
+					t.Errorf("kernel = %+v", k)
+				}
+			},
+		},
+		{
+			name: "delete a context",
+			call: func(ctx context.Context, c *client.Client) (any, error) {
+				return nil, c.Sandbox("sb-1").DeleteContext(ctx, "k-3")
+			},
+			method: "DELETE", path: "/v1/sandboxes/sb-1/contexts/k-3",
+			status: 204,
+		},
+		{
 			name: "upload",
 			call: func(ctx context.Context, c *client.Client) (any, error) {
 				return nil, c.Sandbox("sb-1").Upload(ctx, "dir/run.sh", strings.NewReader("#!/bin/sh\necho hi\n"), 0o755)

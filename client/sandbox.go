@@ -144,6 +144,16 @@ func (s *Sandbox) Signal(ctx context.Context, execID, signal string) error {
 	return s.c.doJSON(ctx, http.MethodPost, s.execPath(execID)+"/signal", nil, body, nil)
 }
 
+// Resize sets the terminal size of a command started with ExecRequest.TTY
+// (it gets SIGWINCH).
+func (s *Sandbox) Resize(ctx context.Context, execID string, size TTYSize) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	body, _ := json.Marshal(size)
+	return s.c.doJSON(ctx, http.MethodPost, s.execPath(execID)+"/resize", nil, body, nil)
+}
+
 // Upload writes r's bytes to path (relative to /workspace) in the
 // sandbox, creating its parent directories. mode is the permission bits;
 // 0 means the server's default.

@@ -142,6 +142,16 @@ type ExecRequest struct {
 	// StdinOpen keeps stdin open for Sandbox.WriteStdin and
 	// Sandbox.CloseStdin (Stdin is then ignored by the server).
 	StdinOpen bool
+	// TTY starts the command on a terminal of this size (native tier):
+	// WriteStdin types into it, everything it shows is its stdout, and
+	// Sandbox.Resize changes its size.
+	TTY *TTYSize
+}
+
+// TTYSize is a terminal's size in characters, each 1 to 1000.
+type TTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
 }
 
 // Exec states. Result is set once State is not ExecRunning.
@@ -159,6 +169,8 @@ type Exec struct {
 	// Pid is the command's pid inside the sandbox (what its programs see
 	// and can signal), when the server's tier tells it; else 0.
 	Pid int `json:"pid,omitempty"`
+	// TTY is the terminal's size for a command started with one.
+	TTY *TTYSize `json:"tty,omitempty"`
 	// Result is the command's outcome (exit code, termination, output,
 	// the files it changed), present once State is not ExecRunning.
 	Result *result.Result `json:"result,omitempty"`
@@ -320,8 +332,9 @@ func (r *ExecRequest) wire(wait bool) ([]byte, error) {
 		Stdin         string            `json:"stdin,omitempty"`
 		StdinEncoding string            `json:"stdin_encoding,omitempty"`
 		StdinOpen     bool              `json:"stdin_open,omitempty"`
+		TTY           *TTYSize          `json:"tty,omitempty"`
 		Wait          bool              `json:"wait"`
-	}{Argv: r.Argv, Code: r.Code, Language: r.Language, Env: r.Env, Dir: r.Dir, StdinOpen: r.StdinOpen, Wait: wait}
+	}{Argv: r.Argv, Code: r.Code, Language: r.Language, Env: r.Env, Dir: r.Dir, StdinOpen: r.StdinOpen, TTY: r.TTY, Wait: wait}
 	if r.Timeout > 0 {
 		w.Timeout = durationString(r.Timeout)
 	}

@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 
 // newNativeService is a Service over a real engine (the native tier, the
 // python image), shut down when the test ends.
-func newNativeService(t *testing.T) *service.Service {
+func newNativeService(t testing.TB) *service.Service {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the native tier creates cgroups and maps user namespaces")

@@ -31,7 +31,7 @@ var kernelBackends = []kernelBackend{
 		s, _, _ := newService(t, nil)
 		return s
 	}},
-	{"native", newNativeService},
+	{"native", func(t *testing.T) *service.Service { return newNativeService(t) }},
 }
 
 // kernelSandbox is a sandbox of s; plain forces the exec fallback.

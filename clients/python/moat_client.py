@@ -245,7 +245,20 @@ def _list(doc, *keys) -> list:
     raise ValueError("the answer is not a list (nor an object with %r)" % (keys[0],))
 
 
-def _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, wait) -> Dict[str, Any]:
+def _tty(tty) -> Optional[Dict[str, int]]:
+    """A terminal size given as (rows, cols) or {"rows": R, "cols": C}."""
+    if tty is None:
+        return None
+    if isinstance(tty, Mapping):
+        rows, cols = tty.get("rows"), tty.get("cols")
+    else:
+        rows, cols = tty
+    if not isinstance(rows, int) or not isinstance(cols, int) or isinstance(rows, bool) or isinstance(cols, bool):
+        raise TypeError("tty: give (rows, cols) as whole numbers, e.g. (24, 80)")
+    return {"rows": rows, "cols": cols}
+
+
+def _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, wait, tty=None) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if argv is not None:
         body["argv"] = list(argv)
@@ -265,6 +278,8 @@ def _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, wait)
             body["stdin_encoding"] = enc
     if stdin_open:
         body["stdin_open"] = True
+    if tty is not None:
+        body["tty"] = _tty(tty)
     body["wait"] = wait
     return body
 
@@ -599,11 +614,15 @@ class Sandbox:
     def start(self, argv: Optional[Iterable[str]] = None, *, code: Optional[str] = None,
               language: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
               dir: Optional[str] = None, timeout: Union[str, int, float, None] = None,
-              stdin: Union[bytes, str, None] = None, stdin_open: bool = False) -> Dict[str, Any]:
+              stdin: Union[bytes, str, None] = None, stdin_open: bool = False,
+              tty=None) -> Dict[str, Any]:
         """Start a command and return at once ("wait": false) with the Exec
-        in state "running"; follow it with events() or get_exec()."""
+        in state "running"; follow it with events() or get_exec(). tty,
+        (rows, cols), starts it on a terminal (native tier): write_stdin
+        types into it, all it shows is its stdout, resize() resizes it."""
         return _not_held(self.client._json("POST", self._path("/execs"),
-                                           _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, False)))
+                                           _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open,
+                                                      False, tty)))
 
     def get_exec(self, exec_id: str) -> Dict[str, Any]:
         """One command, running or ended."""
@@ -649,6 +668,36 @@ class Sandbox:
     def signal(self, exec_id: str, signal: Union[str, int]) -> None:
         """Send a signal, by name ("SIGTERM") or number (15)."""
         self.client._json("POST", self._exec_path(exec_id, "/signal"), {"signal": str(signal)})
+
+    def resize(self, exec_id: str, rows: int, cols: int) -> Dict[str, Any]:
+        """Set the terminal size of a command started with tty."""
+        return self.client._json("POST", self._exec_path(exec_id, "/resize"), _tty((rows, cols)))
+
+    def run_cell(self, code: str, *, context: Optional[str] = None, language: Optional[str] = None,
+                 timeout: Union[str, int, float, None] = None) -> Dict[str, Any]:
+        """Run one cell in the sandbox's stateful kernel and wait for it:
+        variables, imports and files persist from cell to cell. Returns the
+        Cell: "outputs" in order, "result" (the last expression's MIME
+        bundle), "error" (name, value, traceback) when the code raised."""
+        body: Dict[str, Any] = {"code": code}
+        if context:
+            body["context"] = context
+        if language:
+            body["language"] = language
+        if timeout is not None:
+            body["timeout"] = _duration(timeout)
+        return self.client._json("POST", self._path("/cells"), body)
+
+    def interrupt_kernel(self, context: Optional[str] = None) -> Dict[str, Any]:
+        """Interrupt the running cell, as ^C would; the kernel's state stays."""
+        return self.client._json("POST", self._path("/kernel/interrupt"), {},
+                                 query={"context": context} if context else None)
+
+    def restart_kernel(self, context: Optional[str] = None) -> Dict[str, Any]:
+        """End the kernel: its variables are lost, files stay; the next
+        cell starts a fresh one."""
+        return self.client._json("POST", self._path("/kernel/restart"), {},
+                                 query={"context": context} if context else None)
 
     def upload(self, path: str, data, mode: Union[int, str, None] = None) -> None:
         """Write data (bytes, text or a binary file object, streamed) to
