@@ -461,7 +461,7 @@ func TestRequests(t *testing.T) {
 			},
 			method: "POST", path: "/v1/sandboxes/sb-1/execs", ctype: "application/json",
 			wantBody: `{"argv": ["bash", "-i"], "stdin_open": true, "tty": {"rows": 24, "cols": 80}, "wait": false}`,
-			status: 202, resp: `{"id": "e-2", "sandbox_id": "sb-1", "state": "running", "argv": ["bash", "-i"], "tty": {"rows": 24, "cols": 80}}`,
+			status:   202, resp: `{"id": "e-2", "sandbox_id": "sb-1", "state": "running", "argv": ["bash", "-i"], "tty": {"rows": 24, "cols": 80}}`,
 			check: func(t *testing.T, got any) {
 				if e := got.(*client.Exec); e.TTY == nil || *e.TTY != (client.TTYSize{Rows: 24, Cols: 80}) {
 					t.Errorf("exec = %+v", e)
@@ -483,7 +483,7 @@ func TestRequests(t *testing.T) {
 			},
 			method: "POST", path: "/v1/sandboxes/sb-1/cells", ctype: "application/json",
 			wantBody: `{"code": "x = 1\nx + 1", "context": "k-2", "timeout": "5s"}`,
-			status: 200, resp: `{"id": "c-1", "sandbox_id": "sb-1", "context": "k-2", "status": "error", "outputs": [{"type": "stdout", "text": "hi\n"}],
+			status:   200, resp: `{"id": "c-1", "sandbox_id": "sb-1", "context": "k-2", "status": "error", "outputs": [{"type": "stdout", "text": "hi\n"}],
 				"result": {"text/plain": "2"}, "error": {"name": "ValueError", "value": "bad", "traceback": ["line 1"]}, "kernel_started": true}`,
 			check: func(t *testing.T, got any) {
 				c := got.(*client.Cell)
