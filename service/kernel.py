@@ -351,7 +351,15 @@ class IPython:
             def clear_output(self, wait=False):
                 pass
 
-        self.shell = InteractiveShell.instance(colors="NoColor")
+        from traitlets.config import Config
+
+        # History in memory, not in IPYTHONDIR's history.sqlite: the
+        # contexts of one sandbox are kernels side by side, and one SQLite
+        # file between them gives "database is locked"; nor should a
+        # cell's code outlive its kernel in a file.
+        cfg = Config()
+        cfg.HistoryManager.hist_file = ":memory:"
+        self.shell = InteractiveShell.instance(colors="NoColor", config=cfg)
         self.shell.displayhook = Hook(shell=self.shell, cache_size=self.shell.cache_size)
         self.shell.display_pub = Pub(shell=self.shell)
         self.shell.display_trap.hook = self.shell.displayhook
@@ -386,9 +394,24 @@ def strings(data):
     return out
 
 
+def scratch_dirs():
+    """Points IPython's profile directory and matplotlib's config and font
+    cache at /tmp unless the image says otherwise. Both default to HOME,
+    which in a sandbox is /workspace: a kernel would leave ~/.ipython (its
+    profile, and the history of every cell) and ~/.config/matplotlib among
+    the files the program made, and on a read-only HOME matplotlib warns on
+    every import."""
+    import tempfile
+    tmp = tempfile.gettempdir()
+    for var, sub in (("IPYTHONDIR", "ipython"), ("MPLCONFIGDIR", "matplotlib")):
+        if not os.environ.get(var):
+            os.environ[var] = os.path.join(tmp, "moat-kernel-" + sub)
+
+
 def main():
     redirect()
     os.environ.setdefault("MPLBACKEND", "Agg")
+    scratch_dirs()
     kernel = None
     if os.environ.get("MOAT_KERNEL_PLAIN") != "1":
         try:
