@@ -281,6 +281,61 @@ def figures():
     plt.close("all")
 
 
+def patch_show(plt):
+    """Makes plt.show() show the open figures where it is called, as
+    Jupyter's inline backend does. Under Agg show() does nothing, so a
+    figure would appear only at the end of its cell, after what the cell
+    printed later."""
+    import functools
+    orig = plt.show
+
+    @functools.wraps(orig)
+    def show(*args, **kw):
+        try:
+            agg = str(plt.get_backend()).lower() == "agg"
+        except Exception:
+            agg = False
+        if not agg or _cell[0] is None:
+            return orig(*args, **kw)
+        figures()
+
+    plt.show = show
+
+
+class PyplotHook:
+    """A meta path finder that lets matplotlib.pyplot import as usual,
+    then calls patch_show on it: the driver never imports matplotlib
+    itself (it costs half a second, and most cells never plot)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = ShowLoader(spec.loader)
+        return spec
+
+
+class ShowLoader:
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        try:
+            patch_show(module)
+        except Exception:
+            pass
+
+    def __getattr__(self, name):  # get_source and friends, for tracebacks
+        return getattr(self.real, name)
+
+
 def error(etype, evalue, tb_lines):
     send({"type": "error", "id": _cell[0] or "", "ename": etype.__name__ if etype else "Error",
           "evalue": text_of(evalue) if not isinstance(evalue, BaseException) else str(evalue),
@@ -412,6 +467,7 @@ def main():
     redirect()
     os.environ.setdefault("MPLBACKEND", "Agg")
     scratch_dirs()
+    sys.meta_path.insert(0, PyplotHook())
     kernel = None
     if os.environ.get("MOAT_KERNEL_PLAIN") != "1":
         try:

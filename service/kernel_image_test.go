@@ -123,6 +123,16 @@ func TestKernelCodeInterpreterImage(t *testing.T) {
 				t.Errorf("stderr %q, want none", e)
 			}
 		}},
+		{"plt.show() shows the figure where it is called", "print('a')\nplt.plot([1, 2]); plt.show()\nprint('b')", func(t *testing.T, c service.Cell) {
+			var got []string
+			for _, o := range c.Outputs {
+				got = append(got, o.Type)
+			}
+			if strings.Join(got, ",") != "stdout,display,stdout" {
+				t.Fatalf("outputs %v, want stdout, the figure, stdout", got)
+			}
+			checkPNG(t, c.Outputs[1].Data["image/png"])
+		}},
 		{"figures are closed after their cell", "len(plt.get_fignums())", func(t *testing.T, c service.Cell) {
 			if c.Result["text/plain"] != "0" || len(displays(c)) != 0 {
 				t.Errorf("result %v, %d displays: figures of an earlier cell shown again", c.Result, len(displays(c)))
