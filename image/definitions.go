@@ -133,6 +133,55 @@ var definitions = []Definition{
 		Sources:         bookwormSources,
 		SourceDateEpoch: bookwormRelease,
 	},
+	{
+		// code-interpreter is what the code kernel (service/kernel.py) and
+		// E2B's "code-interpreter-v1" template expect: IPython for magics,
+		// display() and rich reprs, and the data stack agents reach for
+		// first (NumPy, pandas, matplotlib for charts as PNG). A separate
+		// image, not packages added to python: matplotlib and pandas
+		// more than double python's size, and every plain run and
+		// red-team case starts from python.
+		Name:        "code-interpreter",
+		Suite:       "bookworm",
+		Description: "Debian 12 with Python 3.11, IPython, NumPy, pandas, matplotlib and pip (the code kernel's image)",
+		Packages: []string{
+			"bash",
+			"coreutils",
+			"python3",
+			// python3-ipython, not python3-ipykernel: the kernel driver
+			// runs IPython's InteractiveShell behind Moat's own framed
+			// protocol, so ipykernel's Jupyter wire protocol (ZeroMQ,
+			// tornado, debugpy, jupyter-client) would be dead weight.
+			"python3-ipython",
+			"python3-matplotlib",
+			// munkres satisfies fonttools' (a matplotlib dependency)
+			// "python3-scipy | python3-munkres": without it apt takes
+			// the first alternative, and scipy brings pythran, gcc, g++
+			// and Boost's headers, about 600 MB, for no chart.
+			"python3-munkres",
+			"python3-numpy",
+			"python3-pandas",
+			// pip: `%pip install` / `!pip install`, through the egress
+			// proxy when the network is an allowlist.
+			"python3-pip",
+		},
+		Env: []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"LANG=C.UTF-8",
+			"PYTHONDONTWRITEBYTECODE=1",
+			// Agg: no display in a sandbox; figures are rendered to PNG.
+			"MPLBACKEND=Agg",
+			// The root is read-only and HOME (/workspace) is diffed after
+			// the run: matplotlib's font cache and IPython's profile and
+			// history go to /tmp, the sandbox's scratch tmpfs, instead of
+			// failing (matplotlib warns on every import) or showing up as
+			// files the program made.
+			"MPLCONFIGDIR=/tmp/matplotlib",
+			"IPYTHONDIR=/tmp/ipython",
+		},
+		Sources:         bookwormSources,
+		SourceDateEpoch: bookwormRelease,
+	},
 }
 
 // Definitions returns the known image definitions. The result is a copy:

@@ -10,7 +10,7 @@ import (
 // definition names, so `moat image build --locked NAME` can pass and a
 // package added to a definition without regenerating the lock fails here.
 func TestDefinitionsLocked(t *testing.T) {
-	want := []string{"python", "node", "base"}
+	want := []string{"python", "node", "base", "code-interpreter"}
 	defs := Definitions()
 	if len(defs) != len(want) {
 		t.Fatalf("%d definitions, want %v", len(defs), want)

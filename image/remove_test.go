@@ -59,7 +59,7 @@ func TestNamesAndLookupOfStoredImages(t *testing.T) {
 	s := newEmptyStore(t)
 	nodeapp := storeImage(t, s, "nodeapp", "v1", true)
 	storeImage(t, s, "orphan", "x", false) // no current: not offered
-	if got, want := s.Names(), []string{"base", "node", "nodeapp", "python"}; !slices.Equal(got, want) {
+	if got, want := s.Names(), []string{"base", "code-interpreter", "node", "nodeapp", "python"}; !slices.Equal(got, want) {
 		t.Errorf("Names() = %v, want %v", got, want)
 	}
 	tests := []struct {
@@ -69,7 +69,7 @@ func TestNamesAndLookupOfStoredImages(t *testing.T) {
 		wantMsg     []string
 	}{
 		{name: "stored image without a definition", image: "nodeapp", wantDigest: nodeapp.Digest},
-		{name: "unknown name lists stored and built-in images", image: "cobol", wantIs: ErrUnknown, wantMsg: []string{`"cobol"`, "known images: base, node, nodeapp, python"}},
+		{name: "unknown name lists stored and built-in images", image: "cobol", wantIs: ErrUnknown, wantMsg: []string{`"cobol"`, "known images: base, code-interpreter, node, nodeapp, python"}},
 		{name: "stored but never made current", image: "orphan", wantIs: ErrUnknown, wantMsg: []string{`"orphan"`}},
 		{name: "reference syntax the store cannot hold", image: "python:3.12", wantIs: ErrUnknown, wantMsg: []string{"must match"}},
 	}

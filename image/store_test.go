@@ -117,7 +117,7 @@ func TestLookupErrors(t *testing.T) {
 			},
 			wantIs: ErrNotBuilt, wantMsg: "moat image build python",
 		},
-		{name: "unknown image", image: "cobol", wantIs: ErrUnknown, wantMsg: "known images: base, node, python"},
+		{name: "unknown image", image: "cobol", wantIs: ErrUnknown, wantMsg: "known images: base, code-interpreter, node, python"},
 		{name: "path traversal name", image: "../etc", wantMsg: "must match"},
 		{name: "empty name", image: "", wantMsg: "must match"},
 		{

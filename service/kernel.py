@@ -281,6 +281,61 @@ def figures():
     plt.close("all")
 
 
+def patch_show(plt):
+    """Makes plt.show() show the open figures where it is called, as
+    Jupyter's inline backend does. Under Agg show() does nothing, so a
+    figure would appear only at the end of its cell, after what the cell
+    printed later."""
+    import functools
+    orig = plt.show
+
+    @functools.wraps(orig)
+    def show(*args, **kw):
+        try:
+            agg = str(plt.get_backend()).lower() == "agg"
+        except Exception:
+            agg = False
+        if not agg or _cell[0] is None:
+            return orig(*args, **kw)
+        figures()
+
+    plt.show = show
+
+
+class PyplotHook:
+    """A meta path finder that lets matplotlib.pyplot import as usual,
+    then calls patch_show on it: the driver never imports matplotlib
+    itself (it costs half a second, and most cells never plot)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = ShowLoader(spec.loader)
+        return spec
+
+
+class ShowLoader:
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        try:
+            patch_show(module)
+        except Exception:
+            pass
+
+    def __getattr__(self, name):  # get_source and friends, for tracebacks
+        return getattr(self.real, name)
+
+
 def error(etype, evalue, tb_lines):
     send({"type": "error", "id": _cell[0] or "", "ename": etype.__name__ if etype else "Error",
           "evalue": text_of(evalue) if not isinstance(evalue, BaseException) else str(evalue),
@@ -351,7 +406,15 @@ class IPython:
             def clear_output(self, wait=False):
                 pass
 
-        self.shell = InteractiveShell.instance(colors="NoColor")
+        from traitlets.config import Config
+
+        # History in memory, not in IPYTHONDIR's history.sqlite: the
+        # contexts of one sandbox are kernels side by side, and one SQLite
+        # file between them gives "database is locked"; nor should a
+        # cell's code outlive its kernel in a file.
+        cfg = Config()
+        cfg.HistoryManager.hist_file = ":memory:"
+        self.shell = InteractiveShell.instance(colors="NoColor", config=cfg)
         self.shell.displayhook = Hook(shell=self.shell, cache_size=self.shell.cache_size)
         self.shell.display_pub = Pub(shell=self.shell)
         self.shell.display_trap.hook = self.shell.displayhook
@@ -386,9 +449,25 @@ def strings(data):
     return out
 
 
+def scratch_dirs():
+    """Points IPython's profile directory and matplotlib's config and font
+    cache at /tmp unless the image says otherwise. Both default to HOME,
+    which in a sandbox is /workspace: a kernel would leave ~/.ipython (its
+    profile, and the history of every cell) and ~/.config/matplotlib among
+    the files the program made, and on a read-only HOME matplotlib warns on
+    every import."""
+    import tempfile
+    tmp = tempfile.gettempdir()
+    for var, sub in (("IPYTHONDIR", "ipython"), ("MPLCONFIGDIR", "matplotlib")):
+        if not os.environ.get(var):
+            os.environ[var] = os.path.join(tmp, "moat-kernel-" + sub)
+
+
 def main():
     redirect()
     os.environ.setdefault("MPLBACKEND", "Agg")
+    scratch_dirs()
+    sys.meta_path.insert(0, PyplotHook())
     kernel = None
     if os.environ.get("MOAT_KERNEL_PLAIN") != "1":
         try:

@@ -2,13 +2,16 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/service"
 	"github.com/moat-sandbox/moat/service/servicetest"
@@ -39,6 +42,22 @@ func TestMain(m *testing.M) {
 // python image), shut down when the test ends.
 func newNativeService(t testing.TB) *service.Service {
 	t.Helper()
+	return nativeService(t, "python", false)
+}
+
+// imageBuilds serialises this package's builds (the store's flock
+// serialises them across packages); imageBuilt remembers what was built.
+var (
+	imageBuilds sync.Mutex
+	imageBuilt  = map[string]bool{}
+)
+
+// nativeService is newNativeService with sandboxes of image. With build,
+// the image is built into the engine's store when it is missing or was
+// built from an older definition (once per machine and definition, as
+// scripts/setup builds python); without, the test skips.
+func nativeService(t *testing.T, img string, build bool) *service.Service {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the native tier creates cgroups and maps user namespaces")
 	}
@@ -51,8 +70,27 @@ func newNativeService(t testing.TB) *service.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	if _, err := e.Images().Lookup("python"); err != nil {
-		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	if _, err := e.Images().Lookup(img); err != nil {
+		if !build || !errors.Is(err, image.ErrNotBuilt) {
+			t.Skipf("the %s image is not built (%v): run moat image build %s", img, err, img)
+		}
+		if testing.Short() {
+			t.Skipf("skipping the %s image build (1-2 minutes, needs the Debian mirror) in -short mode", img)
+		}
+		if _, err := exec.LookPath("mmdebstrap"); err != nil {
+			t.Skip("needs mmdebstrap to build the image: apt-get install mmdebstrap")
+		}
+		imageBuilds.Lock()
+		defer imageBuilds.Unlock()
+		if !imageBuilt[img] {
+			start := time.Now()
+			built, err := e.Images().Build(context.Background(), img, image.BuildOptions{})
+			if err != nil {
+				t.Fatalf("build image %s: %v", img, err)
+			}
+			imageBuilt[img] = true
+			t.Logf("built image %s in %s: %.0f MB, %d packages", img, time.Since(start).Round(time.Second), float64(built.Size)/1e6, len(built.Packages))
+		}
 	}
 	s, err := service.New(service.Config{Backend: service.NewEngineBackend(e), Auditor: servicetest.NewAuditor(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

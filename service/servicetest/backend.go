@@ -304,7 +304,7 @@ func (s *Session) Start(ctx context.Context, req *engine.ExecRequest) (service.P
 		p.stdinW, p.stdinR, stdin = w, r, r
 	}
 	s.procs = append(s.procs, p)
-	prog := &program{argv: req.Argv, env: req.Env, stdin: stdin, stdout: req.Stdout, stderr: req.Stderr, sig: p.sig, kill: p.kill, manifest: s.manifest}
+	prog := &program{argv: req.Argv, env: req.Env, stdin: stdin, stdout: req.Stdout, stderr: req.Stderr, sig: p.sig, kill: p.kill, manifest: s.manifest, dir: s.dir}
 	if req.RawStdout != nil {
 		// The fake caps nothing: the raw writer takes the place of the
 		// capped one.

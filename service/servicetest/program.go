@@ -32,6 +32,10 @@ type program struct {
 	// winch delivers Resize's sizes.
 	tty   *tier.WindowSize
 	winch <-chan tier.WindowSize
+	// dir is the session's workspace ("" for a one-shot run): the
+	// kernel driver runs there, as a sandbox's program runs in
+	// /workspace.
+	dir string
 }
 
 func (p *program) run() *result.Result {
@@ -160,6 +164,21 @@ func HostPython() bool {
 func (p *program) hostPython(res *result.Result, stdout, stderr io.Writer, finish func() *result.Result) *result.Result {
 	cmd := exec.Command("python3", "-c", p.argv[2])
 	cmd.Env = os.Environ()
+	if p.dir != "" {
+		// As in a sandbox: the working directory and HOME are the
+		// workspace, and /tmp is scratch space beside it, so what the
+		// driver writes shows up in the workspace exactly when a sandbox's
+		// diff would show it (and nothing lands in the test's own
+		// directory or the host's /tmp).
+		tmp := p.dir + ".tmp"
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			res.Termination, res.ExitCode, res.Error = result.InfraError, 125, err.Error()
+			return finish()
+		}
+		defer os.RemoveAll(tmp)
+		cmd.Dir = p.dir
+		cmd.Env = append(cmd.Env, "HOME="+p.dir, "TMPDIR="+tmp)
+	}
 	for _, env := range []map[string]string{p.manifest.Env, p.env} {
 		for k, v := range env {
 			cmd.Env = append(cmd.Env, k+"="+v)
