@@ -399,3 +399,50 @@ func TestJupyterClientLeaves(t *testing.T) {
 		t.Errorf("the next cell ran after %s", d)
 	}
 }
+
+// FuzzJupyterLines: whatever bundle or error a kernel sends (from inside
+// the sandbox), its line is one line of JSON whose type is the kernel
+// output's and whose is_main_result is the host's.
+func FuzzJupyterLines(f *testing.F) {
+	f.Add("text/plain", "2", "ValueError", "bad", "Traceback\n  line 1")
+	f.Add("application/json", `{"a":[1,2]}`, "", "", "")
+	f.Add("application/json", `{nope`, "E\n", "v\r\n", "")
+	f.Add("type", "stdout", "is_main_result", "x", "\u2028")
+	f.Add("image/png", "iVBORw0KGgo=", "KeyboardInterrupt", "", "")
+	f.Fuzz(func(t *testing.T, mime, value, name, evalue, tb string) {
+		for _, o := range []service.CellOutput{
+			{Type: "result", Data: map[string]string{mime: value, "text/plain": value}},
+			{Type: "display", Data: map[string]string{mime: value}},
+			{Type: "error", Error: &service.CellErrorInfo{Name: name, Value: evalue, Traceback: strings.Split(tb, "\n")}},
+			{Type: "stdout", Text: value},
+		} {
+			line := outputLine(&o, time.Now())
+			if line == nil {
+				t.Fatalf("%s output gave no line", o.Type)
+			}
+			data, err := json.Marshal(line)
+			if err != nil {
+				t.Fatalf("%s line does not encode: %v", o.Type, err)
+			}
+			if bytes.ContainsAny(data, "\n\r") {
+				t.Fatalf("%s line %q is more than one line", o.Type, data)
+			}
+			var back map[string]any
+			if err := json.Unmarshal(data, &back); err != nil {
+				t.Fatalf("%s line %q is not JSON: %v", o.Type, data, err)
+			}
+			want := o.Type
+			if want == "display" {
+				want = "result"
+			}
+			if back["type"] != want {
+				t.Fatalf("%s line has type %v", o.Type, back["type"])
+			}
+			if o.Type == "result" || o.Type == "display" {
+				if back["is_main_result"] != (o.Type == "result") {
+					t.Fatalf("%s line has is_main_result %v", o.Type, back["is_main_result"])
+				}
+			}
+		}
+	})
+}
