@@ -204,7 +204,7 @@ func linesOf(lines []map[string]any, typ string) []map[string]any {
 // what is wrong.
 func TestJupyterExecute(t *testing.T) {
 	e := jupyterEnv(t)
-	a := e.create(keyA, `{"templateID":"code-interpreter-v1"}`)
+	a := e.create(keyA, `{"templateID":"code-interpreter-v1","timeout":120}`)
 	hdr := jupyterHeaders(a)
 	code := func(c string) string {
 		data, _ := json.Marshal(map[string]any{"code": c})
@@ -221,11 +221,18 @@ func TestJupyterExecute(t *testing.T) {
 	if r := linesOf(lines, "result"); len(r) != 1 || r[0]["text"] != "2" || r[0]["is_main_result"] != true {
 		t.Errorf("results %v, want one main result with text 2 (state kept)", r)
 	}
-	if o := linesOf(lines, "stdout"); len(o) != 1 || o[0]["text"] != "out\n" || o[0]["timestamp"] == nil {
-		t.Errorf("stdout lines %v, want out\\n with a timestamp", o)
-	}
-	if o := linesOf(lines, "stderr"); len(o) != 1 || o[0]["text"] != "err\n" {
-		t.Errorf("stderr lines %v, want err\\n", o)
+	for stream, want := range map[string]string{"stdout": "out\n", "stderr": "err\n"} {
+		// A stream's writes may come as more than one line.
+		var got strings.Builder
+		for _, o := range linesOf(lines, stream) {
+			got.WriteString(o["text"].(string))
+			if _, ok := o["timestamp"].(float64); !ok {
+				t.Errorf("%s line %v has no timestamp", stream, o)
+			}
+		}
+		if got.String() != want {
+			t.Errorf("%s %q, want %q", stream, got.String(), want)
+		}
 	}
 	if n := linesOf(lines, "number_of_executions"); len(n) != 1 || n[0]["execution_count"] != 2.0 {
 		t.Errorf("number_of_executions %v, want 2", n)
@@ -246,8 +253,8 @@ func TestJupyterExecute(t *testing.T) {
 		t.Errorf("display lines %v, want html <b>hi</b>, not the main result", d)
 	}
 
-	other := e.create(keyB, `{"templateID":"code-interpreter-v1"}`)
-	pub := e.create(keyA, `{"templateID":"code-interpreter-v1","network":{"allowPublicTraffic":true}}`)
+	other := e.create(keyB, `{"templateID":"code-interpreter-v1","timeout":120}`)
+	pub := e.create(keyA, `{"templateID":"code-interpreter-v1","timeout":120,"network":{"allowPublicTraffic":true}}`)
 	bad := []struct {
 		name    string
 		hdr     map[string]string
@@ -290,7 +297,7 @@ func TestJupyterExecute(t *testing.T) {
 // restarted, removed; bad ones refused.
 func TestJupyterContexts(t *testing.T) {
 	e := jupyterEnv(t)
-	a := e.create(keyA, `{"templateID":"code-interpreter-v1"}`)
+	a := e.create(keyA, `{"templateID":"code-interpreter-v1","timeout":120}`)
 	hdr := jupyterHeaders(a)
 	// createCodeContext sends the traffic token only.
 	ctxHdr := map[string]string{"E2b-Sandbox-Id": a.SandboxID, "E2b-Sandbox-Port": JupyterPort, TrafficHeader: *a.TrafficAccessToken, "Content-Type": "application/json"}
