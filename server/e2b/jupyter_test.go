@@ -121,7 +121,14 @@ func TestJupyterLines(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if string(got) != tc.want {
+			var g, w any
+			if err := json.Unmarshal(got, &g); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(tc.want), &w); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(g, w) {
 				t.Errorf("line = %s\nwant   %s", got, tc.want)
 			}
 		})
