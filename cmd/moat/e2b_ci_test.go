@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -59,10 +60,23 @@ func TestServeE2BCodeInterpreter(t *testing.T) {
 	home := serverHome(t)
 	key := createKey(t, home)
 	s := startServer(t, home, key, "--e2b", "--e2b-domain", "moat.test", "--pool", "0", "--session-pool", "0")
+	// The SDK's default template (code-interpreter-v1: the image
+	// code-interpreter when the host has it, else python), then python
+	// itself: the same checks on a plain kernel.
+	for _, template := range []string{"", "python"} {
+		t.Run(cmp.Or(template, "default template"), func(t *testing.T) {
+			runCodeInterpreterSDK(t, s, node, sdk, key, template)
+		})
+	}
+}
+
+// runCodeInterpreterSDK runs ci.cjs against s with sandboxes of template
+// ("" for the SDK's default).
+func runCodeInterpreterSDK(t *testing.T, s *testServer, node, sdk, key, template string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "testdata/e2b-ci/ci.cjs")
-	cmd.Env = append(os.Environ(), "NODE_PATH="+sdk, "E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url, "E2B_API_KEY="+key)
+	cmd.Env = append(os.Environ(), "NODE_PATH="+sdk, "E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url, "E2B_API_KEY="+key, "CI_TEMPLATE="+template)
 	out, err := cmd.CombinedOutput()
 	t.Logf("ci.cjs:\n%s", out)
 	var exit *exec.ExitError

@@ -31,7 +31,11 @@ async function rejects(p, cls, what) {
 
 async function main() {
   console.log(`code-interpreter ${version}`)
-  const sbx = await Sandbox.create({ timeoutMs: 300_000 })
+  // CI_TEMPLATE: another template than the SDK's default
+  // (code-interpreter-v1), e.g. python: the same checks on a plain kernel.
+  const template = process.env.CI_TEMPLATE
+  const sbx = template ? await Sandbox.create(template, { timeoutMs: 300_000 }) : await Sandbox.create({ timeoutMs: 300_000 })
+  console.log(`template ${template || 'code-interpreter-v1 (the SDK default)'}`)
   console.log(`sandbox ${sbx.sandboxId}`)
 
   await check('state', async () => {
