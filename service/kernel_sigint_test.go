@@ -109,7 +109,7 @@ func TestKernelDriverSIGINTBetweenCells(t *testing.T) {
 		}
 	}()
 	for i := 1; i <= 200; i++ {
-		send("c-"+strconv.Itoa(i), "pass")
+		send("c-"+strconv.Itoa(i), []string{"pass", "1", "1/0"}[i%3])
 		next("end")
 	}
 	close(stop)
