@@ -353,7 +353,38 @@ func (c *cellRun) finish(status string, override *CellErrorInfo) {
 }
 
 // CellFeed reads a running cell's events; see RunCell.
-type CellFeed struct{ c *cellRun }
+type CellFeed struct {
+	c *cellRun
+	k *kernel
+}
+
+// Interrupt interrupts the feed's cell, as InterruptKernel does, if it is
+// still the one its kernel runs, and returns once the cell has ended (or
+// ctx has); a cell that already ended is left alone, and so is the next
+// cell of its context: a client that leaves must stop its own cell and
+// never another's (the E2B code interpreter interrupts the cell whose
+// caller went away, since nothing would read its outputs).
+func (f *CellFeed) Interrupt(ctx context.Context, why string) {
+	k, c := f.k, f.c
+	k.mu.Lock()
+	mine := k.cur == c
+	k.mu.Unlock()
+	if !mine {
+		return
+	}
+	// k.interrupt signals the kernel's process: were c to end in between,
+	// the SIGINT would reach an idle driver, which ignores it between
+	// cells, and the next cell cannot start before this one's end frame.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.interrupt(c, why)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
 
 // Read returns the events after id after and a channel closed on the next
 // change. The end event (Cell set) is the last.
@@ -474,10 +505,10 @@ func (s *Service) StartCell(ctx context.Context, key audit.Key, id string, args 
 		// it rather than leave it holding its slot until its timeout.
 		k.fail(fmt.Errorf("sending the cell to the kernel: %w; the kernel was killed", err))
 		k.ex.proc.Signal(unix.SIGKILL)
-		return &CellFeed{c}, nil
+		return &CellFeed{c, k}, nil
 	}
 	s.goSafe("cell timer", func() { k.time(c, timeout) })
-	return &CellFeed{c}, nil
+	return &CellFeed{c, k}, nil
 }
 
 // time interrupts c when it runs past timeout, and kills the kernel when

@@ -489,12 +489,16 @@ def main():
         _cell[0] = msg.get("id") or ""
         status = "error"
         try:
+            _running[0] = True
             status = kernel.run(msg.get("code") or "")
             figures()
+            _running[0] = False
         except KeyboardInterrupt as e:
+            _running[0] = False
             error(type(e), e, [])
             status = "interrupted"
         except BaseException as e:
+            _running[0] = False
             error(type(e), e, traceback.format_exception(type(e), e, e.__traceback__))
         try:
             for w in _writers:
@@ -506,5 +510,18 @@ def main():
         _cell[0] = None
 
 
-signal.signal(signal.SIGINT, signal.default_int_handler)
+# _running: a cell runs. SIGINT interrupts a running cell only: one that
+# lands after its cell ended (the host interrupts a cell whose caller left
+# or whose time ran out, racing with its end) must not raise in the loop
+# itself, between cells, where nothing would catch it and the kernel,
+# with its state, would die.
+_running = [False]
+
+
+def on_sigint(signum, frame):
+    if _running[0]:
+        raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGINT, on_sigint)
 main()

@@ -56,7 +56,7 @@ var (
 // the image is built into the engine's store when it is missing or was
 // built from an older definition (once per machine and definition, as
 // scripts/setup builds python); without, the test skips.
-func nativeService(t *testing.T, img string, build bool) *service.Service {
+func nativeService(t testing.TB, img string, build bool) *service.Service {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the native tier creates cgroups and maps user namespaces")

@@ -134,15 +134,37 @@ func badField(field, format string, a ...any) *apiError {
 // engine's to say (a FieldError on image, which create answers as the
 // unknown template it is).
 func templateImage(template string, hasBase bool) string {
-	if template == "base" && !hasBase {
+	return templateImageOn(template, func(image string) bool { return hasBase && image == "base" })
+}
+
+// codeInterpreterImage is the image that E2B's code interpreter templates
+// (codeInterpreterTemplates) run on when the store has it: Python with
+// ipykernel and matplotlib; without it, Moat's default image runs the
+// kernel too (plain Python, no IPython, no charts).
+const codeInterpreterImage = "code-interpreter"
+
+// codeInterpreterTemplates are the template names of E2B's code
+// interpreter: @e2b/code-interpreter's default, and its older name.
+var codeInterpreterTemplates = map[string]bool{"code-interpreter-v1": true, "code-interpreter": true}
+
+// templateImageOn is templateImage on a host whose store holds the images
+// has reports: "base" and the code interpreter's templates fall back to
+// Moat's default image when the store lacks theirs.
+func templateImageOn(template string, has func(string) bool) string {
+	switch {
+	case template == "base" && !has("base"):
+		return manifest.Default().Image
+	case codeInterpreterTemplates[template] && has(codeInterpreterImage):
+		return codeInterpreterImage
+	case codeInterpreterTemplates[template]:
 		return manifest.Default().Image
 	}
 	return template
 }
 
-// hasBaseImage reports whether the "base" template is the image "base".
-func (h *Handler) hasBaseImage() bool {
-	return h.cfg.HasImage != nil && h.cfg.HasImage("base")
+// hasImage reports whether the store holds image (Config.HasImage).
+func (h *Handler) hasImage(image string) bool {
+	return h.cfg.HasImage != nil && h.cfg.HasImage(image)
 }
 
 // sandboxManifest turns an E2B request into a Moat manifest and TTL, or
@@ -180,8 +202,14 @@ type plan struct {
 // translate turns an E2B create request into a plan, under the operator's
 // definition of internet, or refuses a field Moat cannot honour.
 func translate(req *newSandbox, hasBase bool, internet Internet) (plan, *apiError) {
+	return translateOn(req, func(image string) bool { return hasBase && image == "base" }, internet)
+}
+
+// translateOn is translate on a host whose store holds the images has
+// reports.
+func translateOn(req *newSandbox, has func(string) bool, internet Internet) (plan, *apiError) {
 	template := cmp.Or(req.TemplateID, "base")
-	image := templateImage(template, hasBase)
+	image := templateImageOn(template, has)
 	ttl := 15 * time.Second // E2B's default
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 || *req.Timeout > maxSeconds {
@@ -401,7 +429,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, key audit.Key) 
 	if e := decodeStrict(r, &req); e != nil {
 		return e
 	}
-	p, e := translate(&req, h.hasBaseImage(), h.cfg.Internet)
+	p, e := translateOn(&req, h.hasImage, h.cfg.Internet)
 	if e != nil {
 		return e
 	}

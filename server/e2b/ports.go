@@ -63,13 +63,20 @@ func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id, portText
 		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "port": port, "code": 502, "message": "The sandbox was not found: it is not running, or it never existed"})
 		return
 	}
-	if !b.public {
+	if !b.public || portText == JupyterPort {
 		// The envd access token (X-Access-Token) also lets its holder
 		// through: it already runs commands in the sandbox, which reach
 		// every port from inside.
 		traffic := subtle.ConstantTimeCompare([]byte(r.Header.Get(TrafficHeader)), []byte(b.traffic)) == 1 && b.traffic != ""
 		envd := subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(b.token)) == 1
-		if !traffic && !envd {
+		switch {
+		case traffic || envd:
+		case b.public:
+			// The code interpreter runs code: allowPublicTraffic opens a
+			// sandbox's web apps to anyone, never its kernel.
+			writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, "the code interpreter (port " + JupyterPort + ") needs the sandbox's envd access token (X-Access-Token) even though the sandbox was created with network.allowPublicTraffic: true: public traffic opens its web apps, not its kernel"})
+			return
+		default:
 			writeJSON(w, http.StatusUnauthorized, apiError{http.StatusUnauthorized, "e2b-traffic-access-token is missing or is not this sandbox's traffic access token (the SDK's sandbox.trafficAccessToken; create with network.allowPublicTraffic: true for URLs anyone may open)"})
 			return
 		}
@@ -82,6 +89,12 @@ func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id, portText
 			return
 		}
 		key = k
+	}
+	if portText == JupyterPort {
+		// The code interpreter is served here, not by the sandbox
+		// (jupyter.go).
+		h.serveJupyter(w, r, key, b)
+		return
 	}
 	h.proxyPort(w, r, key, id, port)
 }
