@@ -127,16 +127,6 @@ func badField(field, format string, a ...any) *apiError {
 	return &apiError{http.StatusBadRequest, field + ": " + fmt.Sprintf(format, a...)}
 }
 
-// templateImage maps an E2B template onto the Moat image of the same name:
-// any image the host's store has or can build. "base", E2B's default, is
-// Moat's default image unless hasBase says the store holds a build of the
-// image "base" (Config.HasImage). Whether any other image exists is the
-// engine's to say (a FieldError on image, which create answers as the
-// unknown template it is).
-func templateImage(template string, hasBase bool) string {
-	return templateImageOn(template, func(image string) bool { return hasBase && image == "base" })
-}
-
 // codeInterpreterImage is the image that E2B's code interpreter templates
 // (codeInterpreterTemplates) run on when the store has it: Python with
 // ipykernel and matplotlib; without it, Moat's default image runs the
@@ -147,9 +137,12 @@ const codeInterpreterImage = "code-interpreter"
 // interpreter: @e2b/code-interpreter's default, and its older name.
 var codeInterpreterTemplates = map[string]bool{"code-interpreter-v1": true, "code-interpreter": true}
 
-// templateImageOn is templateImage on a host whose store holds the images
-// has reports: "base" and the code interpreter's templates fall back to
-// Moat's default image when the store lacks theirs.
+// templateImageOn maps an E2B template onto the Moat image of the same
+// name, on a host whose store holds the images has reports: "base" (E2B's
+// default) and the code interpreter's templates fall back to Moat's
+// default image when the store lacks theirs. Whether any other image
+// exists is the engine's to say (a FieldError on image, which create
+// answers as the unknown template it is).
 func templateImageOn(template string, has func(string) bool) string {
 	switch {
 	case template == "base" && !has("base"):
