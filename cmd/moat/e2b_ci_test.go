@@ -89,6 +89,11 @@ func runCodeInterpreterSDK(t *testing.T, s *testServer, node, sdk, key, template
 	for _, name := range e2bCIChecks {
 		t.Run(name, func(t *testing.T) {
 			if m := regexp.MustCompile(`(?m)^skip ` + regexp.QuoteMeta(name) + `: (.*)$`).FindSubmatch(out); m != nil && name == "png" {
+				if template == "" && os.Getenv("CI") == "true" {
+					// scripts/test builds the image the default template
+					// runs on: there the chart must be drawn.
+					t.Fatalf("png skipped on the default template: %s", m[1])
+				}
 				t.Skip(string(m[1]))
 			}
 			if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(name) + `$`).Match(out) {

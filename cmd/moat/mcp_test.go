@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/moat-sandbox/moat/engine"
 )
 
 // mcpBearer adds an API key to every request of the MCP client.
@@ -77,8 +79,15 @@ func mcpWork(t *testing.T, cs *mcp.ClientSession) string {
 	if run.Result.ExitCode != 0 || run.Result.Stdout.Data != "42\n" {
 		t.Fatalf("run_code: %+v", run)
 	}
+	// The code interpreter's image has pandas and matplotlib: the work
+	// then plots too (scripts/test builds it; under CI it must be there).
+	plot := chartImage(t)
 	var sb struct{ ID string }
-	mcpCall(t, cs, "create_sandbox", map[string]any{"ttl": "5m"}, &sb)
+	create := map[string]any{"ttl": "5m"}
+	if plot {
+		create["manifest"] = map[string]any{"image": chartImageName}
+	}
+	mcpCall(t, cs, "create_sandbox", create, &sb)
 	mcpCall(t, cs, "write_file", map[string]any{"sandbox_id": sb.ID, "path": "data.csv", "content": "x\n1\n2\n39\n"}, nil)
 	var ex struct {
 		State  string
@@ -87,10 +96,22 @@ func mcpWork(t *testing.T, cs *mcp.ClientSession) string {
 			Stderr   struct{ Data string }
 		}
 	}
-	mcpCall(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "language": "python",
-		"code": "import csv\nrows = list(csv.DictReader(open('data.csv')))\nopen('sum.txt', 'w').write(str(sum(int(r['x']) for r in rows)))"}, &ex)
+	code := "import csv\nrows = list(csv.DictReader(open('data.csv')))\nopen('sum.txt', 'w').write(str(sum(int(r['x']) for r in rows)))"
+	if plot {
+		code = "import pandas as pd\nimport matplotlib.pyplot as plt\ndf = pd.read_csv('data.csv')\n" +
+			"open('sum.txt', 'w').write(str(df['x'].sum()))\ndf.plot(y='x')\nplt.savefig('chart.png')"
+	}
+	mcpCall(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "language": "python", "code": code}, &ex)
 	if ex.Result.ExitCode != 0 {
 		t.Fatalf("exec: %+v", ex)
+	}
+	if plot {
+		// The chart comes back as an embedded resource, a real PNG.
+		res := mcpCall(t, cs, "download", map[string]any{"sandbox_id": sb.ID, "path": "chart.png"}, nil)
+		er, ok := res.Content[len(res.Content)-1].(*mcp.EmbeddedResource)
+		if !ok || er.Resource.MIMEType != "image/png" || !bytes.HasPrefix(er.Resource.Blob, []byte("\x89PNG\r\n\x1a\n")) || len(er.Resource.Blob) < 1000 {
+			t.Fatalf("download chart.png: %#v", res.Content)
+		}
 	}
 	var fc struct{ Content string }
 	mcpCall(t, cs, "read_file", map[string]any{"sandbox_id": sb.ID, "path": "sum.txt"}, &fc)
@@ -105,6 +126,24 @@ func mcpWork(t *testing.T, cs *mcp.ClientSession) string {
 		t.Fatalf("download: %#v", res.Content[1])
 	}
 	return sb.ID
+}
+
+// chartImageName is the image with pandas and matplotlib (scripts/test
+// builds it).
+const chartImageName = "code-interpreter"
+
+// chartImage reports whether the shared image store has chartImageName;
+// under CI, where scripts/test builds it, its absence is a failure.
+func chartImage(t *testing.T) bool {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(engine.DefaultHome(), "images", chartImageName)); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the %s image is not built (scripts/test builds it): %v", chartImageName, err)
+		}
+		t.Logf("no %s image (%v): the work does not plot", chartImageName, err)
+		return false
+	}
+	return true
 }
 
 // TestMCP runs an agent's work through the built moat, with the Go SDK's

@@ -143,16 +143,21 @@ async function main() {
   await check('png', async () => {
     const has = await sbx.runCode('import importlib.util\nimportlib.util.find_spec("matplotlib") is not None')
     if (has.text !== 'True') return `the sandbox's image has no matplotlib (${has.text || (has.error && has.error.value)}); the image code-interpreter has it`
+    // An app's multi-step work: upload a CSV, load and compute in one
+    // cell, plot in the next (the DataFrame kept), read the PNG.
+    await sbx.files.write('/home/user/sales.csv', 'month,units\n1,10\n2,32\n3,7\n')
+    const load = await sbx.runCode('import pandas as pd\ndf = pd.read_csv("sales.csv")\nint(df["units"].sum())')
+    eq(load.error, undefined, 'load error')
+    eq(load.text, '49', 'the sum of the CSV')
     const ex = await sbx.runCode([
-      'import matplotlib',
-      'matplotlib.use("Agg")',
       'import matplotlib.pyplot as plt',
-      'plt.plot([1, 2, 3], [1, 4, 9])',
+      'df.plot(x="month", y="units")',
       'plt.show()',
     ].join('\n'))
     eq(ex.error, undefined, 'error')
     const png = ex.results.filter((r) => r.png)
     if (png.length !== 1 || !png[0].png.startsWith('iVBORw0KGgo')) throw new Error(`png results: ${JSON.stringify(ex.results.map((r) => r.formats()))}`)
+    if (Buffer.from(png[0].png, 'base64').length < 1000) throw new Error('the PNG is too small to be a chart')
   })
 
   await sbx.kill()
