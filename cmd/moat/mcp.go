@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -107,12 +108,22 @@ func cmdMCP(args []string) int {
 		return fail(err)
 	}
 	defer e.Close()
+	// Snapshots (snapshot_sandbox) live in a directory of this process's
+	// own, removed when it ends: moat serve's is not this process's to
+	// clear, and a session's snapshots end with it, as its sandboxes do.
+	snapParent := filepath.Join(e.Home(), "mcp-snapshots")
+	if err := os.MkdirAll(snapParent, 0o700); err != nil {
+		return fail(fmt.Errorf("snapshot directory: %w", err))
+	}
+	snapDir, err := os.MkdirTemp(snapParent, "session-")
+	if err != nil {
+		return fail(fmt.Errorf("snapshot directory: %w", err))
+	}
+	defer os.RemoveAll(snapDir)
 	sc := service.Config{
 		Backend: service.NewEngineBackend(e), Auditor: store, Logger: log,
 		MaxTTL: *maxTTL, Policy: pol, Effects: fx, NoEffects: fx == nil, ApprovalTimeout: *approvalTTL,
-		// No SnapshotDir: the tools take no snapshots, and the
-		// directory of moat serve's snapshots is not this process's to
-		// clear.
+		SnapshotDir: snapDir,
 	}
 	if opts.Incidents != nil {
 		sc.Incidents = opts.Incidents

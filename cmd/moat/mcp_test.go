@@ -113,6 +113,20 @@ func mcpWork(t *testing.T, cs *mcp.ClientSession) string {
 			t.Fatalf("download chart.png: %#v", res.Content)
 		}
 	}
+	// The same in the sandbox's Python kernel, state kept across cells.
+	var cell struct {
+		Status string
+		Result map[string]string
+	}
+	mcpCall(t, cs, "run_cell", map[string]any{"sandbox_id": sb.ID, "code": "import csv\nrows = list(csv.DictReader(open('data.csv')))"}, &cell)
+	mcpCall(t, cs, "run_cell", map[string]any{"sandbox_id": sb.ID, "code": "sum(int(r['x']) for r in rows)"}, &cell)
+	if cell.Status != "ok" || cell.Result["text/plain"] != "42" {
+		t.Fatalf("run_cell: %+v", cell)
+	}
+	// A snapshot of its files, then gone again.
+	var sn struct{ ID string }
+	mcpCall(t, cs, "snapshot_sandbox", map[string]any{"sandbox_id": sb.ID}, &sn)
+	mcpCall(t, cs, "delete_snapshot", map[string]any{"snapshot": sn.ID}, nil)
 	var fc struct{ Content string }
 	mcpCall(t, cs, "read_file", map[string]any{"sandbox_id": sb.ID, "path": "sum.txt"}, &fc)
 	if fc.Content != "42" {

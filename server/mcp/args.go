@@ -40,6 +40,7 @@ type RunCodeArgs struct {
 
 // CreateSandboxArgs are create_sandbox's arguments.
 type CreateSandboxArgs struct {
+	Snapshot string            `json:"snapshot,omitempty" jsonschema:"optional id or name of a snapshot (snapshot_sandbox) whose files the sandbox starts with"`
 	Manifest json.RawMessage   `json:"manifest,omitempty" jsonschema:"optional Moat manifest fields, as for run_code; commands in the sandbox are held to them"`
 	TTL      string            `json:"ttl,omitempty" jsonschema:"how long the sandbox lives, a duration such as 10m or 1h (default 10m); it is destroyed after"`
 	Files    []FileArg         `json:"files,omitempty" jsonschema:"files written into /workspace when the sandbox is created"`
@@ -222,4 +223,29 @@ func textOrBase64(b []byte) (content, encoding string) {
 		return string(b), "utf-8"
 	}
 	return base64.StdEncoding.EncodeToString(b), "base64"
+}
+
+// RunCellArgs are run_cell's arguments.
+type RunCellArgs struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the id create_sandbox returned"`
+	Code      string `json:"code" jsonschema:"Python code; variables, imports and files persist from cell to cell. The last expression's value is returned"`
+	Context   string `json:"context,omitempty" jsonschema:"the kernel to run in; default the sandbox's own"`
+	Timeout   string `json:"timeout,omitempty" jsonschema:"a duration such as 30s, at most the sandbox's resources.timeout (its default)"`
+}
+
+// SnapshotArgs are snapshot_sandbox's arguments.
+type SnapshotArgs struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the id create_sandbox returned"`
+	Name      string `json:"name,omitempty" jsonschema:"optional name to find the snapshot by (letters, digits, . _ : -), unique among the key's snapshots"`
+}
+
+// ListSnapshotsArgs are list_snapshots' arguments.
+type ListSnapshotsArgs struct {
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"only the snapshots of this sandbox"`
+	Name      string `json:"name,omitempty" jsonschema:"only the snapshot of this name"`
+}
+
+// SnapshotRefArgs are delete_snapshot's arguments.
+type SnapshotRefArgs struct {
+	Snapshot string `json:"snapshot" jsonschema:"the snapshot's id or name"`
 }

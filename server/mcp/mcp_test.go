@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -59,7 +61,7 @@ func newHarness(t testing.TB) *harness {
 	for tok, k := range keyOf {
 		au.AddKey(tok, k)
 	}
-	svc, err := service.New(service.Config{Backend: be, Auditor: au, Logger: logger(), QueueWait: -1})
+	svc, err := service.New(service.Config{Backend: be, Auditor: au, Logger: logger(), QueueWait: -1, SnapshotDir: filepath.Join(t.TempDir(), "snapshots")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +196,7 @@ func toolErr(t *testing.T, res *mcp.CallToolResult) ToolError {
 
 func TestListTools(t *testing.T) {
 	h := newHarness(t)
-	want := []string{"create_sandbox", "download", "exec", "get_approval", "kill_sandbox", "list_files", "read_file", "run_code", "write_file"}
+	want := []string{"create_sandbox", "delete_snapshot", "download", "exec", "get_approval", "kill_sandbox", "list_files", "list_snapshots", "read_file", "run_cell", "run_code", "snapshot_sandbox", "write_file"}
 	for _, tr := range transports {
 		t.Run(tr, func(t *testing.T) {
 			cs, _ := h.connect(t, tr, tokenA)
@@ -349,6 +351,92 @@ func TestSandboxAcrossCalls(t *testing.T) {
 			for _, st := range steps {
 				t.Run(st.name, func(t *testing.T) { st.check(t, call(t, cs, st.tool, st.args)) })
 			}
+		})
+	}
+}
+
+// TestCellsAndSnapshots: run_cell keeps state from call to call and
+// attaches charts as images; snapshot_sandbox, list_snapshots,
+// create_sandbox from a snapshot and delete_snapshot keep and restore a
+// sandbox's files.
+func TestCellsAndSnapshots(t *testing.T) {
+	if !servicetest.HostPython() {
+		t.Skip("needs python3 on the host: the fake backend runs the kernel driver with it")
+	}
+	h := newHarness(t)
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			cs, _ := h.connect(t, tr, tokenA)
+			var sb service.Sandbox
+			ok(t, call(t, cs, "create_sandbox", map[string]any{}), &sb)
+			var c service.Cell
+			ok(t, call(t, cs, "run_cell", map[string]any{"sandbox_id": sb.ID, "code": "x = 20\nprint('set')"}), &c)
+			if c.Status != "ok" || !c.KernelStarted {
+				t.Fatalf("first cell %+v", c)
+			}
+			res := call(t, cs, "run_cell", map[string]any{"sandbox_id": sb.ID, "code": "x + 22", "timeout": "10s"})
+			ok(t, res, &c)
+			if c.Result["text/plain"] != "42" || c.KernelStarted || !strings.Contains(text(res), "result: 42") {
+				t.Errorf("second cell %+v, summary %q", c, text(res))
+			}
+			// A display with a PNG comes back as an image content too.
+			res = call(t, cs, "run_cell", map[string]any{"sandbox_id": sb.ID, "code": "class P:\n    def _repr_png_(self): return b'\\x89PNG\\r\\n\\x1a\\nfake'\ndisplay(P())"})
+			ok(t, res, &c)
+			var img *mcp.ImageContent
+			for _, ct := range res.Content {
+				if ic, isImg := ct.(*mcp.ImageContent); isImg {
+					img = ic
+				}
+			}
+			if img == nil || img.MIMEType != "image/png" || !bytes.HasPrefix(img.Data, []byte("\x89PNG")) {
+				t.Errorf("display of a PNG: content %#v", res.Content)
+			}
+			res = call(t, cs, "run_cell", map[string]any{"sandbox_id": sb.ID, "code": "1/0"})
+			ok(t, res, &c)
+			if c.Error == nil || c.Error.Name != "ZeroDivisionError" || !strings.Contains(text(res), "ZeroDivisionError") {
+				t.Errorf("an exception: %+v, summary %q", c.Error, text(res))
+			}
+
+			ok(t, call(t, cs, "write_file", map[string]any{"sandbox_id": sb.ID, "path": "kept.txt", "content": "kept"}), nil)
+			var sn service.Snapshot
+			ok(t, call(t, cs, "snapshot_sandbox", map[string]any{"sandbox_id": sb.ID, "name": "base-" + tr}), &sn)
+			var list SnapshotList
+			ok(t, call(t, cs, "list_snapshots", map[string]any{"name": "base-" + tr}), &list)
+			if len(list.Snapshots) != 1 || list.Snapshots[0].ID != sn.ID {
+				t.Fatalf("list_snapshots by name: %+v", list)
+			}
+			var from service.Sandbox
+			ok(t, call(t, cs, "create_sandbox", map[string]any{"snapshot": "base-" + tr}), &from)
+			var fc FileContent
+			ok(t, call(t, cs, "read_file", map[string]any{"sandbox_id": from.ID, "path": "kept.txt"}), &fc)
+			if fc.Content != "kept" {
+				t.Errorf("the file in a sandbox from the snapshot: %+v", fc)
+			}
+			ok(t, call(t, cs, "delete_snapshot", map[string]any{"snapshot": sn.ID}), nil)
+			ok(t, call(t, cs, "list_snapshots", map[string]any{"sandbox_id": sb.ID}), &list)
+			if len(list.Snapshots) != 0 {
+				t.Errorf("listed after delete: %+v", list)
+			}
+			for _, tc := range []struct {
+				tool, field, code string
+				args              map[string]any
+			}{
+				{"run_cell", "code", "invalid_field", map[string]any{"sandbox_id": sb.ID}},
+				{"run_cell", "sandbox_id", "invalid_field", map[string]any{"code": "1"}},
+				{"run_cell", "timeout", "invalid_field", map[string]any{"sandbox_id": sb.ID, "code": "1", "timeout": "1h"}},
+				{"snapshot_sandbox", "sandbox_id", "invalid_field", map[string]any{}},
+				{"snapshot_sandbox", "name", "invalid_field", map[string]any{"sandbox_id": sb.ID, "name": "../x"}},
+				{"delete_snapshot", "snapshot", "invalid_field", map[string]any{}},
+				{"delete_snapshot", "", "not_found", map[string]any{"snapshot": sn.ID}},
+				{"create_sandbox", "", "not_found", map[string]any{"snapshot": "no-such"}},
+			} {
+				e := toolErr(t, call(t, cs, tc.tool, tc.args))
+				if e.Code != tc.code || (tc.field != "" && e.Field != tc.field) {
+					t.Errorf("%s %v: %+v, want %s naming %q", tc.tool, tc.args, e, tc.code, tc.field)
+				}
+			}
+			ok(t, call(t, cs, "kill_sandbox", map[string]any{"sandbox_id": from.ID}), nil)
+			ok(t, call(t, cs, "kill_sandbox", map[string]any{"sandbox_id": sb.ID}), nil)
 		})
 	}
 }

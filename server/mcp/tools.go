@@ -3,6 +3,7 @@ package mcp
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -114,6 +115,25 @@ var tools = func() []tool {
 	add(newTool("kill_sandbox", "Destroy a sandbox",
 		"Destroy a sandbox now, with its files and processes; its id stops working. Do it when the work is done.",
 		&mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(true), IdempotentHint: false}, killSandbox))
+	add(newTool("run_cell", "Run a cell in the sandbox's Python kernel",
+		"Run Python code as one cell of a stateful interpreter in a sandbox from create_sandbox (the first cell "+
+			"starts it): variables, imports and files persist from cell to cell, as in a notebook. Returns the "+
+			"printed output, the last expression's value, displays and charts (matplotlib figures come back as "+
+			"images; use a sandbox whose manifest says \"image\": \"code-interpreter\" for pandas and "+
+			"matplotlib), or the exception with its traceback.",
+		&mcp.ToolAnnotations{OpenWorldHint: ptr(false)}, runCell))
+	add(newTool("snapshot_sandbox", "Snapshot a sandbox's files",
+		"Keep a copy of a sandbox's /workspace files (not its processes or memory) as a snapshot, to start "+
+			"new sandboxes from (create_sandbox with snapshot). The sandbox keeps running. A snapshot counts "+
+			"against the key's sandbox quota until delete_snapshot or its expiry.",
+		&mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(false)}, snapshotSandbox))
+	add(newTool("list_snapshots", "List snapshots",
+		"List the key's snapshots, optionally of one sandbox or by name: id, names, source sandbox, files, "+
+			"bytes, when it expires.",
+		&mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)}, listSnapshots))
+	add(newTool("delete_snapshot", "Delete a snapshot",
+		"Delete a snapshot (by id or name) and its files now.",
+		&mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(true)}, deleteSnapshot))
 	add(newTool("get_approval", "Check an approval",
 		"Check a command held for a person's approval (the id an exec or run_code answer gave): pending with "+
 			"when it expires, or no longer pending once it was approved, denied or expired (then run the "+
@@ -302,7 +322,10 @@ func createSandbox(ctx context.Context, s *Server, c *conn, key audit.Key, in *C
 	if e := service.CheckMetadata(in.Metadata); e != nil {
 		return reply{}, e
 	}
-	sb, err := s.svc.CreateSandbox(ctx, key, service.SandboxArgs{Manifest: m, TTL: ttl, Files: fs, Metadata: in.Metadata})
+	if in.Snapshot != "" && in.Manifest == nil {
+		m = nil // the snapshot's own manifest
+	}
+	sb, err := s.svc.CreateSandbox(ctx, key, service.SandboxArgs{Manifest: m, TTL: ttl, Files: fs, Metadata: in.Metadata, Snapshot: in.Snapshot})
 	if err != nil {
 		return reply{}, err
 	}
@@ -493,4 +516,114 @@ func getApproval(ctx context.Context, s *Server, _ *conn, key audit.Key, in *App
 		}
 	}
 	return reply{}, service.Errorf(service.NotFound, "approval_id", "approval_id: %s is not pending: it was approved (the command ran), denied, expired, or is not this key's", service.Quote(in.ApprovalID))
+}
+
+func runCell(ctx context.Context, s *Server, _ *conn, key audit.Key, in *RunCellArgs) (reply, error) {
+	if e := required("sandbox_id", in.SandboxID, sandboxHint); e != nil {
+		return reply{}, e
+	}
+	if e := required("code", in.Code, "give the Python code of the cell, e.g. \"x = 1\\nx + 1\""); e != nil {
+		return reply{}, e
+	}
+	args := service.CellArgs{Code: in.Code, Context: in.Context}
+	if in.Timeout != "" {
+		m, err := s.svc.SandboxManifest(ctx, key, in.SandboxID)
+		if err != nil {
+			return reply{}, err
+		}
+		var e *service.Error
+		if args.Timeout, e = duration("timeout", in.Timeout, m.Resources.Timeout.D(), "the sandbox's resources.timeout"); e != nil {
+			return reply{}, e
+		}
+	}
+	c, err := s.svc.RunCell(ctx, key, in.SandboxID, args)
+	if err != nil {
+		return reply{}, err
+	}
+	text, images := cellSummary(c)
+	return reply{out: c, text: text, extra: images}, nil
+}
+
+// cellSummary is a cell in a few lines a model reads first, and its
+// images (charts) as MCP image content.
+func cellSummary(c service.Cell) (string, []mcp.Content) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "cell %s: %s", c.ID, c.Status)
+	if c.KernelStarted {
+		b.WriteString(" (a fresh kernel: earlier variables are gone)")
+	}
+	var images []mcp.Content
+	for _, o := range c.Outputs {
+		switch o.Type {
+		case "stdout", "stderr":
+			fmt.Fprintf(&b, "\n%s: %s", o.Type, cut(o.Text))
+		case "result", "display":
+			if png := o.Data["image/png"]; png != "" {
+				if data, err := base64.StdEncoding.DecodeString(png); err == nil {
+					images = append(images, &mcp.ImageContent{Data: data, MIMEType: "image/png"})
+					fmt.Fprintf(&b, "\n%s: an image/png (%d bytes), attached", o.Type, len(data))
+					continue
+				}
+			}
+			if t := o.Data["text/plain"]; t != "" {
+				fmt.Fprintf(&b, "\n%s: %s", o.Type, cut(t))
+			}
+		case "error":
+			if o.Error != nil {
+				fmt.Fprintf(&b, "\nerror: %s: %s\n%s", o.Error.Name, o.Error.Value, cut(strings.Join(o.Error.Traceback, "\n")))
+			}
+		}
+	}
+	if c.Truncated {
+		b.WriteString("\n[… outputs past the cell's caps were dropped]")
+	}
+	return b.String(), images
+}
+
+// cut bounds one piece of a summary: the whole is in the structured result.
+func cut(s string) string {
+	if len(s) > maxSummary {
+		return s[:maxSummary] + "\n[… more in the structured result]"
+	}
+	return s
+}
+
+func snapshotSandbox(ctx context.Context, s *Server, _ *conn, key audit.Key, in *SnapshotArgs) (reply, error) {
+	if e := required("sandbox_id", in.SandboxID, sandboxHint); e != nil {
+		return reply{}, e
+	}
+	sn, err := s.svc.CreateSnapshot(ctx, key, in.SandboxID, in.Name)
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{out: sn, text: fmt.Sprintf("snapshot %s of sandbox %s: %d files, %d bytes, kept until %s; create_sandbox with snapshot %q starts from it",
+		sn.ID, sn.SandboxID, sn.Files, sn.Bytes, sn.ExpiresAt.Format(time.RFC3339), sn.ID)}, nil
+}
+
+// SnapshotList is list_snapshots' answer.
+type SnapshotList struct {
+	Snapshots []service.Snapshot `json:"snapshots"`
+}
+
+func listSnapshots(ctx context.Context, s *Server, _ *conn, key audit.Key, in *ListSnapshotsArgs) (reply, error) {
+	list, err := s.svc.ListSnapshots(ctx, key, in.SandboxID, in.Name)
+	if err != nil {
+		return reply{}, err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d snapshots", len(list))
+	for _, sn := range list {
+		fmt.Fprintf(&b, "\n%s %v of %s: %d files, until %s", sn.ID, sn.Names, sn.SandboxID, sn.Files, sn.ExpiresAt.Format(time.RFC3339))
+	}
+	return reply{out: SnapshotList{Snapshots: list}, text: b.String()}, nil
+}
+
+func deleteSnapshot(ctx context.Context, s *Server, _ *conn, key audit.Key, in *SnapshotRefArgs) (reply, error) {
+	if e := required("snapshot", in.Snapshot, "give the id or name list_snapshots shows"); e != nil {
+		return reply{}, e
+	}
+	if err := s.svc.DeleteSnapshot(ctx, key, in.Snapshot); err != nil {
+		return reply{}, err
+	}
+	return reply{out: map[string]any{"deleted": in.Snapshot}, text: "snapshot " + in.Snapshot + " deleted"}, nil
 }
