@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
@@ -22,12 +20,7 @@ import (
 // by the lock's digest.
 func e2bCodeInterpreterSDK(t *testing.T) string {
 	t.Helper()
-	lock, err := os.ReadFile("testdata/e2b-ci/package-lock.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	return filepath.Join("/var/cache/moat/e2b-ci-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
+	return pinnedNodeModules(t, "testdata/e2b-ci", "e2b-ci-sdk")
 }
 
 // The checks ci.cjs runs; each must print "ok <name>" (png may print

@@ -36,12 +36,20 @@ func e2bSDK(t *testing.T, dir string) string {
 	if d := os.Getenv("MOAT_E2B_SDK"); d != "" && dir == "testdata/e2b" {
 		return d
 	}
+	return pinnedNodeModules(t, dir, "e2b-sdk")
+}
+
+// pinnedNodeModules is the node_modules directory scripts/setup installs
+// the npm packages pinned by dir's package-lock.json into:
+// /var/cache/moat/CACHE/<the lock's digest>.
+func pinnedNodeModules(t *testing.T, dir, cache string) string {
+	t.Helper()
 	lock, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(lock)
-	return filepath.Join("/var/cache/moat/e2b-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
+	return filepath.Join("/var/cache/moat", cache, hex.EncodeToString(sum[:])[:16], "node_modules")
 }
 
 // e2bReleases are the e2b npm releases TestServeE2BSDK drives, each

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -245,12 +243,7 @@ func TestMCP(t *testing.T) {
 // of testdata/mcp/package-lock.json (its node_modules).
 func mcpSDK(t *testing.T) string {
 	t.Helper()
-	lock, err := os.ReadFile("testdata/mcp/package-lock.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	return filepath.Join("/var/cache/moat/mcp-sdk", hex.EncodeToString(sum[:])[:16], "node_modules")
+	return pinnedNodeModules(t, "testdata/mcp", "mcp-sdk")
 }
 
 // The checks client.cjs runs; each must print "ok <name>".
