@@ -39,16 +39,9 @@ func decodeCell(data []byte, m *manifest.Manifest) (service.CellArgs, *Error) {
 
 func (s *Server) runCell(w http.ResponseWriter, r *http.Request) error {
 	key, id := keyOf(r), r.PathValue("id")
-	m, err := s.svc.SandboxManifest(r.Context(), key, id)
+	m, data, err := s.sandboxJSON(w, r)
 	if err != nil {
 		return err
-	}
-	if e := requireJSON(r); e != nil {
-		return e
-	}
-	data, e := readBody(w, r, s.cfg.MaxBodyBytes)
-	if e != nil {
-		return e
 	}
 	args, e := decodeCell(data, m)
 	if e != nil {

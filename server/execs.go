@@ -15,27 +15,37 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/service"
 )
 
 // The command routes: decode, call the service, encode; the event stream
 // is framed here as Server-Sent Events.
 
-func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
-	key, id := keyOf(r), r.PathValue("id")
-	// The command is checked against its sandbox's manifest (its
-	// timeout), and an unknown sandbox is answered before the body is
-	// read.
-	m, err := s.svc.SandboxManifest(r.Context(), key, id)
+// sandboxJSON reads the JSON body of a request about one sandbox (a
+// command, a cell) and that sandbox's manifest, which the body is checked
+// against (its timeout); an unknown sandbox is answered before the body
+// is read.
+func (s *Server) sandboxJSON(w http.ResponseWriter, r *http.Request) (*manifest.Manifest, []byte, error) {
+	m, err := s.svc.SandboxManifest(r.Context(), keyOf(r), r.PathValue("id"))
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if e := requireJSON(r); e != nil {
-		return e
+		return nil, nil, e
 	}
 	data, e := readBody(w, r, s.cfg.MaxBodyBytes)
 	if e != nil {
-		return e
+		return nil, nil, e
+	}
+	return m, data, nil
+}
+
+func (s *Server) createExec(w http.ResponseWriter, r *http.Request) error {
+	key, id := keyOf(r), r.PathValue("id")
+	m, data, err := s.sandboxJSON(w, r)
+	if err != nil {
+		return err
 	}
 	spec, e := decodeExec(data, m)
 	if e != nil {
