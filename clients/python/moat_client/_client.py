@@ -1,4 +1,4 @@
-"""Python client for the HTTP API of ``moat serve`` (docs/API.md).
+"""The blocking client of ``moat_client`` (the package's ``Client``).
 
 Standard library only (urllib, json); Python 3.9 or later.
 
@@ -16,15 +16,23 @@ documents as dicts.
 """
 
 import base64
+import contextvars
 import json
 import select
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import http.client
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import (IO, Any, BinaryIO, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union, cast)
+
+from ._retry import RetryPolicy, parse_retry_after
+from ._types import (Approval, ApprovalOutcome, Cell, Exec, FileInfo, Health, RunResponse, SandboxInfo,
+                     StdinAnswer, TTYSize)
 
 __all__ = [
     "Client",
@@ -37,9 +45,23 @@ __all__ = [
     "MoatHeld",
     "stream_bytes",
     "file_name",
+    "Duration",
+    "Files",
+    "ManifestArg",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# A duration: a string the API reads ("10m", "90s") or a number of seconds.
+Duration = Union[str, int, float]
+# Files for a run or a new sandbox: {path: content}, or a sequence of
+# File, {"path", "content", "mode"} dicts or (path, content[, mode]) tuples.
+FileSpec = Union["File", Mapping[str, Any], Tuple[Any, ...]]
+Files = Union[Mapping[str, Union[bytes, str]], Sequence[FileSpec]]
+# A manifest in its JSON form: a dict, or JSON text.
+ManifestArg = Union[Mapping[str, Any], str, bytes]
+# What a run, sandbox or exec request reads as a terminal size.
+TTYArg = Union[Tuple[int, int], Mapping[str, int]]
 
 # Bounds what is read of an error answer: Moat's are a few hundred bytes.
 _MAX_ERROR_BODY = 64 << 10
@@ -64,8 +86,13 @@ class MoatError(Exception):
     answer was not Moat's error JSON (a proxy's error page)."""
 
     def __init__(self, status: int, code: str, message: str, field: str = "",
-                 request_id: str = "", method: str = "", path: str = ""):
+                 request_id: str = "", method: str = "", path: str = "",
+                 retry_after: Optional[float] = None):
         self.status = status
+        # Seconds after which the server said to try again (its
+        # Retry-After), None when it did not say; set on a 429 or 503
+        # that the client's RetryPolicy did not wait for.
+        self.retry_after = retry_after
         self.code = code
         self.message = message
         self.field = field
@@ -96,8 +123,8 @@ class MoatHeld(Exception):
     with ``Client.decide_approval``. A held one-shot ``run`` is not raised:
     its answer has ``"approval"`` instead of ``"result"``."""
 
-    def __init__(self, approval: Mapping[str, Any]):
-        self.approval = dict(approval)
+    def __init__(self, approval: Approval):
+        self.approval: Approval = approval
         effects = "; ".join(str(e.get("detail", "")) for e in self.approval.get("effects") or [])
         msg = "moat server: held for approval %s until %s" % (self.approval.get("id"), self.approval.get("expires_at"))
         super().__init__(msg + (": " + effects if effects else ""))
@@ -131,7 +158,7 @@ class Event:
     id: int
     type: str
     data: Optional[bytes] = None
-    exec: Optional[Dict[str, Any]] = None
+    exec: Optional[Exec] = None
     raw: str = ""
 
 
@@ -174,7 +201,7 @@ def _duration(d: Union[str, int, float, None]) -> Optional[str]:
     return "%ss" % repr(float(d))
 
 
-def _encode_bytes(b: Union[bytes, str]):
+def _encode_bytes(b: Union[bytes, str]) -> Tuple[str, Optional[str]]:
     """Returns (text, encoding): text as is, bytes as text when valid UTF-8,
     else base64."""
     if isinstance(b, str):
@@ -194,15 +221,21 @@ def _mode(mode: Union[int, str, None]) -> Optional[str]:
     return "%04o" % (mode & 0o777)
 
 
-def _files(files) -> Optional[List[Dict[str, str]]]:
+def _files(files: Optional[Files]) -> Optional[List[Dict[str, str]]]:
     """Accepts a mapping {path: content}, or a list of File, dicts with
     path/content/mode, or (path, content[, mode]) tuples."""
     if not files:
         return None
+    items: Sequence[FileSpec]
     if isinstance(files, Mapping):
-        files = [File(p, c) for p, c in files.items()]
+        items = [File(p, c) for p, c in files.items()]
+    else:
+        items = files
     out = []
-    for i, f in enumerate(files):
+    for i, f in enumerate(items):
+        path: Any
+        content: Any
+        mode: Any
         if isinstance(f, File):
             path, content, mode = f.path, f.content, f.mode
         elif isinstance(f, Mapping):
@@ -222,33 +255,36 @@ def _files(files) -> Optional[List[Dict[str, str]]]:
     return out
 
 
-def _manifest(manifest) -> Optional[Any]:
+def _manifest(manifest: Optional[ManifestArg]) -> Optional[Dict[str, Any]]:
     """A manifest as a dict, or JSON text (parsed to check it)."""
     if manifest is None:
         return None
+    doc: Any = manifest
     if isinstance(manifest, (bytes, str)):
-        manifest = json.loads(manifest)
-    if not isinstance(manifest, Mapping):
+        doc = json.loads(manifest)
+    if not isinstance(doc, Mapping):
         raise ValueError("the manifest must be a JSON object (a dict)")
-    return dict(manifest)
+    return dict(doc)
 
 
-def _list(doc, *keys) -> list:
+def _list(doc: Any, *keys: str) -> List[Any]:
     """A list answer: a JSON array, or an object holding it under one of
     keys (docs/API.md does not fix which)."""
     if isinstance(doc, list):
         return doc
     if isinstance(doc, dict):
         for k in keys:
-            if k in doc:
-                return doc[k]
+            if k in doc and isinstance(doc[k], list):
+                return cast(List[Any], doc[k])
     raise ValueError("the answer is not a list (nor an object with %r)" % (keys[0],))
 
 
-def _tty(tty) -> Optional[Dict[str, int]]:
+def _tty(tty: Optional[TTYArg]) -> Optional[TTYSize]:
     """A terminal size given as (rows, cols) or {"rows": R, "cols": C}."""
     if tty is None:
         return None
+    rows: Any
+    cols: Any
     if isinstance(tty, Mapping):
         rows, cols = tty.get("rows"), tty.get("cols")
     else:
@@ -258,7 +294,10 @@ def _tty(tty) -> Optional[Dict[str, int]]:
     return {"rows": rows, "cols": cols}
 
 
-def _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open, wait, tty=None) -> Dict[str, Any]:
+def _exec_body(argv: Optional[Iterable[str]], code: Optional[str], language: Optional[str],
+               env: Optional[Mapping[str, str]], dir: Optional[str], timeout: Optional[Duration],
+               stdin: Union[bytes, str, None], stdin_open: bool, wait: bool,
+               tty: Optional[TTYArg] = None) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if argv is not None:
         body["argv"] = list(argv)
@@ -292,11 +331,18 @@ class Client:
     wait as long as the call lasts, as a waiting exec may). An event stream
     that drops reconnects up to ``reconnect_attempts`` times in a row
     without receiving an event (0 disables resuming), the first after
-    ``reconnect_delay`` seconds, doubling each time, at most 10s."""
+    ``reconnect_delay`` seconds, doubling each time, at most 10s.
+
+    ``retry`` (a RetryPolicy; the default tries a call up to 4 times)
+    says which refused or failed calls are sent again: a 429 or 503 with
+    Retry-After after that long, any method; without it, and after a
+    dropped connection, only GET, PUT and DELETE; a refused connection for
+    every method. ``RetryPolicy(attempts=1)`` disables retrying."""
 
     def __init__(self, base_url: str, api_key: Optional[str] = None, *, timeout: Optional[float] = None,
                  reconnect_attempts: int = 5, reconnect_delay: float = 0.25,
-                 user_agent: str = "moat-python-client/" + __version__):
+                 user_agent: str = "moat-python-client/" + __version__,
+                 retry: Optional[RetryPolicy] = None):
         u = urllib.parse.urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError("server URL %r: want http://HOST[:PORT] or https://HOST[:PORT]" % base_url)
@@ -310,16 +356,49 @@ class Client:
         self.reconnect_attempts = max(0, reconnect_attempts)
         self.reconnect_delay = reconnect_delay
         self.user_agent = user_agent
+        self.retry = retry if retry is not None else RetryPolicy()
         # No redirects: a redirect would carry the key elsewhere.
         self._opener = urllib.request.build_opener(_NoRedirect)
 
     # -- plumbing -------------------------------------------------------
 
     def _open(self, method: str, path: str, *, query: Optional[Mapping[str, str]] = None,
-              body: Union[bytes, Any, None] = None, content_type: Optional[str] = None,
-              headers: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None):
+              body: Union[bytes, BinaryIO, None] = None, content_type: Optional[str] = None,
+              headers: Optional[Mapping[str, str]] = None,
+              timeout: Optional[float] = None) -> http.client.HTTPResponse:
         """Sends a request and returns the response when its status is
-        2xx; raises MoatError or MoatConnectionError otherwise."""
+        2xx, trying it again as self.retry allows; raises MoatError or
+        MoatConnectionError otherwise."""
+        # A stream (a file object being uploaded) is read once: it cannot
+        # be sent again.
+        replayable = body is None or isinstance(body, (bytes, bytearray))
+        attempt, waited = 0, 0.0
+        while True:
+            attempt += 1
+            try:
+                return self._attempt(method, path, query=query, body=body, content_type=content_type,
+                                     headers=headers, timeout=timeout)
+            except MoatError as e:
+                err: Exception = e
+                d = self.retry.delay(attempt=attempt, waited=waited, method=method, replayable=replayable,
+                                     status=e.status, retry_after=e.retry_after)
+            except MoatConnectionError as e:
+                err = e
+                cause = getattr(e.__cause__, "reason", e.__cause__)
+                if isinstance(cause, (socket.timeout, TimeoutError)):
+                    # The caller's timeout bounds the call: trying again
+                    # would multiply it.
+                    raise
+                d = self.retry.delay(attempt=attempt, waited=waited, method=method, replayable=replayable,
+                                     connection_refused=isinstance(cause, ConnectionRefusedError))
+            if d is None or not _pause(d):
+                raise err
+            waited += d
+
+    def _attempt(self, method: str, path: str, *, query: Optional[Mapping[str, str]],
+                 body: Union[bytes, BinaryIO, None], content_type: Optional[str],
+                 headers: Optional[Mapping[str, str]], timeout: Optional[float]) -> http.client.HTTPResponse:
+        """Sends a request once (_open's doc)."""
         url = self.base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -336,7 +415,7 @@ class Client:
         if isinstance(body, (bytes, bytearray)) and len(body) > _EXPECT_CONTINUE_BYTES:
             return self._open_expecting(method, path, url, bytes(body), dict(req.header_items()), timeout)
         try:
-            return self._opener.open(req, timeout=timeout)
+            return cast(http.client.HTTPResponse, self._opener.open(req, timeout=timeout))
         except urllib.error.HTTPError as e:
             try:
                 raise _decode_error(method, path, e.code, e.headers, e.read(_MAX_ERROR_BODY)) from None
@@ -347,7 +426,7 @@ class Client:
             raise MoatConnectionError("%s %s: %s" % (method, path, reason)) from e
 
     def _open_expecting(self, method: str, path: str, url: str, body: bytes, headers: Mapping[str, str],
-                        timeout: Optional[float]):
+                        timeout: Optional[float]) -> http.client.HTTPResponse:
         """Sends a request with a large body as _open does, but asks
         first (Expect: 100-continue): a request the server refuses before
         reading the body (over --max-body, a bad key) is answered without
@@ -360,6 +439,7 @@ class Client:
         u = urllib.parse.urlsplit(url)
         cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
         conn = cls(u.netloc, timeout=timeout) if timeout is not None else cls(u.netloc)
+        resp: http.client.HTTPResponse
         selector = (u.path or "/") + ("?" + u.query if u.query else "")
         try:
             conn.putrequest(method, selector, skip_accept_encoding=True)
@@ -386,7 +466,7 @@ class Client:
                     sock.sendall(body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the server stopped reading; its answer may be there
-            resp = http.client.HTTPResponse(_Buffered(fp), method=method, url=url)
+            resp = http.client.HTTPResponse(cast(socket.socket, _Buffered(fp)), method=method, url=url)
             resp.begin()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
@@ -399,7 +479,8 @@ class Client:
                 resp.close()
         return resp
 
-    def _json(self, method: str, path: str, body: Any = None, *, query=None) -> Any:
+    def _json(self, method: str, path: str, body: Any = None, *,
+              query: Optional[Mapping[str, str]] = None) -> Any:
         data = None
         ctype = None
         if body is not None:
@@ -421,13 +502,13 @@ class Client:
 
     # -- API ------------------------------------------------------------
 
-    def health(self) -> Dict[str, Any]:
+    def health(self) -> Health:
         """GET /v1/health: {"status": "ok", "version": ...}. Needs no key."""
-        return self._json("GET", "/v1/health")
+        return cast(Health, self._json("GET", "/v1/health"))
 
     def run(self, argv: Optional[Iterable[str]] = None, *, code: Optional[str] = None,
-            language: Optional[str] = None, manifest=None, files=None,
-            stdin: Union[bytes, str, None] = None) -> Dict[str, Any]:
+            language: Optional[str] = None, manifest: Optional[ManifestArg] = None,
+            files: Optional[Files] = None, stdin: Union[bytes, str, None] = None) -> RunResponse:
         """A one-shot run (POST /v1/runs): a fresh sandbox, one program,
         destroyed afterwards. Give argv, or code with language ("python",
         "bash", "sh"). manifest is a dict (or JSON text) in the manifest's
@@ -450,13 +531,13 @@ class Client:
             body["stdin"], enc = _encode_bytes(stdin)
             if enc:
                 body["stdin_encoding"] = enc
-        return self._json("POST", "/v1/runs", body)
+        return cast(RunResponse, self._json("POST", "/v1/runs", body))
 
-    def list_approvals(self) -> List[Dict[str, Any]]:
+    def list_approvals(self) -> List[Approval]:
         """GET /v1/approvals: the key's runs and commands held for approval."""
         return _list(self._json("GET", "/v1/approvals"), "approvals")
 
-    def decide_approval(self, approval_id: str, approve: bool, reason: str = "") -> Dict[str, Any]:
+    def decide_approval(self, approval_id: str, approve: bool, reason: str = "") -> ApprovalOutcome:
         """POST /v1/approvals/{id}: approve or deny a held run or command;
         reason goes to the audit log. Returns {"approval"} and, when
         approved, "run" (the held run, ended) or "exec" (the held command,
@@ -464,13 +545,14 @@ class Client:
         body: Dict[str, Any] = {"approve": bool(approve)}
         if reason:
             body["reason"] = reason
-        return self._json("POST", "/v1/approvals/" + _seg(approval_id), body)
+        return cast(ApprovalOutcome, self._json("POST", "/v1/approvals/" + _seg(approval_id), body))
 
-    def get_run(self, run_id: str) -> Dict[str, Any]:
+    def get_run(self, run_id: str) -> RunResponse:
         """GET /v1/runs/{id}: a finished run again, while the server keeps it."""
-        return self._json("GET", "/v1/runs/" + _seg(run_id))
+        return cast(RunResponse, self._json("GET", "/v1/runs/" + _seg(run_id)))
 
-    def create_sandbox(self, manifest=None, *, ttl: Union[str, int, float, None] = None, files=None,
+    def create_sandbox(self, manifest: Optional[ManifestArg] = None, *, ttl: Optional[Duration] = None,
+                       files: Optional[Files] = None,
                        metadata: Optional[Mapping[str, str]] = None) -> "Sandbox":
         """POST /v1/sandboxes: a sandbox that lives across commands until
         deleted or its ttl ("10m", or seconds) passes."""
@@ -499,24 +581,40 @@ class Client:
         """A handle to sandbox_id without asking the server."""
         return Sandbox(self, {"id": sandbox_id})
 
-    def delete_sandbox(self, sandbox_id: str) -> Dict[str, Any]:
+    def delete_sandbox(self, sandbox_id: str) -> SandboxInfo:
         """DELETE /v1/sandboxes/{id}: destroy it now; returns its final
         state ("deleted")."""
-        return self._json("DELETE", "/v1/sandboxes/" + _seg(sandbox_id))
+        return cast(SandboxInfo, self._json("DELETE", "/v1/sandboxes/" + _seg(sandbox_id)))
 
-    def set_timeout(self, sandbox_id: str, ttl: Union[str, int, float]) -> Dict[str, Any]:
+    def set_timeout(self, sandbox_id: str, ttl: Duration) -> SandboxInfo:
         """POST /v1/sandboxes/{id}/timeout: expire ttl from now. Returns the
         sandbox (read back when the server answers without a body)."""
         doc = self._json("POST", "/v1/sandboxes/%s/timeout" % _seg(sandbox_id), {"ttl": _duration(ttl)})
         if not doc:
             doc = self._json("GET", "/v1/sandboxes/" + _seg(sandbox_id))
-        return doc
+        return cast(SandboxInfo, doc)
 
 
-def _not_held(doc: Dict[str, Any]) -> Dict[str, Any]:
+def _not_held(doc: Any) -> Exec:
     if isinstance(doc, dict) and isinstance(doc.get("approval"), dict):
-        raise MoatHeld(doc["approval"])
-    return doc
+        raise MoatHeld(cast(Approval, doc["approval"]))
+    return cast(Exec, doc)
+
+
+# Set by the asyncio client around each call it runs in a thread: set
+# when the awaiting task is cancelled, so that a retry's wait ends and no
+# request is sent for a caller that is gone.
+_CANCEL: "contextvars.ContextVar[Optional[threading.Event]]" = contextvars.ContextVar("moat_client_cancel",
+                                                                                      default=None)
+
+
+def _pause(seconds: float) -> bool:
+    """Waits before a retry; False when the call was cancelled meanwhile."""
+    ev = _CANCEL.get()
+    if ev is None:
+        time.sleep(seconds)
+        return True
+    return not ev.wait(seconds)
 
 
 def _seg(s: str) -> str:
@@ -524,8 +622,10 @@ def _seg(s: str) -> str:
     return urllib.parse.quote(s, safe="")
 
 
-def _decode_error(method, path, status, headers, data: bytes) -> MoatError:
+def _decode_error(method: str, path: str, status: int, headers: Any,
+                  data: bytes) -> MoatError:
     rid = (headers.get("X-Request-ID") if headers else None) or ""
+    retry_after = parse_retry_after(headers)
     try:
         doc = json.loads(data)
         err = doc.get("error") if isinstance(doc, dict) else None
@@ -533,27 +633,28 @@ def _decode_error(method, path, status, headers, data: bytes) -> MoatError:
         err = None
     if isinstance(err, dict) and err.get("message"):
         return MoatError(status, err.get("code") or "", err.get("message") or "", err.get("field") or "",
-                         err.get("request_id") or rid, method, path)
+                         err.get("request_id") or rid, method, path, retry_after)
     msg = http.client.responses.get(status, "HTTP %d" % status)
     text = data.decode("utf-8", "replace").strip()
     if text:
         msg += ": %r" % (text[:200] + ("..." if len(text) > 200 else ""))
-    return MoatError(status, "", msg, "", rid, method, path)
+    return MoatError(status, "", msg, "", rid, method, path, retry_after)
 
 
 class _Buffered:
     """A socket's stand-in for http.client.HTTPResponse that hands it the
     buffered reader already used to look at the interim answer."""
 
-    def __init__(self, fp):
+    def __init__(self, fp: IO[bytes]):
         self._fp = fp
 
-    def makefile(self, mode, *args, **kwargs):
+    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> IO[bytes]:
         return self._fp
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
         return None
 
 
@@ -561,10 +662,10 @@ class Sandbox:
     """A sandbox's state as the server reported it (``info``, a dict; ``id``)
     and a handle for acting on it."""
 
-    def __init__(self, client: Client, info: Optional[Dict[str, Any]]):
+    def __init__(self, client: Client, info: Optional[SandboxInfo]):
         self.client = client
-        self.info = info or {}
-        self.id = self.info.get("id", "")
+        self.info: SandboxInfo = info or {}
+        self.id: str = self.info.get("id", "")
         if not self.id:
             raise ValueError("the sandbox has no id")
 
@@ -574,7 +675,7 @@ class Sandbox:
     def __enter__(self) -> "Sandbox":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.delete()
         except MoatError as e:
@@ -587,25 +688,25 @@ class Sandbox:
     def _exec_path(self, exec_id: str, rest: str = "") -> str:
         return self._path("/execs/" + _seg(exec_id) + rest)
 
-    def delete(self) -> Dict[str, Any]:
+    def delete(self) -> SandboxInfo:
         """Destroy the sandbox now; returns its final state."""
         self.info = self.client.delete_sandbox(self.id) or self.info
         return self.info
 
-    def set_timeout(self, ttl: Union[str, int, float]) -> Dict[str, Any]:
+    def set_timeout(self, ttl: Duration) -> SandboxInfo:
         """Expire ttl ("5m", or seconds) from now."""
         self.info = self.client.set_timeout(self.id, ttl)
         return self.info
 
-    def refresh(self) -> Dict[str, Any]:
+    def refresh(self) -> SandboxInfo:
         """Read the sandbox's state again."""
         self.info = self.client.get_sandbox(self.id).info
         return self.info
 
     def exec(self, argv: Optional[Iterable[str]] = None, *, code: Optional[str] = None,
              language: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-             dir: Optional[str] = None, timeout: Union[str, int, float, None] = None,
-             stdin: Union[bytes, str, None] = None, stdin_open: bool = False) -> Dict[str, Any]:
+             dir: Optional[str] = None, timeout: Optional[Duration] = None,
+             stdin: Union[bytes, str, None] = None, stdin_open: bool = False) -> Exec:
         """Run a command and wait for it to end ("wait": true); returns the
         finished Exec, whose "result" holds exit_code, stdout, stderr..."""
         return _not_held(self.client._json("POST", self._path("/execs"),
@@ -613,9 +714,9 @@ class Sandbox:
 
     def start(self, argv: Optional[Iterable[str]] = None, *, code: Optional[str] = None,
               language: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-              dir: Optional[str] = None, timeout: Union[str, int, float, None] = None,
+              dir: Optional[str] = None, timeout: Optional[Duration] = None,
               stdin: Union[bytes, str, None] = None, stdin_open: bool = False,
-              tty=None) -> Dict[str, Any]:
+              tty: Optional[TTYArg] = None) -> Exec:
         """Start a command and return at once ("wait": false) with the Exec
         in state "running"; follow it with events() or get_exec(). tty,
         (rows, cols), starts it on a terminal (native tier): write_stdin
@@ -624,11 +725,11 @@ class Sandbox:
                                            _exec_body(argv, code, language, env, dir, timeout, stdin, stdin_open,
                                                       False, tty)))
 
-    def get_exec(self, exec_id: str) -> Dict[str, Any]:
+    def get_exec(self, exec_id: str) -> Exec:
         """One command, running or ended."""
-        return self.client._json("GET", self._exec_path(exec_id))
+        return cast(Exec, self.client._json("GET", self._exec_path(exec_id)))
 
-    def list_execs(self) -> List[Dict[str, Any]]:
+    def list_execs(self) -> List[Exec]:
         """The sandbox's commands, running and ended."""
         return _list(self.client._json("GET", self._path("/execs")), "execs", "items")
 
@@ -639,18 +740,18 @@ class Sandbox:
         early."""
         return EventStream(self.client, self._exec_path(exec_id, "/events"), after)
 
-    def stream(self, exec_id: str, stdout=None, stderr=None) -> Dict[str, Any]:
+    def stream(self, exec_id: str, stdout: Optional[IO[bytes]] = None,
+               stderr: Optional[IO[bytes]] = None) -> Exec:
         """Copy the command's output to the binary file objects stdout and
         stderr (None drops it) as it comes; returns the finished Exec."""
         with self.events(exec_id) as st:
             for ev in st:
-                if ev.type == "exit":
+                if ev.type == "exit" and ev.exec is not None:
                     return ev.exec
                 w = stdout if ev.type == "stdout" else stderr if ev.type == "stderr" else None
                 if w is not None and ev.data:
                     w.write(ev.data)
-                    if hasattr(w, "flush"):
-                        w.flush()
+                    w.flush()
         raise MoatConnectionError("the event stream of exec %s ended before its exit" % exec_id)
 
     def write_stdin(self, exec_id: str, data: Union[bytes, str]) -> None:
@@ -669,12 +770,12 @@ class Sandbox:
         """Send a signal, by name ("SIGTERM") or number (15)."""
         self.client._json("POST", self._exec_path(exec_id, "/signal"), {"signal": str(signal)})
 
-    def resize(self, exec_id: str, rows: int, cols: int) -> Dict[str, Any]:
+    def resize(self, exec_id: str, rows: int, cols: int) -> Exec:
         """Set the terminal size of a command started with tty."""
-        return self.client._json("POST", self._exec_path(exec_id, "/resize"), _tty((rows, cols)))
+        return cast(Exec, self.client._json("POST", self._exec_path(exec_id, "/resize"), _tty((rows, cols))))
 
     def run_cell(self, code: str, *, context: Optional[str] = None, language: Optional[str] = None,
-                 timeout: Union[str, int, float, None] = None) -> Dict[str, Any]:
+                 timeout: Optional[Duration] = None) -> Cell:
         """Run one cell in the sandbox's stateful kernel and wait for it:
         variables, imports and files persist from cell to cell. Returns the
         Cell: "outputs" in order, "result" (the last expression's MIME
@@ -686,20 +787,20 @@ class Sandbox:
             body["language"] = language
         if timeout is not None:
             body["timeout"] = _duration(timeout)
-        return self.client._json("POST", self._path("/cells"), body)
+        return cast(Cell, self.client._json("POST", self._path("/cells"), body))
 
     def interrupt_kernel(self, context: Optional[str] = None) -> Dict[str, Any]:
         """Interrupt the running cell, as ^C would; the kernel's state stays."""
-        return self.client._json("POST", self._path("/kernel/interrupt"), {},
-                                 query={"context": context} if context else None)
+        return cast(Dict[str, Any], self.client._json("POST", self._path("/kernel/interrupt"), {},
+                                                      query={"context": context} if context else None))
 
     def restart_kernel(self, context: Optional[str] = None) -> Dict[str, Any]:
         """End the kernel: its variables are lost, files stay; the next
         cell starts a fresh one."""
-        return self.client._json("POST", self._path("/kernel/restart"), {},
-                                 query={"context": context} if context else None)
+        return cast(Dict[str, Any], self.client._json("POST", self._path("/kernel/restart"), {},
+                                                      query={"context": context} if context else None))
 
-    def upload(self, path: str, data, mode: Union[int, str, None] = None) -> None:
+    def upload(self, path: str, data: Union[bytes, str, BinaryIO], mode: Union[int, str, None] = None) -> None:
         """Write data (bytes, text or a binary file object, streamed) to
         path under /workspace, creating parents; mode as in File."""
         if isinstance(data, str):
@@ -711,7 +812,7 @@ class Sandbox:
         self.client._open("PUT", self._path("/files"), query=query, body=data,
                           content_type="application/octet-stream").close()
 
-    def open(self, path: str):
+    def open(self, path: str) -> http.client.HTTPResponse:
         """The file at path as a binary file object (the HTTP response,
         streamed); close it, or use it with ``with``."""
         return self.client._open("GET", self._path("/files"), query={"path": path})
@@ -722,7 +823,7 @@ class Sandbox:
         with self.open(path) as resp:
             return resp.read()
 
-    def list(self, dir: str = ".") -> List[Dict[str, Any]]:
+    def list(self, dir: str = ".") -> List[FileInfo]:
         """The entries of directory dir ("." is /workspace): dicts with
         name, path, type, size, mode, modified, target."""
         return _list(self.client._json("GET", self._path("/files"), query={"path": dir or "."}),
@@ -744,8 +845,8 @@ class EventStream:
         self._client = client
         self._path = path
         self.last_id = after
-        self._resp = None
-        self._parser = None
+        self._resp: Optional[http.client.HTTPResponse] = None
+        self._parser: Optional[_SSEParser] = None
         self._done = False
         self._fails = 0
         self._delay = client.reconnect_delay
@@ -758,12 +859,16 @@ class EventStream:
     def __enter__(self) -> "EventStream":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        """End the stream and its connection."""
+        """End the stream and its connection. Another thread blocked
+        reading the stream (the asyncio client's) returns at once."""
         self._done = True
+        resp = self._resp
+        if resp is not None:
+            _shutdown(resp)
         self._drop()
 
     def _drop(self) -> None:
@@ -811,8 +916,9 @@ class EventStream:
         while True:
             if self._done:
                 raise StopIteration
-            if self._resp is None:
+            if self._resp is None or self._parser is None:
                 self._reconnect()
+                continue
             try:
                 raw = self._parser.next()
             except _TooLarge as e:
@@ -868,6 +974,18 @@ def _decode_event(ev_id: int, ev_type: str, data: str) -> Event:
     return ev
 
 
+def _shutdown(resp: http.client.HTTPResponse) -> None:
+    """Shuts the socket of a response down, so that a read blocked on it
+    in another thread returns (closing the file object does not wake it)."""
+    raw = getattr(resp.fp, "raw", None)
+    sock = getattr(raw, "_sock", None)
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class _TooLarge(Exception):
     pass
 
@@ -877,7 +995,7 @@ class _SSEParser:
     with LF, CRLF or CR; "field: value"; data lines join with LF; a blank
     line dispatches; ':' starts a comment."""
 
-    def __init__(self, resp):
+    def __init__(self, resp: http.client.HTTPResponse):
         self._resp = resp
         self._buf = b""
         self._skip_lf = False
@@ -908,10 +1026,11 @@ class _SSEParser:
                 continue
             self._buf += chunk
 
-    def next(self):
+    def next(self) -> Optional[Tuple[int, str, str, float, bool]]:
         """The next block as (id, type, data, retry seconds, dispatch), or
         None at the end of the answer."""
-        ev_id, ev_type, data, retry = 0, "", [], 0.0
+        ev_id, ev_type, retry = 0, "", 0.0
+        data: List[str] = []
         size = 0
         while True:
             line = self._line()
