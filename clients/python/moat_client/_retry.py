@@ -21,6 +21,7 @@ once, with ``MoatError.retry_after`` saying when the server expects the
 caller back.
 """
 
+import datetime
 import email.utils
 import time
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ def parse_retry_after(headers: Any, now: Optional[float] = None) -> Optional[flo
         when = email.utils.parsedate_to_datetime(v)
     except (TypeError, ValueError, IndexError):
         return None
-    if when is None or when.tzinfo is None:
-        return None  # RFC 9110 dates are GMT; a date without a zone is not one
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        # asctime's form has no zone; every HTTP-date is GMT.
+        when = when.replace(tzinfo=datetime.timezone.utc)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
