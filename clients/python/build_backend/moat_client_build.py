@@ -17,13 +17,14 @@ puts the source directory on sys.path), and their get_requires_*
 import base64
 import gzip
 import hashlib
+import importlib
 import io
 import json
 import os
 import re
 import tarfile
 import zipfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Tuple, cast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "moat_client"
@@ -37,7 +38,9 @@ def _read_project(text: str) -> Dict[str, Any]:
     """The [project] table of pyproject.toml: tomllib where the Python has
     it (3.11+), else _read_project_fallback."""
     try:
-        import tomllib
+        # Imported by name: type checkers run for Python 3.9 have no
+        # tomllib to resolve.
+        tomllib = importlib.import_module("tomllib")
     except ImportError:
         return _read_project_fallback(text)
     project = tomllib.loads(text).get("project")
@@ -221,7 +224,7 @@ def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] 
     raw = io.BytesIO()
     # mtime=0 in the gzip header, fixed times and owners in the tar.
     with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        with tarfile.open(fileobj=cast(IO[bytes], gz), mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel, data in sorted(files):
                 info = tarfile.TarInfo(base + "/" + rel)
                 info.size = len(data)

@@ -847,6 +847,10 @@ class EventStream:
         self.last_id = after
         self._resp: Optional[http.client.HTTPResponse] = None
         self._parser: Optional[_SSEParser] = None
+        # Held while a thread reads the response: close() from another
+        # thread must not close it under the reader (http.client is not
+        # thread-safe), only shut its socket down so the read returns.
+        self._reading = threading.Lock()
         self._done = False
         self._fails = 0
         self._delay = client.reconnect_delay
@@ -869,7 +873,12 @@ class EventStream:
         resp = self._resp
         if resp is not None:
             _shutdown(resp)
-        self._drop()
+        if self._reading.acquire(blocking=False):
+            try:
+                self._drop()
+            finally:
+                self._reading.release()
+        # else the reader sees the end of the answer and drops it itself.
 
     def _drop(self) -> None:
         if self._resp is not None:
@@ -920,7 +929,8 @@ class EventStream:
                 self._reconnect()
                 continue
             try:
-                raw = self._parser.next()
+                with self._reading:
+                    raw = self._parser.next()
             except _TooLarge as e:
                 self.close()
                 raise MoatConnectionError("GET %s: %s" % (self._path, e)) from None

@@ -97,17 +97,17 @@ def parse_retry_after(headers: Any, now: Optional[float] = None) -> Optional[flo
     is anything with ``get(name)``: a dict, http.client's headers."""
     if headers is None:
         return None
-    v = headers.get("Retry-After")
-    if v is None:
+    raw = headers.get("Retry-After")
+    if not isinstance(raw, str):
         return None
-    v = v.strip()
+    v = raw.strip()
     if v.isascii() and v.isdigit():
         return float(int(v))
     try:
-        when = email.utils.parsedate_to_datetime(v)
+        when: Optional[datetime.datetime] = email.utils.parsedate_to_datetime(v)
     except (TypeError, ValueError, IndexError):
         return None
-    if when is None:
+    if when is None:  # Python before 3.10 answers None for some bad dates
         return None
     if when.tzinfo is None:
         # asctime's form has no zone; every HTTP-date is GMT.
