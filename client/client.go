@@ -41,6 +41,8 @@ type Client struct {
 	// retries and retryDelay govern EventStream reconnection.
 	retries    int
 	retryDelay time.Duration
+	// retry governs sending a refused or failed call again (retry.go).
+	retry Retry
 }
 
 // Option configures a Client in New.
@@ -110,6 +112,7 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 		userAgent:  "moat-go-client",
 		retries:    defaultRetries,
 		retryDelay: defaultRetryDelay,
+		retry:      DefaultRetry,
 	}
 	for _, o := range opts {
 		o(c)
@@ -329,23 +332,55 @@ func (c *Client) newRequest(ctx context.Context, r request) (*http.Request, erro
 // the round trip costs more than sending the body for nothing would.
 const expectContinueBytes = 64 << 10
 
-// do sends r and returns the response when its status is 2xx. Any other
-// status is decoded into an *Error; a transport failure is wrapped with
-// the method and path.
+// do sends r and returns the response when its status is 2xx, trying it
+// again as c.retry allows (retry.go). Any other status is decoded into an
+// *Error; a transport failure is wrapped with the method and path.
 func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 	req, err := c.newRequest(ctx, r)
 	if err != nil {
 		return nil, fmt.Errorf("moat client: %s %s: %w", r.method, r.path, err)
 	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("moat client: %s %s: %w", r.method, r.path, err)
+	// http.NewRequest sets GetBody for the bodies it can read again
+	// (*bytes.Reader, *bytes.Buffer, *strings.Reader); any other reader
+	// is consumed by the first try.
+	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	var waited time.Duration
+	for attempt := 1; ; attempt++ {
+		if attempt > 1 {
+			req = req.Clone(ctx)
+			if req.GetBody != nil {
+				if req.Body, err = req.GetBody(); err != nil {
+					return nil, fmt.Errorf("moat client: %s %s: %w", r.method, r.path, err)
+				}
+			}
+		}
+		var last error
+		var f failure
+		resp, err := c.hc.Do(req)
+		switch {
+		case err != nil:
+			last = fmt.Errorf("moat client: %s %s: %w", r.method, r.path, err)
+			var final bool
+			if f, final = transportFailure(ctx, err); final {
+				return nil, last
+			}
+		case resp.StatusCode < 200 || resp.StatusCode > 299:
+			last = decodeError(r.method, r.path, resp)
+			resp.Body.Close()
+			f.status = resp.StatusCode
+			f.retryAfter, f.hasRetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		default:
+			return resp, nil
+		}
+		d, ok := c.retry.delay(attempt, waited, r.method, replayable, f)
+		if !ok {
+			return nil, last
+		}
+		if err := wait(ctx, d); err != nil {
+			return nil, gaveUp(last, err)
+		}
+		waited += d
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		defer resp.Body.Close()
-		return nil, decodeError(r.method, r.path, resp)
-	}
-	return resp, nil
 }
 
 // doJSON sends body (JSON, or nothing when nil) and decodes the answer

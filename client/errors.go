@@ -32,6 +32,10 @@ type Error struct {
 	RequestID string
 	// Method and Path are the call's, e.g. "POST" and "/v1/runs".
 	Method, Path string
+	// RetryAfter is when the server said to try again (its Retry-After
+	// header, on a 429 or 503), 0 when it did not say; set on a refusal
+	// the Client's Retry did not wait out (WithRetry).
+	RetryAfter time.Duration
 }
 
 // The error codes of docs/API.md.
@@ -80,6 +84,7 @@ const maxErrorBody = 64 << 10
 // decodeError turns a non-2xx answer into an *Error.
 func decodeError(method, path string, resp *http.Response) *Error {
 	e := &Error{Status: resp.StatusCode, Method: method, Path: path, RequestID: resp.Header.Get("X-Request-ID")}
+	e.RetryAfter, _ = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	var doc struct {
 		Error *struct {
