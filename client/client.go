@@ -11,7 +11,9 @@
 // here, as it is not one for the server: it is a result.Result with its
 // Termination. An error is either an *Error (the server refused the call,
 // decoded from its error JSON; use errors.As) or a transport failure,
-// wrapped with the method and path of the call.
+// wrapped with the method and path of the call. A 429 or 503 is retried
+// after its Retry-After, and idempotent calls after a dropped connection,
+// as the Client's Retry says (WithRetry).
 //
 // This package must never run anything locally or touch the host's files
 // beyond the readers and writers its caller hands it: it only speaks HTTP.

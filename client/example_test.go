@@ -145,3 +145,20 @@ func ExampleSandbox_WriteStdin() {
 		log.Fatal(err)
 	}
 }
+
+// A client that waits longer for a busy server: up to 6 tries, 20 s per
+// Retry-After and a minute in all. A refusal it did not wait out says in
+// RetryAfter when the server expects the caller back.
+func ExampleWithRetry() {
+	ctx := context.Background()
+	c, err := client.New("http://127.0.0.1:7070", os.Getenv("MOAT_API_KEY"),
+		client.WithRetry(client.Retry{Attempts: 6, Backoff: time.Second, MaxDelay: 20 * time.Second, MaxWait: time.Minute}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = c.Run(ctx, &client.RunRequest{Argv: []string{"true"}})
+	var apiErr *client.Error
+	if errors.As(err, &apiErr) && apiErr.Code == client.CodeQuotaExceeded {
+		log.Fatalf("still over quota; the server says retry in %v", apiErr.RetryAfter)
+	}
+}

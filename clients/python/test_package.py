@@ -89,6 +89,14 @@ class TestBackend(unittest.TestCase):
                      "moat_client/__init__.py", "moat_client/py.typed"):
             self.assertIn(base + "/" + want, names)
 
+    def test_editable(self):
+        """pip install -e: a wheel whose .pth names this directory."""
+        d = tmpdir(self)
+        name = moat_client_build.build_editable(d)
+        with zipfile.ZipFile(os.path.join(d, name)) as z:
+            self.assertEqual(z.read("__editable__.moat_client.pth").decode(), HERE + "\n")
+            self.assertNotIn("moat_client/__init__.py", z.namelist())
+
     def test_version_is_one(self):
         self.assertEqual(moat_client_build._read_project(pyproject())["version"], moat_client.__version__)
 
