@@ -9,7 +9,8 @@ Standard library only; Python 3.9 or later. Install it with ``pip install
     run = c.run(["python3", "-c", "print(6*7)"])
     print(run["result"]["exit_code"], run["result"]["stdout"]["data"])
 
-``moat_client.aio.AsyncClient`` is the same API for asyncio.
+``moat_client.aio.AsyncClient`` (also ``moat_client.AsyncClient``) is the
+same API for asyncio.
 
 A program that failed (non-zero exit, timeout, OOM kill) is not an
 exception: it is a result with its ``termination``. ``MoatError`` is a call
@@ -24,6 +25,7 @@ honour ``Retry-After``).
 from ._client import (Client, Duration, Event, EventStream, File, Files, ManifestArg, MoatConnectionError,
                       MoatError, MoatHeld, Sandbox, __version__, file_name, stream_bytes)
 from ._retry import RetryPolicy, parse_retry_after
+from .aio import AsyncClient, AsyncEventStream, AsyncSandbox
 from ._types import (Approval, ApprovalOutcome, Cell, CellError, CellOutput, Change, CopyOut, CopyOutSkip,
                      Effect, ErrorBody, ErrorDocument, Exec, ExecState, FileChange, FileInfo, Finding,
                      Health, Image, Kernel, NetworkAttempt, NetworkDestination, NetworkSummary,
@@ -32,6 +34,7 @@ from ._types import (Approval, ApprovalOutcome, Cell, CellError, CellOutput, Cha
 
 __all__ = [
     "Client", "Sandbox", "File", "Event", "EventStream", "MoatError", "MoatConnectionError", "MoatHeld",
+    "AsyncClient", "AsyncSandbox", "AsyncEventStream",
     "RetryPolicy", "parse_retry_after", "stream_bytes", "file_name", "Duration", "Files", "ManifestArg",
     "Approval", "ApprovalOutcome", "Cell", "CellError", "CellOutput", "Change", "CopyOut", "CopyOutSkip",
     "Effect", "ErrorBody", "ErrorDocument", "Exec", "ExecState", "FileChange", "FileInfo", "Finding",
