@@ -164,6 +164,23 @@ func TestRetryAfterWaits(t *testing.T) {
 	}
 }
 
+// TestRetryNotAfterTimeout: the caller's timeout bounds the call, so a
+// GET that timed out is not sent again.
+func TestRetryNotAfterTimeout(t *testing.T) {
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(600 * time.Millisecond)
+		reply(w, 200, `{"id":"sb-1","state":"running"}`)
+	})
+	c := f.client(t, client.WithHTTPClient(&http.Client{Timeout: 200 * time.Millisecond}), client.WithRetry(client.Retry{Attempts: 4, MaxDelay: time.Second, MaxWait: time.Second}))
+	if _, err := c.GetSandbox(context.Background(), "sb-1"); err == nil {
+		t.Fatal("no error, want the client's timeout")
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := len(f.requests()); n != 1 {
+		t.Errorf("the server got %d requests, want 1", n)
+	}
+}
+
 // TestRetryRefusedConnection: nothing was sent, so even a POST is tried
 // again.
 func TestRetryRefusedConnection(t *testing.T) {

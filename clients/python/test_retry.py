@@ -167,6 +167,18 @@ class TestRetries(FakeTest):
         self.assertEqual(cm.exception.retry_after, 120.0)
         self.assertEqual(len(f.requests), 1)
 
+    def test_timeout_not_retried(self):
+        """The caller's timeout bounds the call: a GET that timed out is
+        not sent again."""
+        def slow(h, seen):
+            time.sleep(0.6)
+            h.reply(200, SANDBOX)
+        f = self.fake(slow)
+        with self.assertRaises(MoatConnectionError):
+            f.client(timeout=0.2, retry=RetryPolicy(backoff=0)).get_sandbox("sb-1")
+        time.sleep(0.5)
+        self.assertEqual(len(f.requests), 1)
+
     def test_refused_connection(self):
         """Nothing was sent: even a POST is tried again, and the error
         names the call."""
