@@ -258,6 +258,13 @@ func cmdServe(args []string) int {
 		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
 	}
 	handler := srv.Handler()
+	if *e2bAPI {
+		log.Info("e2b: sandboxes that ask for internet access get", "e2b_internet", internet.String())
+		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
+			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }, Internet: internet}).Wrap(handler)
+	} else if *e2bDomain != "" {
+		return fail(usageError{fmt.Errorf("%s needs --e2b", src.of("e2b-domain"))})
+	}
 	closeMCP := func() {}
 	if *mcpHTTP {
 		ms, err := moatmcp.New(moatmcp.Config{Service: srv.Service(), Keys: store, Logger: log, Version: versionString(), MaxRequestBytes: int64(body), MaxFiles: *maxFiles})
@@ -269,18 +276,13 @@ func cmdServe(args []string) int {
 			return fail(err)
 		}
 		closeMCP = ms.CloseSessions
+		// In front of E2B's front door, which would answer /mcp as an
+		// E2B path.
 		api := handler
 		mux := http.NewServeMux()
 		mux.Handle("/mcp", mh)
 		mux.Handle("/", api)
 		handler = mux
-	}
-	if *e2bAPI {
-		log.Info("e2b: sandboxes that ask for internet access get", "e2b_internet", internet.String())
-		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
-			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }, Internet: internet}).Wrap(handler)
-	} else if *e2bDomain != "" {
-		return fail(usageError{fmt.Errorf("%s needs --e2b", src.of("e2b-domain"))})
 	}
 	// The access log around every front door (API, E2B, MCP): one line
 	// per request, whichever answered it.

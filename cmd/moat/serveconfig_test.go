@@ -274,8 +274,9 @@ func TestVersionFlag(t *testing.T) {
 func TestServeOperations(t *testing.T) {
 	needRoot(t)
 	home := serverHome(t)
+	key := createKey(t, home)
 	cfg := filepath.Join(t.TempDir(), "moat.yaml")
-	if err := os.WriteFile(cfg, []byte("listen: 127.0.0.1:0\npool: 0\nsession-pool: 0\nlog-format: json\nmetrics-listen: 127.0.0.1:0\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte("listen: 127.0.0.1:0\npool: 0\nsession-pool: 0\nlog-format: json\nmetrics-listen: 127.0.0.1:0\ne2b: true\nmcp: true\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(moatBin, "serve", "--config", cfg)
@@ -334,9 +335,16 @@ func TestServeOperations(t *testing.T) {
 	metricsURL := next("metrics listening")["url"].(string)
 	apiURL := next("moat serve listening")["url"].(string)
 
-	get := func(url string) (int, string, string) {
+	get := func(url string, header map[string]string) (int, string, string) {
 		t.Helper()
-		resp, err := http.Get(url)
+		rq, err := http.NewRequest("GET", url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			rq.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(rq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -344,20 +352,25 @@ func TestServeOperations(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, resp.Header.Get("X-Request-Id"), string(b)
 	}
+	const keyID = "the key's id"
 	tests := []struct {
 		name, url  string
+		header     map[string]string
 		status     int
 		body       string
 		route, key string // the access-log line's; "" none at info
 	}{
-		{"health is not at info", apiURL + "/v1/health", 200, `"status":"ok"`, "", ""},
-		{"the OpenAPI document", apiURL + "/v1/openapi.yaml", 200, "openapi: 3.0.3", "GET /v1/openapi.yaml", "-"},
-		{"metrics without a key on the API", apiURL + "/metrics", 401, "unauthenticated", "GET /metrics", "-"},
-		{"metrics without a key on its listener", metricsURL, 200, "moat_build_info{", "", ""},
+		{"health is not at info", apiURL + "/v1/health", nil, 200, `"status":"ok"`, "", ""},
+		{"the OpenAPI document", apiURL + "/v1/openapi.yaml", nil, 200, "openapi: 3.0.3", "GET /v1/openapi.yaml", "-"},
+		{"metrics without a key on the API", apiURL + "/metrics", nil, 401, "unauthenticated", "GET /metrics", "-"},
+		{"metrics without a key on its listener", metricsURL, nil, 200, "moat_build_info{", "", ""},
+		{"a key's API request", apiURL + "/v1/sandboxes", map[string]string{"Authorization": "Bearer " + key}, 200, "[", "GET /v1/sandboxes", keyID},
+		{"E2B's control plane", apiURL + "/sandboxes", map[string]string{"X-API-Key": key}, 200, "[", "e2b control", keyID},
+		{"MCP without a key, beside E2B", apiURL + "/mcp", nil, 401, "", "/mcp", "-"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			status, id, body := get(tc.url)
+			status, id, body := get(tc.url, tc.header)
 			if status != tc.status || !strings.Contains(body, tc.body) {
 				t.Fatalf("GET %s: %d %.300q; want %d with %q", tc.url, status, body, tc.status, tc.body)
 			}
@@ -365,6 +378,13 @@ func TestServeOperations(t *testing.T) {
 				return
 			}
 			line := next("request")
+			if tc.key == keyID {
+				// The key's id, whatever it is, never its secret.
+				if k, _ := line["key"].(string); k == "" || k == "-" || strings.Contains(key, k) == false || k == key {
+					t.Errorf("access-log key %q: want the id of key %s..., not the key", k, key[:8])
+				}
+				tc.key, _ = line["key"].(string)
+			}
 			if line["request_id"] != id || line["route"] != tc.route || line["key"] != tc.key || line["status"] != float64(tc.status) || line["level"] != "INFO" {
 				t.Errorf("access-log line %v; want request_id %s, route %q, key %q, status %d", line, id, tc.route, tc.key, tc.status)
 			}
