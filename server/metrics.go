@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/server/accesslog"
 )
@@ -129,8 +130,8 @@ func (s *Server) MetricsHandler() http.Handler {
 // server's (every tenant's runs, denials, limits and requests), and a
 // tenant's key must not learn what other tenants do.
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) error {
-	if k := keyOf(r); !k.Admin {
-		return forbidden("GET /metrics shows the whole server's activity and needs an admin key; key %s is a tenant's (create one for monitoring with moat keys create --admin)", k.ID)
+	if k := keyOf(r); !k.Admin && k.Scope != audit.ScopeMetrics {
+		return forbidden("GET /metrics shows the whole server's activity and needs an admin key or a metrics key; key %s is a tenant's (create one for monitoring with moat keys create --scope metrics)", k.ID)
 	}
 	return s.writeMetrics(w)
 }

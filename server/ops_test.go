@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/audit"
 )
 
 // syncBuffer is a log destination the handlers write to while the test
@@ -239,5 +241,39 @@ func TestStartMetric(t *testing.T) {
 				t.Errorf("want one start series:\n%s", out)
 			}
 		})
+	}
+}
+
+// TestMetricsScope: a metrics key reads GET /metrics and nothing else; a
+// tenant's key still may not read it.
+func TestMetricsScope(t *testing.T) {
+	const tokenMetrics = "moat_kmetrics_secret"
+	e := newEnv(t, nil)
+	e.au.AddKey(tokenMetrics, audit.Key{ID: "kmetrics", Name: "scraper", Quota: audit.DefaultQuota, Scope: audit.ScopeMetrics})
+	tests := []struct {
+		name         string
+		method, path string
+		token        string
+		body         any
+		status       int
+	}{
+		{"a metrics key reads /metrics", "GET", "/metrics", tokenMetrics, nil, 200},
+		{"an admin key reads /metrics", "GET", "/metrics", tokenAdmin, nil, 200},
+		{"a tenant's key does not", "GET", "/metrics", tokenA, nil, 403},
+		{"a metrics key lists no sandboxes", "GET", "/v1/sandboxes", tokenMetrics, nil, 401},
+		{"a metrics key creates none", "POST", "/v1/sandboxes", tokenMetrics, map[string]any{}, 401},
+		{"a metrics key runs nothing", "POST", "/v1/runs", tokenMetrics, map[string]any{"argv": []string{"echo", "hi"}}, 401},
+		{"a metrics key reads no incidents", "GET", "/v1/incidents", tokenMetrics, nil, 401},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.do(req{method: tc.method, path: tc.path, token: tc.token, body: tc.body})
+			if r.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", r.StatusCode, tc.status, r.body)
+			}
+		})
+	}
+	if live, created, runs, _ := e.be.Counts(); live+created+runs != 0 {
+		t.Errorf("the metrics key reached the backend: %d live, %d created, %d runs", live, created, runs)
 	}
 }

@@ -232,12 +232,22 @@ type routeOpts struct {
 	// level, not info (a load balancer's health check every second
 	// would drown the log).
 	probe bool
+	// scope: a key of this scope (audit.Key.Scope) may use the route
+	// too, when the Auditor is a ScopedAuthenticator.
+	scope string
+}
+
+// ScopedAuthenticator is an Auditor that also authenticates scoped keys
+// (audit.Store): keys that Authenticate refuses, for the routes of their
+// scope only.
+type ScopedAuthenticator interface {
+	AuthenticateScope(token, scope string) (audit.Key, error)
 }
 
 func (s *Server) routesInit() {
 	s.handle("GET /v1/health", s.health, routeOpts{public: true, probe: true})
 	s.handle("GET /v1/openapi.yaml", s.openAPI, routeOpts{public: true})
-	s.handle("GET /metrics", s.serveMetrics, routeOpts{})
+	s.handle("GET /metrics", s.serveMetrics, routeOpts{scope: audit.ScopeMetrics})
 	s.handle("POST /v1/runs", s.createRun, routeOpts{})
 	s.handle("GET /v1/runs/{id}", s.getRun, routeOpts{})
 	s.handle("POST /v1/sandboxes", s.createSandbox, routeOpts{})
@@ -422,7 +432,7 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		entry.Quiet()
 	}
 	if !rt.opts.public {
-		key, err := rt.s.authenticate(r)
+		key, err := rt.s.authenticate(r, rt.opts.scope)
 		if err != nil {
 			rt.s.writeError(w, r, err)
 			return
@@ -436,8 +446,8 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticate reads the key from "Authorization: Bearer K" or
-// "X-API-Key: K".
-func (s *Server) authenticate(r *http.Request) (audit.Key, error) {
+// "X-API-Key: K": a full key, or a key of scope when scope is not "".
+func (s *Server) authenticate(r *http.Request, scope string) (audit.Key, error) {
 	token := r.Header.Get("X-API-Key")
 	if a := r.Header.Get("Authorization"); a != "" {
 		scheme, rest, ok := strings.Cut(a, " ")
@@ -450,6 +460,9 @@ func (s *Server) authenticate(r *http.Request) (audit.Key, error) {
 		return audit.Key{}, unauthenticated()
 	}
 	key, err := s.cfg.Auditor.Authenticate(token)
+	if sa, ok := s.cfg.Auditor.(ScopedAuthenticator); ok && scope != "" && errors.Is(err, audit.ErrBadKey) {
+		key, err = sa.AuthenticateScope(token, scope)
+	}
 	if errors.Is(err, audit.ErrBadKey) {
 		return audit.Key{}, unauthenticated()
 	}

@@ -275,6 +275,7 @@ func TestServeOperations(t *testing.T) {
 	needRoot(t)
 	home := serverHome(t)
 	key := createKey(t, home)
+	metricsKey := createKey(t, home, "--scope", "metrics")
 	cfg := filepath.Join(t.TempDir(), "moat.yaml")
 	if err := os.WriteFile(cfg, []byte("listen: 127.0.0.1:0\npool: 0\nsession-pool: 0\nlog-format: json\nmetrics-listen: 127.0.0.1:0\ne2b: true\nmcp: true\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -367,6 +368,10 @@ func TestServeOperations(t *testing.T) {
 		{"a key's API request", apiURL + "/v1/sandboxes", map[string]string{"Authorization": "Bearer " + key}, 200, "[", "GET /v1/sandboxes", keyID},
 		{"E2B's control plane", apiURL + "/sandboxes", map[string]string{"X-API-Key": key}, 200, "[", "e2b control", keyID},
 		{"MCP without a key, beside E2B", apiURL + "/mcp", nil, 401, "", "/mcp", "-"},
+		{"a metrics key reads /metrics", apiURL + "/metrics", map[string]string{"Authorization": "Bearer " + metricsKey}, 200, "moat_build_info{", "GET /metrics", keyID},
+		{"a metrics key is no key for the API", apiURL + "/v1/sandboxes", map[string]string{"Authorization": "Bearer " + metricsKey}, 401, "unauthenticated", "GET /v1/sandboxes", "-"},
+		{"a metrics key is no key for E2B", apiURL + "/sandboxes", map[string]string{"X-API-Key": metricsKey}, 401, "Invalid API key", "e2b control", "-"},
+		{"a metrics key is no key for MCP", apiURL + "/mcp", map[string]string{"Authorization": "Bearer " + metricsKey}, 401, "", "/mcp", "-"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -380,8 +385,9 @@ func TestServeOperations(t *testing.T) {
 			line := next("request")
 			if tc.key == keyID {
 				// The key's id, whatever it is, never its secret.
-				if k, _ := line["key"].(string); k == "" || k == "-" || strings.Contains(key, k) == false || k == key {
-					t.Errorf("access-log key %q: want the id of key %s..., not the key", k, key[:8])
+				k, _ := line["key"].(string)
+				if k == "" || k == "-" || !(strings.Contains(key, k) || strings.Contains(metricsKey, k)) || k == key || k == metricsKey {
+					t.Errorf("access-log key %q: want the id of the key, not the key", k)
 				}
 				tc.key, _ = line["key"].(string)
 			}
@@ -389,5 +395,31 @@ func TestServeOperations(t *testing.T) {
 				t.Errorf("access-log line %v; want request_id %s, route %q, key %q, status %d", line, id, tc.route, tc.key, tc.status)
 			}
 		})
+	}
+}
+
+func TestMetricsKeyCLI(t *testing.T) {
+	home := t.TempDir()
+	env := []string{"MOAT_HOME=" + home}
+	tests := []struct {
+		name    string
+		args    []string
+		code    int
+		wantErr []string
+	}{
+		{"a metrics key", []string{"keys", "create", "--name", "scraper", "--scope", "metrics"}, 0, []string{"Created metrics key k", "reads GET /metrics and nothing else"}},
+		{"an unknown scope", []string{"keys", "create", "--name", "x", "--scope", "read"}, exitUsage, []string{`--scope "read": want one of metrics`}},
+		{"a scope with more", []string{"keys", "create", "--name", "x", "--scope", "metrics", "--admin", "--max-sandboxes", "2"}, exitUsage,
+			[]string{"--scope metrics makes a key that runs nothing: drop --admin, --max-sandboxes"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			moat(t, invocation{args: tc.args, env: env}).check(t, tc.code, nil, tc.wantErr, nil)
+		})
+	}
+	out := moat(t, invocation{args: []string{"keys", "list"}, env: env})
+	out.check(t, 0, []string{"scraper", "active (metrics only)"}, nil, nil)
+	if n := strings.Count(out.stdout, "\nk"); n != 1 {
+		t.Errorf("want one key listed, got %d:\n%s", n, out.stdout)
 	}
 }
