@@ -7,7 +7,8 @@
 // cleanup): each handler authenticates, decodes the request strictly,
 // calls one service method with the caller's key, and encodes the answer;
 // httpError maps the service's error kinds onto statuses and codes. It
-// authenticates every request but the health check and refuses malformed
+// authenticates every request but the health check and the OpenAPI
+// document, and refuses malformed
 // or oversized requests before the service is called. It must never
 // accept a host path from a caller, and never let a panic or a client
 // that goes away take the server down.
