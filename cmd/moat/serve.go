@@ -29,9 +29,9 @@ import (
 const serveUsage = `Usage: moat serve [FLAGS]
 
 Serves Moat's HTTP API (docs/API.md): one-shot runs, sandboxes with
-sessions, file transfer, live output. Every request but GET /v1/health and
-GET /v1/openapi.yaml needs an API key from 'moat keys create'. Runs and sandboxes are recorded in the
-audit log ('moat audit').
+sessions, file transfer, live output. Every request but GET /v1/health
+and GET /v1/openapi.yaml needs an API key from 'moat keys create'. Runs
+and sandboxes are recorded in the audit log ('moat audit').
 
 Warm pools keep sandboxes of the default manifest's resource class prepared,
 so that a request that matches takes one instead of building it; each is
