@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"github.com/moat-sandbox/moat/policy"
 	"log/slog"
@@ -150,9 +149,12 @@ func cmdServe(args []string) int {
 	if err != nil || body <= 0 {
 		return fail(usageError{fmt.Errorf("%s %q: want a size such as 64MiB", src.of("max-body"), *maxBody)})
 	}
-	for _, name := range []string{"pool", "session-pool"} {
-		if n := fs.Lookup(name).Value.(flag.Getter).Get().(int); n < 0 || n > 128 {
-			return fail(usageError{fmt.Errorf("%s %d: want 0 to 128", src.of(name), n)})
+	for _, p := range []struct {
+		flag string
+		n    int
+	}{{"pool", *pool}, {"session-pool", *sessionPool}} {
+		if p.n < 0 || p.n > 128 {
+			return fail(usageError{fmt.Errorf("%s %d: want 0 to 128", src.of(p.flag), p.n)})
 		}
 	}
 	class := manifest.Default()
