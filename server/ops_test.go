@@ -7,13 +7,17 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/dashboard"
+	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
 // syncBuffer is a log destination the handlers write to while the test
@@ -275,5 +279,88 @@ func TestMetricsScope(t *testing.T) {
 	}
 	if live, created, runs, _ := e.be.Counts(); live+created+runs != 0 {
 		t.Errorf("the metrics key reached the backend: %d live, %d created, %d runs", live, created, runs)
+	}
+}
+
+// TestAccessLogDashboard: the dashboard's requests are in the access log
+// under its route, with the id of the admin key its session is for.
+func TestAccessLogDashboard(t *testing.T) {
+	store, err := audit.Open(filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	token, admin, err := store.CreateAdminKey("operator", audit.DefaultQuota)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	srv, err := New(Config{Backend: &servicetest.Backend{Dir: t.TempDir()}, Auditor: store, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Shutdown(t.Context())
+	})
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	login, _ := http.NewRequest("POST", hs.URL+"/dashboard/login", strings.NewReader(url.Values{"key": {token}}.Encode()))
+	login.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	login.Header.Set("Sec-Fetch-Site", "same-origin")
+	resp, err := client.Do(login)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var cookie *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == dashboard.CookieName {
+			cookie = c
+		}
+	}
+	if cookie == nil {
+		t.Fatalf("login: %d, no session cookie", resp.StatusCode)
+	}
+	tests := []struct {
+		name    string
+		session bool
+		status  int
+		key     string
+	}{
+		{"with a session", true, 200, admin.ID},
+		{"without one", false, 401, "-"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rq, _ := http.NewRequest("GET", hs.URL+"/dashboard/api/session", nil)
+			if tc.session {
+				rq.AddCookie(cookie)
+			}
+			resp, err := client.Do(rq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			id := resp.Header.Get("X-Request-Id")
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			var line map[string]any
+			waitFor(t, "the access-log line", func() bool {
+				for _, l := range accessLines(t, logs) {
+					if l["request_id"] == id {
+						line = l
+					}
+				}
+				return line != nil
+			})
+			if line["route"] != dashboard.Prefix || line["key"] != tc.key || line["status"] != float64(tc.status) {
+				t.Errorf("line %v; want route %s, key %s, status %d", line, dashboard.Prefix, tc.key, tc.status)
+			}
+		})
+	}
+	if strings.Contains(logs.String(), token) {
+		t.Errorf("the log holds the key:\n%s", logs.String())
 	}
 }
