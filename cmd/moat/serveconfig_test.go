@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -421,5 +423,38 @@ func TestMetricsKeyCLI(t *testing.T) {
 	out.check(t, 0, []string{"scraper", "active (metrics only)"}, nil, nil)
 	if n := strings.Count(out.stdout, "\nk"); n != 1 {
 		t.Errorf("want one key listed, got %d:\n%s", n, out.stdout)
+	}
+}
+
+// TestOperationsDocListsEverySetting: docs/OPERATIONS.md's table has a row
+// for every flag of moat serve, with its variable, and no row for a flag
+// serve does not have.
+func TestOperationsDocListsEverySetting(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "OPERATIONS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := moat(t, invocation{args: []string{"serve", "--help"}})
+	flagLine := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+	flags := map[string]bool{}
+	for _, m := range flagLine.FindAllStringSubmatch(help.stdout, -1) {
+		flags[m[1]] = true
+	}
+	if len(flags) < 20 {
+		t.Fatalf("found %d flags in moat serve --help:\n%s", len(flags), help.stdout)
+	}
+	for name := range flags {
+		t.Run(name, func(t *testing.T) {
+			row := fmt.Sprintf("| `--%s` | `%s` |", name, envName(name))
+			if !strings.Contains(string(doc), row) {
+				t.Errorf("docs/OPERATIONS.md has no row %q", row)
+			}
+		})
+	}
+	rowLine := regexp.MustCompile("(?m)^\\| `--([a-z0-9-]+)` \\| `MOAT_")
+	for _, m := range rowLine.FindAllStringSubmatch(string(doc), -1) {
+		if !flags[m[1]] {
+			t.Errorf("docs/OPERATIONS.md lists --%s, which moat serve does not have", m[1])
+		}
 	}
 }
