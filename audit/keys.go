@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -49,7 +50,21 @@ func (s *Store) CreateAdminKey(name string, q Quota) (token string, k Key, err e
 	return s.createKey(name, q, true)
 }
 
+// CreateScopedKey creates a key that may do what scope names and nothing
+// else (Key.Scope; one of Scopes), with the default quota: it runs
+// nothing.
+func (s *Store) CreateScopedKey(name, scope string) (token string, k Key, err error) {
+	if !slices.Contains(Scopes, scope) {
+		return "", Key{}, fmt.Errorf("key scope %q is not one Moat knows; accepted: %s", scope, strings.Join(Scopes, ", "))
+	}
+	return s.createKeyScoped(name, Quota{}, false, scope)
+}
+
 func (s *Store) createKey(name string, q Quota, admin bool) (token string, k Key, err error) {
+	return s.createKeyScoped(name, q, admin, "")
+}
+
+func (s *Store) createKeyScoped(name string, q Quota, admin bool, scope string) (token string, k Key, err error) {
 	if err := validKeyName(name); err != nil {
 		return "", Key{}, err
 	}
@@ -71,9 +86,10 @@ func (s *Store) createKey(name string, q Quota, admin bool) (token string, k Key
 		Created: time.Now().UTC(),
 		Quota:   q,
 		Admin:   admin,
+		Scope:   scope,
 	}
-	_, err = s.w.Exec(`INSERT INTO keys (id, name, secret_sha256, created, max_sandboxes, cpu_seconds_per_day, admin) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		k.ID, k.Name, sum[:], nanos(k.Created), q.MaxSandboxes, q.CPUSecondsPerDay, admin)
+	_, err = s.w.Exec(`INSERT INTO keys (id, name, secret_sha256, created, max_sandboxes, cpu_seconds_per_day, admin, scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		k.ID, k.Name, sum[:], nanos(k.Created), q.MaxSandboxes, q.CPUSecondsPerDay, admin, scope)
 	if err != nil {
 		if isPrimaryKeyViolation(err) {
 			// 48 random bits collide about once in 16 million keys; say so
@@ -129,13 +145,13 @@ func (q Quota) withDefaults() (Quota, error) {
 	return q, nil
 }
 
-const keyColumns = `id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, admin`
+const keyColumns = `id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, admin, scope`
 
 func scanKey(sc interface{ Scan(...any) error }) (Key, error) {
 	var k Key
 	var created int64
 	var revoked sql.NullInt64
-	if err := sc.Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &k.Admin); err != nil {
+	if err := sc.Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &k.Admin, &k.Scope); err != nil {
 		return Key{}, err
 	}
 	k.Created = fromNanos(created)
@@ -205,10 +221,37 @@ func (s *Store) RevokeKey(id string) error {
 // unknown id and a wrong secret take the same path through the code.
 var dummyHash = sha256.Sum256([]byte("moat: no such key"))
 
-// Authenticate returns the live key a token belongs to, or ErrBadKey for a
-// malformed, unknown or revoked token, never saying which. Other errors
-// mean the database failed.
+// Authenticate returns the live full key a token belongs to, or ErrBadKey
+// for a malformed, unknown or revoked token, never saying which. A scoped
+// key (Key.Scope) is ErrBadKey here too: it authenticates only through
+// AuthenticateScope, so that no front door grants it more by not knowing
+// about scopes. Other errors mean the database failed.
 func (s *Store) Authenticate(token string) (Key, error) {
+	k, err := s.authenticate(token)
+	if err != nil {
+		return Key{}, err
+	}
+	if k.Scope != "" {
+		return Key{}, ErrBadKey
+	}
+	return k, nil
+}
+
+// AuthenticateScope returns the live key a token belongs to when it is a
+// key of this scope, else ErrBadKey (a full key too: the caller asks
+// Authenticate first).
+func (s *Store) AuthenticateScope(token, scope string) (Key, error) {
+	k, err := s.authenticate(token)
+	if err != nil {
+		return Key{}, err
+	}
+	if scope == "" || k.Scope != scope {
+		return Key{}, ErrBadKey
+	}
+	return k, nil
+}
+
+func (s *Store) authenticate(token string) (Key, error) {
 	id, secret, ok := parseToken(token)
 	if !ok {
 		return Key{}, ErrBadKey
@@ -217,8 +260,8 @@ func (s *Store) Authenticate(token string) (Key, error) {
 	var created int64
 	var revoked sql.NullInt64
 	var stored []byte
-	err := s.r.QueryRow(`SELECT id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, admin, secret_sha256 FROM keys WHERE id = ?`, id).
-		Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &k.Admin, &stored)
+	err := s.r.QueryRow(`SELECT id, name, created, revoked, max_sandboxes, cpu_seconds_per_day, admin, scope, secret_sha256 FROM keys WHERE id = ?`, id).
+		Scan(&k.ID, &k.Name, &created, &revoked, &k.Quota.MaxSandboxes, &k.Quota.CPUSecondsPerDay, &k.Admin, &k.Scope, &stored)
 	found := err == nil
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return Key{}, fmt.Errorf("authenticate: %w", err)

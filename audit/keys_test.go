@@ -235,7 +235,65 @@ func TestAdminKeyUpgrade(t *testing.T) {
 		t.Fatalf("open a version-1 database: %v", err)
 	}
 	defer s.Close()
-	if k, err := s.Key("k000000000001"); err != nil || k.Admin {
-		t.Errorf("a key from before admin keys: %+v, %v; want a tenant's", k, err)
+	if k, err := s.Key("k000000000001"); err != nil || k.Admin || k.Scope != "" {
+		t.Errorf("a key from before admin keys: %+v, %v; want a tenant's full key", k, err)
+	}
+}
+
+// TestScopedKey: a metrics key authenticates only through
+// AuthenticateScope with its scope; Authenticate, which every front door
+// uses, refuses it as it refuses an unknown key.
+func TestScopedKey(t *testing.T) {
+	s := newStore(t)
+	fullTok, _, err := s.CreateKey("tenant", Quota{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsTok, metrics, err := s.CreateScopedKey("scraper", ScopeMetrics)
+	if err != nil || metrics.Scope != ScopeMetrics || metrics.Admin {
+		t.Fatalf("CreateScopedKey: %+v, %v", metrics, err)
+	}
+	if _, _, err := s.CreateScopedKey("x", "admin"); err == nil || !strings.Contains(err.Error(), `key scope "admin" is not one Moat knows; accepted: metrics`) {
+		t.Errorf("an unknown scope: %v", err)
+	}
+	tests := []struct {
+		name      string
+		token     string
+		scope     string // "": Authenticate
+		wantErr   bool
+		wantScope string
+	}{
+		{"a full key authenticates", fullTok, "", false, ""},
+		{"a metrics key does not authenticate", metricsTok, "", true, ""},
+		{"a metrics key authenticates for its scope", metricsTok, ScopeMetrics, false, ScopeMetrics},
+		{"a full key is not a scoped one", fullTok, ScopeMetrics, true, ""},
+		{"a metrics key is not for another scope", metricsTok, "sandboxes", true, ""},
+		{"a wrong secret is refused for the scope", metricsTok[:len(metricsTok)-1] + "0", ScopeMetrics, true, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var k Key
+			var err error
+			if tc.scope == "" {
+				k, err = s.Authenticate(tc.token)
+			} else {
+				k, err = s.AuthenticateScope(tc.token, tc.scope)
+			}
+			if tc.wantErr {
+				if !errors.Is(err, ErrBadKey) {
+					t.Fatalf("got %+v, %v; want ErrBadKey", k, err)
+				}
+				return
+			}
+			if err != nil || k.Scope != tc.wantScope {
+				t.Fatalf("got %+v, %v; want scope %q", k, err, tc.wantScope)
+			}
+		})
+	}
+	if k, err := s.Key(metrics.ID); err != nil || k.Scope != ScopeMetrics {
+		t.Errorf("Key: %+v, %v", k, err)
+	}
+	if keys, err := s.Keys(); err != nil || len(keys) != 2 || keys[0].Scope != "" || keys[1].Scope != ScopeMetrics {
+		t.Errorf("Keys: %+v, %v", keys, err)
 	}
 }

@@ -143,7 +143,7 @@ func TestUpgradeToNetworkSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Back to the version 1 layout.
-	if _, err := s.w.Exec(`ALTER TABLE records DROP COLUMN network_summary; ALTER TABLE keys DROP COLUMN admin; UPDATE schema_version SET version = 1`); err != nil {
+	if _, err := s.w.Exec(`ALTER TABLE records DROP COLUMN network_summary; ALTER TABLE keys DROP COLUMN admin; ALTER TABLE keys DROP COLUMN scope; UPDATE schema_version SET version = 1`); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()

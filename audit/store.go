@@ -26,7 +26,7 @@ var (
 
 // SchemaVersion is the version of the database layout this package writes.
 // Open upgrades an older database and refuses a newer one.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // migrations[i] takes a database from schema version i to i+1. Append only:
 // a released migration never changes.
@@ -121,6 +121,9 @@ CREATE TABLE IF NOT EXISTS key_secrets (
 	PRIMARY KEY (key_id, secret)
 ) STRICT, WITHOUT ROWID;
 `,
+	// 4 -> 5: scoped keys (Key.Scope): "metrics" keys read GET /metrics
+	// and nothing else. Every existing key is a full one ('').
+	`ALTER TABLE keys ADD COLUMN scope TEXT NOT NULL DEFAULT '';`,
 }
 
 // Store is an open audit database. It is safe for concurrent use.

@@ -20,7 +20,20 @@ type Key struct {
 	// Secrets are the names of the host's secrets the key's manifests may
 	// name (GrantSecret), sorted; none by default.
 	Secrets []string `json:"secrets,omitempty"`
+	// Scope is "" for a full key, or what a scoped key may do and nothing
+	// else: ScopeMetrics. Authenticate refuses a scoped key, so that every
+	// front door that authenticates (API, E2B, MCP, dashboard) refuses it
+	// without knowing scopes; the one route a scope serves asks
+	// AuthenticateScope.
+	Scope string `json:"scope,omitempty"`
 }
+
+// ScopeMetrics is the scope of a key that reads GET /metrics and nothing
+// else: for a remote scraper, which must not be able to run sandboxes.
+const ScopeMetrics = "metrics"
+
+// Scopes are the scopes CreateScopedKey accepts.
+var Scopes = []string{ScopeMetrics}
 
 // Quota bounds what one key may use.
 type Quota struct {

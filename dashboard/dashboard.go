@@ -36,6 +36,7 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/incident"
+	"github.com/moat-sandbox/moat/server/accesslog"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -253,6 +254,7 @@ func (d *Dashboard) authorize(r *http.Request) (audit.Key, string, error) {
 	if k.Revoked != nil || !k.Admin {
 		return audit.Key{}, "", errNoSession
 	}
+	accesslog.From(r.Context()).Note("", k.ID)
 	return k, c.Value, nil
 }
 

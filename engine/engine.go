@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/image"
@@ -82,6 +84,7 @@ type Engine struct {
 	tiers map[string]tier.Tier
 
 	pools    []*pool
+	startObs atomic.Pointer[func(tier string, poolHit bool, d time.Duration)] // ObserveStarts
 	poolWG   sync.WaitGroup
 	poolCtx  context.Context
 	poolStop context.CancelFunc

@@ -157,6 +157,7 @@ func (p *pool) drain() {
 // one whose egress proxy (if any) resolves names with res (nil: the host's
 // resolver).
 func (e *Engine) take(ctx context.Context, t tier.Tier, img *image.Image, m *manifest.Manifest, session bool, res egress.Resolver) (*prepared, error) {
+	start := time.Now()
 	if m.Network.Mode == "none" && len(e.pools) > 0 {
 		key := poolKey(t, img, m, session)
 		for _, p := range e.pools {
@@ -173,13 +174,36 @@ func (e *Engine) take(ctx context.Context, t tier.Tier, img *image.Image, m *man
 				case p.refill <- struct{}{}:
 				default:
 				}
+				e.observeStart(t.Name(), true, time.Since(start))
 				return s, nil
 			default:
 				p.misses.Add(1)
 			}
 		}
 	}
-	return e.prepare(ctx, t, img, m, session, res)
+	s, err := e.prepare(ctx, t, img, m, session, res)
+	if err == nil {
+		e.observeStart(t.Name(), false, time.Since(start))
+	}
+	return s, err
+}
+
+// ObserveStarts sets the function called each time a sandbox is ready for
+// a program (taken from a warm pool, or prepared on demand), with its
+// tier, whether a pool had it, and how long take took: moat serve's
+// moat_sandbox_start_seconds. Nil stops the calls.
+func (e *Engine) ObserveStarts(fn func(tier string, poolHit bool, d time.Duration)) {
+	if fn == nil {
+		e.startObs.Store(nil)
+		return
+	}
+	e.startObs.Store(&fn)
+}
+
+func (e *Engine) observeStart(tier string, poolHit bool, d time.Duration) {
+	if fn := e.startObs.Load(); fn != nil {
+		(*fn)(tier, poolHit, d)
+	}
 }
 
 // PoolStats reports every pool's state.

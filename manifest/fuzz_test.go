@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,5 +68,41 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("accepted manifest has no digest")
 		}
 		assertRoundTrip(t, m)
+	})
+}
+
+// FuzzParseSize checks ParseSize on any string: it never panics, what it
+// accepts is 0 or more bytes and survives String, and no spelling means
+// one number in one case and another in another case ("512m" is MiB;
+// "512M", which Kubernetes reads as 512e6, is refused rather than read
+// as either).
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{
+		"0", "1024", "512MiB", "512mib", "512 MiB", "1.5GiB", "10KB", "10kB", "1MB",
+		"512Mi", "4Ki", "1.5Gi", "512m", "2g", "1t", "100b", "512M", "512k", "512K",
+		"1gb", "1Gb", "512Mm", "1e3", "0x10", "-1", ".5MiB", "9223372036854775807", "8388608TiB",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := ParseSize(s)
+		if err != nil {
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("ParseSize(%q): %v is not a *FieldError", s, err)
+			}
+			return
+		}
+		if got < 0 {
+			t.Fatalf("ParseSize(%q) = %d < 0", s, got)
+		}
+		if back, err := ParseSize(got.String()); err != nil || back != got {
+			t.Fatalf("ParseSize(%q) = %d, whose String %q parses as %d, %v", s, got, got.String(), back, err)
+		}
+		for _, other := range []string{strings.ToUpper(s), strings.ToLower(s)} {
+			if v, err := ParseSize(other); err == nil && v != got {
+				t.Fatalf("ParseSize(%q) = %d but ParseSize(%q) = %d: case changed the size", s, got, other, v)
+			}
+		}
 	})
 }

@@ -122,6 +122,16 @@ resources: {memory: 0.5GiB, file_size: 1048576, stdout_bytes: 0, stderr_bytes: "
 			m.Resources.StderrBytes = 10 * KiB
 			return m
 		}},
+		{"sizes in Kubernetes' and Docker's spellings", "m.yaml", `
+workspace: {size: 2g}
+resources: {memory: 512Mi, file_size: 64m, stderr_bytes: 4Ki}`, func() *Manifest {
+			m := Default()
+			m.Workspace.Size = 2 * GiB
+			m.Resources.Memory = 512 * MiB
+			m.Resources.FileSize = 64 * MiB
+			m.Resources.StderrBytes = 4 * KiB
+			return m
+		}},
 		{"fractional cpus", "m.yaml", "resources: {cpus: 0.5}", func() *Manifest {
 			m := Default()
 			m.Resources.CPUs = 0.5
@@ -235,7 +245,7 @@ func TestParseErrors(t *testing.T) {
 		{"size two dots", "m.yaml", "resources: {memory: 1.5.3MiB}", "resources.memory", "1.5.3MiB", "unknown unit"},
 		{"size empty", "m.yaml", `resources: {memory: ""}`, "resources.memory", "", "is empty"},
 		{"size overflow", "m.yaml", "resources: {memory: 99999999999TiB}", "resources.memory", "99999999999TiB", "too large"},
-		{"size docker unit", "m.yaml", "resources: {memory: 512m}", "resources.memory", "512m", `unknown unit "m"`},
+		{"size ambiguous unit", "m.yaml", "resources: {memory: 512M}", "resources.memory", "512M", `ambiguous unit "M"`},
 		{"size not whole bytes", "m.yaml", "resources: {memory: 0.3KiB}", "resources.memory", "0.3KiB", "whole number of bytes"},
 		{"size unit only", "m.yaml", "resources: {memory: MiB}", "resources.memory", "MiB", "is not a size"},
 		{"size trailing dot", "m.yaml", "resources: {memory: 1.MiB}", "resources.memory", "1.MiB", "is not a size"},
@@ -797,7 +807,36 @@ func TestParseSize(t *testing.T) {
 		{"1e3", 0, "unknown unit"},
 		{"0x10", 0, "unknown unit"},
 		{"1_000", 0, "unknown unit"},
-		{"512M", 0, `unknown unit "M"`},
+		// Kubernetes' binary units, any case.
+		{"512Mi", 512 * MiB, ""},
+		{"512mi", 512 * MiB, ""},
+		{"4Ki", 4 * KiB, ""},
+		{"2Gi", 2 * GiB, ""},
+		{"1.5Gi", 3 * 512 * MiB, ""},
+		{"1Ti", TiB, ""},
+		// Docker's one letter, lowercase: binary.
+		{"512m", 512 * MiB, ""},
+		{"512 m", 512 * MiB, ""},
+		{"2g", 2 * GiB, ""},
+		{"1t", TiB, ""},
+		{"100b", 100, ""},
+		{"0.5g", 512 * MiB, ""},
+		// What Kubernetes and Docker read differently is refused,
+		// naming both spellings that say it without doubt.
+		{"512M", 0, `ambiguous unit "M": it is 1000^2 bytes to Kubernetes or SI, 1024^2 to Docker; write 512Mi for binary or 512MB for decimal`},
+		{"1G", 0, `ambiguous unit "G"`},
+		{"1T", 0, `ambiguous unit "T"`},
+		{"512k", 0, `ambiguous unit "k": it is 1000^1 bytes to Kubernetes or SI, 1024^1 to Docker; write 512Ki for binary or 512KB for decimal`},
+		{"512K", 0, `ambiguous unit "K"`},
+		{"512mb", 0, `ambiguous unit "mb"`},
+		{"1gb", 0, `1024^3 to Docker; write 1Gi for binary or 1GB for decimal`},
+		{"1Gb", 0, `ambiguous unit "Gb"`},
+		{"1.5 M", 0, "write 1.5Mi for binary or 1.5MB for decimal"},
+		// Kubernetes' milli on its own and its larger units are not
+		// byte counts Moat takes.
+		{"512Mm", 0, "unknown unit"},
+		{"1Pi", 0, "unknown unit"},
+		{"1E", 0, "unknown unit"},
 		{"1.1B", 0, "whole number of bytes"},
 		{"1KiBB", 0, "unknown unit"},
 		{strings.Repeat("9", 65), 0, "too long"},

@@ -10,9 +10,23 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Byte units accepted in a Size. Matching is case-insensitive ("512mib" is
-// 512MiB): the binary and decimal families differ by the "i", not by case,
-// so folding case cannot turn one unit into another.
+// Byte units accepted in a Size. Three families, and one rule: a spelling
+// is accepted only where every system that uses it means the same number
+// of bytes (docs/RATIONALE.md, "Sizes in Kubernetes' and Docker's
+// spellings"):
+//
+//   - binary, IEC and Kubernetes: KiB, MiB, GiB, TiB and Ki, Mi, Gi, Ti,
+//     in any case ("512mib", "512Mi"): the "i" says binary everywhere;
+//   - decimal, SI: kB or KB, MB, GB, TB exactly so spelled. The one
+//     exception to the rule: Docker reads "MB" as MiB too; Moat read it
+//     as SI does before it took Docker's spellings, and keeps that;
+//   - Docker's one letter: b, and m, g, t (lowercase) for MiB, GiB, TiB.
+//     Kubernetes has no g or t, and its m is milli, never a byte count.
+//
+// Refused as ambiguous, the error naming both readings: K, k, M, G, T
+// (Kubernetes' k, M, G, T are powers of 1000, Docker's powers of 1024)
+// and the decimal units in other cases ("mb", "Gb": Docker reads "mb" as
+// MiB, SI as MB).
 const (
 	KiB Size = 1 << 10
 	MiB Size = 1 << 20
@@ -20,26 +34,56 @@ const (
 	TiB Size = 1 << 40
 )
 
-var sizeUnits = []struct {
+type sizeUnit struct {
 	name  string
 	bytes int64
-}{
+}
+
+// sizeUnits are matched case-insensitively. The first five are the binary
+// units String writes (exactUnit indexes them).
+var sizeUnits = []sizeUnit{
 	{"B", 1},
 	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40},
+}
+
+// exactSizeUnits are matched exactly: their case is what tells them from
+// another system's unit of the same letters.
+var exactSizeUnits = []sizeUnit{
+	{"b", 1},
+	{"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40},
+	{"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+}
+
+// ambiguousUnit says, for a spelling two systems read differently, its
+// binary and decimal readings: the power of 1024 and 1000, and the units
+// that say each without doubt. ok is false for any other spelling.
+func ambiguousUnit(unit string) (exp int, binary, decimal string, ok bool) {
+	switch strings.ToUpper(unit) {
+	case "K", "KB":
+		return 1, "Ki", "KB", true
+	case "M", "MB":
+		return 2, "Mi", "MB", true
+	case "G", "GB":
+		return 3, "Gi", "GB", true
+	case "T", "TB":
+		return 4, "Ti", "TB", true
+	}
+	return 0, "", "", false
 }
 
 // maxNumberLen bounds a size or duration string before any arithmetic, so a
 // megabyte of digits costs nothing.
 const maxNumberLen = 64
 
-const sizeHint = "write whole bytes or a number with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (e.g. 512MiB)"
+const sizeHint = "write whole bytes or a number with a unit: B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti), decimal KB, MB, GB, TB, or Docker's m, g, t (e.g. 512MiB, 512Mi, 512m)"
 
 // ParseSize parses a byte count: a non-negative integer number of bytes
-// ("1048576") or a decimal number with a unit ("512MiB", "1.5GiB", "10MB").
-// Spaces between the number and the unit are allowed; units are matched
-// case-insensitively. A fractional value must come to a whole number of
-// bytes. The error is a *FieldError with an empty Field, for the caller to
+// ("1048576") or a decimal number with a unit ("512MiB", "512Mi", "512m",
+// "1.5GiB", "10MB"; the units are listed above). Spaces between the number
+// and the unit are allowed. A spelling Kubernetes and Docker read as
+// different numbers ("512M") is refused, naming both. A fractional value
+// must come to a whole number of bytes. The error is a *FieldError with an empty Field, for the caller to
 // name the flag or key.
 func ParseSize(s string) (Size, error) {
 	bad := func(problem string) (Size, error) {
@@ -85,7 +129,17 @@ func ParseSize(s string) (Size, error) {
 				break
 			}
 		}
+		for _, u := range exactSizeUnits {
+			if !found && unitName == u.name {
+				unit, found = u.bytes, true
+			}
+		}
 		if !found {
+			if exp, bin, dec, ok := ambiguousUnit(unitName); ok {
+				n := t[:i]
+				return bad("has an ambiguous unit " + strconv.Quote(unitName) + ": it is 1000^" +
+					strconv.Itoa(exp) + " bytes to Kubernetes or SI, 1024^" + strconv.Itoa(exp) + " to Docker; write " + n + bin + " for binary or " + n + dec + " for decimal")
+			}
 			return bad("has an unknown unit " + strconv.Quote(unitName) + "; " + sizeHint)
 		}
 	}
@@ -121,10 +175,7 @@ func (s Size) String() string {
 }
 
 // exactUnit returns the largest binary unit of at least KiB that divides s.
-func (s Size) exactUnit() (struct {
-	name  string
-	bytes int64
-}, bool) {
+func (s Size) exactUnit() (sizeUnit, bool) {
 	if s > 0 {
 		for i := 4; i >= 1; i-- { // TiB, GiB, MiB, KiB
 			if u := sizeUnits[i]; int64(s)%u.bytes == 0 {

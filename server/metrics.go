@@ -15,7 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/server/accesslog"
 )
 
 // metrics are the series docs/API.md lists, written in Prometheus' text
@@ -31,8 +33,10 @@ import (
 // server ever scraped. See docs/RATIONALE.md.
 type metrics struct {
 	g        gauges
+	build    []string   // version, go_version, source: moat_build_info's labels
 	runs     counterVec // tier, termination
 	duration histogram
+	start    histogram  // tier, pool
 	denials  counterVec // reason
 	limits   counterVec // kind
 	http     counterVec // route, code
@@ -46,7 +50,11 @@ type gauges interface {
 
 func newMetrics(g gauges) *metrics {
 	return &metrics{
-		g: g,
+		g:     g,
+		build: []string{"", runtime.Version(), ""},
+		start: histogram{name: "moat_sandbox_start_seconds", labels: []string{"tier", "pool"},
+			help:    "Time to have a sandbox ready for its program: taken from a warm pool (pool=\"hit\") or prepared on demand (pool=\"miss\"), by tier.",
+			buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}},
 		runs: counterVec{name: "moat_runs_total", labels: []string{"tier", "termination"},
 			help: "Programs that ended (one-shot runs and sandbox commands), by tier and termination."},
 		duration: histogram{name: "moat_run_duration_seconds",
@@ -85,13 +93,50 @@ func (m *metrics) observe(res *result.Result) {
 	}
 }
 
+// observeStart counts one sandbox made ready for a program
+// (service.Config.ObserveStart).
+func (m *metrics) observeStart(tier string, poolHit bool, d time.Duration) {
+	pool := "miss"
+	if poolHit {
+		pool = "hit"
+	}
+	m.start.observe(d.Seconds(), tier, pool)
+}
+
+// MetricsHandler serves GET /metrics without a key, for a listener of its
+// own (moat serve --metrics-listen) that only the host's scraper reaches:
+// the same series the API's /metrics shows admin keys. Anything else is
+// 404. Its requests are in the access log at debug level.
+func (s *Server) MetricsHandler() http.Handler {
+	return accesslog.Handler(s.log, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e := accesslog.From(r.Context())
+		e.Quiet()
+		if r.URL.Path != "/metrics" {
+			e.Note("unmatched", "")
+			http.Error(w, "not found: this listener serves GET /metrics only", http.StatusNotFound)
+			return
+		}
+		e.Note("GET /metrics", "")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, r.Method+" is not allowed on /metrics; allowed: GET, HEAD", http.StatusMethodNotAllowed)
+			return
+		}
+		s.writeMetrics(w)
+	}))
+}
+
 // serveMetrics answers admin keys only: the series are the whole
 // server's (every tenant's runs, denials, limits and requests), and a
 // tenant's key must not learn what other tenants do.
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) error {
-	if k := keyOf(r); !k.Admin {
-		return forbidden("GET /metrics shows the whole server's activity and needs an admin key; key %s is a tenant's (create one for monitoring with moat keys create --admin)", k.ID)
+	if k := keyOf(r); !k.Admin && k.Scope != audit.ScopeMetrics {
+		return forbidden("GET /metrics shows the whole server's activity and needs an admin key or a metrics key; key %s is a tenant's (create one for monitoring with moat keys create --scope metrics)", k.ID)
 	}
+	return s.writeMetrics(w)
+}
+
+func (s *Server) writeMetrics(w http.ResponseWriter) error {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	bw := bufio.NewWriter(w)
 	s.metrics.write(bw)
@@ -102,8 +147,11 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) error {
 // gauges read now (active sandboxes, the Backend's pools), then the
 // server process's own.
 func (m *metrics) write(w *bufio.Writer) {
+	header(w, "moat_build_info", "gauge", "Always 1; the labels say which Moat this is: its version, the Go it was built with, and its source digest (scripts/source-id).")
+	fmt.Fprintf(w, "moat_build_info{%s} 1\n", labelPairs([]string{"version", "go_version", "source"}, m.build))
 	m.runs.write(w)
 	m.duration.write(w)
+	m.start.write(w)
 	m.denials.write(w)
 	m.limits.write(w)
 	m.http.write(w)
@@ -192,12 +240,7 @@ func (c *counterVec) add(n float64, values ...string) {
 		panic(fmt.Sprintf("metric %s: %d label values for %d labels", c.name, len(values), len(c.labels)))
 	}
 	// Labels in name order, as the client library rendered them.
-	pairs := make([]string, len(values))
-	for i, v := range values {
-		pairs[i] = c.labels[i] + "=" + labelValue(v)
-	}
-	slices.Sort(pairs)
-	key := "{" + strings.Join(pairs, ",") + "}"
+	key := "{" + labelPairs(c.labels, values) + "}"
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.values == nil {
@@ -220,42 +263,87 @@ func (c *counterVec) write(w *bufio.Writer) {
 	}
 }
 
-// histogram is a cumulative histogram without labels.
+// histogram is a cumulative histogram, with labels or without. Without
+// labels its one series is always written (zeros before the first
+// observation); with labels a series exists once observed.
 type histogram struct {
 	name, help string
+	labels     []string
 	buckets    []float64 // upper bounds, ascending; +Inf is implicit
 
 	mu     sync.Mutex
+	series map[string]*histogramSeries // by the rendered label pairs
+}
+
+type histogramSeries struct {
 	counts []uint64 // per bucket, not cumulative; len(buckets)+1
 	sum    float64
 	count  uint64
 }
 
-func (h *histogram) observe(v float64) {
+// observe adds v to the series of values (one per label).
+func (h *histogram) observe(v float64, values ...string) {
+	if len(values) != len(h.labels) {
+		panic(fmt.Sprintf("metric %s: %d label values for %d labels", h.name, len(values), len(h.labels)))
+	}
+	key := labelPairs(h.labels, values)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.counts == nil {
-		h.counts = make([]uint64, len(h.buckets)+1)
+	if h.series == nil {
+		h.series = map[string]*histogramSeries{}
+	}
+	se := h.series[key]
+	if se == nil {
+		se = &histogramSeries{counts: make([]uint64, len(h.buckets)+1)}
+		h.series[key] = se
 	}
 	i, _ := slices.BinarySearch(h.buckets, v) // the first bound >= v
-	h.counts[i]++
-	h.sum += v
-	h.count++
+	se.counts[i]++
+	se.sum += v
+	se.count++
 }
 
 func (h *histogram) write(w *bufio.Writer) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	header(w, h.name, "histogram", h.help)
-	var cum uint64
-	for i, le := range h.buckets {
-		if h.counts != nil {
-			cum += h.counts[i]
-		}
-		fmt.Fprintf(w, "%s_bucket{le=%q} %d\n", h.name, formatFloat(le), cum)
+	keys := make([]string, 0, len(h.series))
+	for k := range h.series {
+		keys = append(keys, k)
 	}
-	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", h.name, h.count)
-	fmt.Fprintf(w, "%s_sum %s\n%s_count %d\n", h.name, formatFloat(h.sum), h.name, h.count)
+	slices.Sort(keys)
+	if len(h.labels) == 0 && len(keys) == 0 {
+		keys = []string{""}
+	}
+	for _, k := range keys {
+		se := h.series[k]
+		if se == nil {
+			se = &histogramSeries{counts: make([]uint64, len(h.buckets)+1)}
+		}
+		// le goes last, after the series' own labels.
+		le, braces := "{", ""
+		if k != "" {
+			le, braces = "{"+k+",", "{"+k+"}"
+		}
+		var cum uint64
+		for i, bound := range h.buckets {
+			cum += se.counts[i]
+			fmt.Fprintf(w, "%s_bucket%sle=%q} %d\n", h.name, le, formatFloat(bound), cum)
+		}
+		fmt.Fprintf(w, "%s_bucket%sle=\"+Inf\"} %d\n", h.name, le, se.count)
+		fmt.Fprintf(w, "%s_sum%s %s\n%s_count%s %d\n", h.name, braces, formatFloat(se.sum), h.name, braces, se.count)
+	}
+}
+
+// labelPairs renders label names and values as the text format writes
+// them inside braces, in name order: a="x",b="y".
+func labelPairs(labels, values []string) string {
+	pairs := make([]string, len(values))
+	for i, v := range values {
+		pairs[i] = labels[i] + "=" + labelValue(v)
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, ",")
 }
 
 // labelValue renders a label value: double quotes, with backslash, double

@@ -7,7 +7,8 @@
 // cleanup): each handler authenticates, decodes the request strictly,
 // calls one service method with the caller's key, and encodes the answer;
 // httpError maps the service's error kinds onto statuses and codes. It
-// authenticates every request but the health check and refuses malformed
+// authenticates every request but the health check and the OpenAPI
+// document, and refuses malformed
 // or oversized requests before the service is called. It must never
 // accept a host path from a caller, and never let a panic or a client
 // that goes away take the server down.
@@ -35,6 +36,7 @@ import (
 	"github.com/moat-sandbox/moat/effects"
 	"github.com/moat-sandbox/moat/policy"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/server/accesslog"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -46,8 +48,11 @@ type Config struct {
 	// Logger receives errors (with their cause and request id) and
 	// lifecycle events. Nil: slog.Default().
 	Logger *slog.Logger
-	// Version is reported by GET /v1/health.
+	// Version is reported by GET /v1/health and moat_build_info.
 	Version string
+	// Source is the source digest Moat was built from (scripts/source-id,
+	// package internal/sourceid), moat_build_info's source label.
+	Source string
 
 	// MaxBodyBytes bounds a request body (--max-body). Default 64 MiB.
 	MaxBodyBytes int64
@@ -157,8 +162,10 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	metrics *metrics
-	// routes lists every pattern registered, for the OpenAPI test.
-	routes []string
+	// routes lists every pattern registered, and routeOpts their
+	// options, for the OpenAPI test.
+	routes    []string
+	routeOpts map[string]routeOpts
 
 	// streams counts open event streams (the tests check none leak).
 	streams atomic.Int64
@@ -179,17 +186,21 @@ func New(cfg Config) (*Server, error) {
 	// The service reports every program that ended; the counters are
 	// read at the next scrape.
 	sc.Observe = func(res *result.Result) { s.metrics.observe(res) }
+	sc.ObserveStart = func(tier string, poolHit bool, d time.Duration) { s.metrics.observeStart(tier, poolHit, d) }
 	svc, err := service.New(sc)
 	if err != nil {
 		return nil, err
 	}
 	s.svc = svc
 	s.metrics = newMetrics(svc)
+	s.metrics.build[0], s.metrics.build[2] = cfg.Version, cfg.Source
 	s.routesInit()
 	if err := s.mountDashboard(); err != nil {
 		return nil, err
 	}
-	s.handler = http.HandlerFunc(s.serveHTTP)
+	// The access log is outermost: its line is written after the
+	// answer, whatever the handlers did (accesslog.Handler).
+	s.handler = accesslog.Handler(s.log, http.HandlerFunc(s.serveHTTP))
 	return s, nil
 }
 
@@ -202,7 +213,10 @@ func (s *Server) Service() *service.Service { return s.svc }
 // every sandbox is destroyed before it returns.
 func (s *Server) Shutdown(ctx context.Context) error { return s.svc.Shutdown(ctx) }
 
-// Handler is the API's http.Handler.
+// Handler is the API's http.Handler. It writes the access log (package
+// accesslog); wrapped in another accesslog.Handler (the listener's, in
+// front of E2B's and MCP's front doors too) it leaves the line to that
+// one.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Sessions is the number of live sandboxes (for tests and metrics).
@@ -215,11 +229,26 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 // routeOpts say what a route needs around it.
 type routeOpts struct {
 	public bool // no API key
+	// probe: the access log writes this route's requests at debug
+	// level, not info (a load balancer's health check every second
+	// would drown the log).
+	probe bool
+	// scope: a key of this scope (audit.Key.Scope) may use the route
+	// too, when the Auditor is a ScopedAuthenticator.
+	scope string
+}
+
+// ScopedAuthenticator is an Auditor that also authenticates scoped keys
+// (audit.Store): keys that Authenticate refuses, for the routes of their
+// scope only.
+type ScopedAuthenticator interface {
+	AuthenticateScope(token, scope string) (audit.Key, error)
 }
 
 func (s *Server) routesInit() {
-	s.handle("GET /v1/health", s.health, routeOpts{public: true})
-	s.handle("GET /metrics", s.serveMetrics, routeOpts{})
+	s.handle("GET /v1/health", s.health, routeOpts{public: true, probe: true})
+	s.handle("GET /v1/openapi.yaml", s.openAPI, routeOpts{public: true})
+	s.handle("GET /metrics", s.serveMetrics, routeOpts{scope: audit.ScopeMetrics})
 	s.handle("POST /v1/runs", s.createRun, routeOpts{})
 	s.handle("GET /v1/runs/{id}", s.getRun, routeOpts{})
 	s.handle("POST /v1/sandboxes", s.createSandbox, routeOpts{})
@@ -271,6 +300,7 @@ func (s *Server) mountDashboard() error {
 		if rw, ok := w.(*responseWriter); ok {
 			rw.route = dashboard.Prefix
 		}
+		accesslog.From(r.Context()).Note(dashboard.Prefix, "")
 		d.ServeHTTP(w, r)
 	})
 	s.mux.Handle(dashboard.Prefix, h)
@@ -280,6 +310,10 @@ func (s *Server) mountDashboard() error {
 
 func (s *Server) handle(pattern string, h handlerFunc, o routeOpts) {
 	s.routes = append(s.routes, pattern)
+	if s.routeOpts == nil {
+		s.routeOpts = map[string]routeOpts{}
+	}
+	s.routeOpts[pattern] = o
 	s.mux.Handle(pattern, &route{s: s, pattern: pattern, h: h, opts: o})
 }
 
@@ -305,7 +339,10 @@ func requestID(r *http.Request) string {
 // and JSON errors for what the mux itself refuses (unknown path, wrong
 // method).
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	id := "r-" + service.NewID(8)
+	id := accesslog.From(r.Context()).ID()
+	if id == "" {
+		id = accesslog.NewID()
+	}
 	r = r.WithContext(context.WithValue(r.Context(), requestIDCtx, id))
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &trackedBody{ReadCloser: r.Body}
@@ -390,12 +427,18 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rw != nil {
 		rw.route = rt.pattern
 	}
+	entry := accesslog.From(r.Context())
+	entry.Note(rt.pattern, "")
+	if rt.opts.probe {
+		entry.Quiet()
+	}
 	if !rt.opts.public {
-		key, err := rt.s.authenticate(r)
+		key, err := rt.s.authenticate(r, rt.opts.scope)
 		if err != nil {
 			rt.s.writeError(w, r, err)
 			return
 		}
+		entry.Note("", key.ID)
 		r = r.WithContext(context.WithValue(r.Context(), keyCtx, key))
 	}
 	if err := rt.h(w, r); err != nil {
@@ -404,8 +447,8 @@ func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticate reads the key from "Authorization: Bearer K" or
-// "X-API-Key: K".
-func (s *Server) authenticate(r *http.Request) (audit.Key, error) {
+// "X-API-Key: K": a full key, or a key of scope when scope is not "".
+func (s *Server) authenticate(r *http.Request, scope string) (audit.Key, error) {
 	token := r.Header.Get("X-API-Key")
 	if a := r.Header.Get("Authorization"); a != "" {
 		scheme, rest, ok := strings.Cut(a, " ")
@@ -418,6 +461,9 @@ func (s *Server) authenticate(r *http.Request) (audit.Key, error) {
 		return audit.Key{}, unauthenticated()
 	}
 	key, err := s.cfg.Auditor.Authenticate(token)
+	if sa, ok := s.cfg.Auditor.(ScopedAuthenticator); ok && scope != "" && errors.Is(err, audit.ErrBadKey) {
+		key, err = sa.AuthenticateScope(token, scope)
+	}
 	if errors.Is(err, audit.ErrBadKey) {
 		return audit.Key{}, unauthenticated()
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -115,6 +116,14 @@ type PoolStat struct {
 	Ready  int    // sandboxes prepared and waiting
 	Taken  uint64 // sandboxes handed out since start
 	Misses uint64 // requests the pool could not serve from ready sandboxes
+}
+
+// StartReporter is implemented by a Backend that can say how long each
+// sandbox took to be ready (the engine): ObserveStarts sets the function
+// it calls then, with the sandbox's tier and whether a warm pool had it
+// ready (Config.ObserveStart; the moat_sandbox_start_seconds metric).
+type StartReporter interface {
+	ObserveStarts(fn func(tier string, poolHit bool, d time.Duration))
 }
 
 // PoolReporter is implemented by a Backend with warm pools; the server

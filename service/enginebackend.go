@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"time"
 
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/result"
@@ -13,7 +14,14 @@ func NewEngineBackend(e *engine.Engine) Backend { return engineBackend{e} }
 
 type engineBackend struct{ e *engine.Engine }
 
-var _ PoolReporter = engineBackend{}
+var (
+	_ PoolReporter  = engineBackend{}
+	_ StartReporter = engineBackend{}
+)
+
+func (b engineBackend) ObserveStarts(fn func(tier string, poolHit bool, d time.Duration)) {
+	b.e.ObserveStarts(fn)
+}
 
 func (b engineBackend) Run(ctx context.Context, req *engine.Request) (*result.Result, error) {
 	return b.e.Run(ctx, req)

@@ -76,6 +76,10 @@ type Config struct {
 	// Observe, when set, is called with the result of every program that
 	// ended (one-shot runs and commands), for metrics.
 	Observe func(*result.Result)
+	// ObserveStart, when set and the Backend is a StartReporter, is
+	// called each time a sandbox is made ready for a program: its tier,
+	// whether it came from a warm pool, and how long that took.
+	ObserveStart func(tier string, poolHit bool, d time.Duration)
 	// Policy, when set, is the operator's policy (--policy): every
 	// manifest is checked against the caller's key's ceiling, and for
 	// justifications, before anything is admitted. Nil: no ceiling
@@ -228,6 +232,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if err := s.clearSnapshotDir(); err != nil {
 		return nil, err
+	}
+	if sr, ok := cfg.Backend.(StartReporter); ok && cfg.ObserveStart != nil {
+		sr.ObserveStarts(cfg.ObserveStart)
 	}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	go s.reap()

@@ -461,6 +461,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		wantErr []string
 	}{
 		{name: "memory without a number", args: []string{"--memory", "lots", "--", "true"}, code: exitUsage, wantErr: []string{"--memory", `"lots"`, "MiB"}},
+		{name: "memory in an ambiguous unit", args: []string{"--memory", "512M", "--", "true"}, code: exitUsage, wantErr: []string{"--memory", `"512M"`, "write 512Mi for binary or 512MB for decimal"}},
 		{name: "negative pids", args: []string{"--pids", "-5", "--", "true"}, code: exitUsage, wantErr: []string{"resources.pids", `"-5"`, "1..32768"}},
 		{name: "pids not a number", args: []string{"--pids", "many", "--", "true"}, code: exitUsage, wantErr: []string{"--pids", `"many"`, "whole number"}},
 		{name: "cpus not a number", args: []string{"--cpus", "fast", "--", "true"}, code: exitUsage, wantErr: []string{"--cpus", `"fast"`}},

@@ -5,9 +5,11 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +22,7 @@ import (
 
 const keysUsage = `Usage:
   moat keys create --name NAME [--max-sandboxes N] [--cpu-seconds-per-day S] [--admin] [--e2b] [--secret NAME...]
+  moat keys create --name NAME --scope metrics
   moat keys list [--json]
   moat keys revoke ID
   moat keys grant ID SECRET
@@ -66,6 +69,7 @@ func keysCreate(args []string) int {
 	name := fs.String("name", "", "the key's `NAME`, 1 to 64 printable characters, e.g. agent-1 (required)")
 	e2bForm := fs.Bool("e2b", false, "print the token in the spelling the E2B SDKs require (e2b_ and hex digits; e2b JS 2.2x-2.50 refuse any other) for E2B_API_KEY with moat serve --e2b; the same key")
 	admin := fs.Bool("admin", false, "an admin key: it may also read what concerns the whole server (GET /metrics); give it to monitoring, never to a tenant")
+	scope := fs.String("scope", "", "a key that may do this and nothing else: metrics (GET /metrics only, for a scraper; it runs nothing)")
 	var secrets []string
 	fs.Func("secret", "grant the stored secret `NAME` to the key (repeat for more; moat keys grant adds more later)", func(s string) error {
 		if !egress.ValidSecretName(s) {
@@ -107,6 +111,25 @@ func keysCreate(args []string) int {
 		fmt.Fprintf(os.Stderr, "moat keys create: --name: %v\n", err)
 		return exitUsage
 	}
+	if *scope != "" {
+		if !slices.Contains(audit.Scopes, *scope) {
+			fmt.Fprintf(os.Stderr, "moat keys create: --scope %q: want one of %s\n", *scope, strings.Join(audit.Scopes, ", "))
+			return exitUsage
+		}
+		// A scoped key does its scope's one thing: what would widen it
+		// is refused rather than ignored.
+		var wider []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "admin", "e2b", "secret", "max-sandboxes", "cpu-seconds-per-day":
+				wider = append(wider, "--"+f.Name)
+			}
+		})
+		if len(wider) > 0 {
+			fmt.Fprintf(os.Stderr, "moat keys create: --scope %s makes a key that runs nothing: drop %s\n", *scope, strings.Join(wider, ", "))
+			return exitUsage
+		}
+	}
 	st, err := openAudit(*db, true)
 	if err != nil {
 		return fail(err)
@@ -115,6 +138,10 @@ func keysCreate(args []string) int {
 	create, kind := st.CreateKey, "key"
 	if *admin {
 		create, kind = st.CreateAdminKey, "admin key"
+	}
+	if *scope != "" {
+		create = func(name string, _ audit.Quota) (string, audit.Key, error) { return st.CreateScopedKey(name, *scope) }
+		kind = *scope + " key"
 	}
 	token, k, err := create(*name, q)
 	if err != nil {
@@ -139,6 +166,12 @@ func keysCreate(args []string) int {
 			"moat_k<its first 12 hex digits>_<the other 64>.\n"
 	}
 	fmt.Println(token)
+	if k.Scope == audit.ScopeMetrics {
+		fmt.Fprintf(os.Stderr, "Created %s %s (%s): it reads GET /metrics and nothing else.\n"+
+			"The token above is shown only this once and cannot be shown again: store it now.\n"+
+			use, kind, k.ID, audit.Display(k.Name))
+		return 0
+	}
 	fmt.Fprintf(os.Stderr, "Created %s %s (%s): at most %d sandboxes at once, %g CPU-seconds per day.\n"+
 		"The token above is shown only this once and cannot be shown again: store it now.\n"+
 		use, kind, k.ID, audit.Display(k.Name), k.Quota.MaxSandboxes, k.Quota.CPUSecondsPerDay)
@@ -186,6 +219,9 @@ func keysList(args []string) int {
 		}
 		if k.Admin {
 			state += " (admin)"
+		}
+		if k.Scope != "" {
+			state += " (" + k.Scope + " only)"
 		}
 		secrets := "-"
 		if len(k.Secrets) > 0 {

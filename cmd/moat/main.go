@@ -89,6 +89,12 @@ func dispatch(args []string) (code int) {
 		usage(os.Stderr)
 		return exitUsage
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		// The one line of 'moat version', for scripts and package
+		// managers that expect the GNU convention (no kernel probe).
+		fmt.Printf("moat %s\n", versionString())
+		return 0
+	}
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		if len(args) > 1 {
 			// moat help run == moat run --help

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -51,6 +50,7 @@ func cmdMCP(args []string) int {
 		effectsPath = fs.String("effects-policy", "", "effects policy `FILE` every command is analysed against before it starts (default: Moat's; off: no analysis)")
 		approvalTTL = fs.Duration("approval-timeout", 5*time.Minute, "how long a command held for approval waits for a decision before it is denied")
 		noIncidents = fs.Bool("no-incidents", false, "keep no evidence bundles of flagged runs (also MOAT_INCIDENTS=off)")
+		logf        = addLogFlags(fs)
 	)
 	if c := parse(fs, args); c >= 0 {
 		return c
@@ -67,6 +67,10 @@ func cmdMCP(args []string) int {
 	}
 	if *maxTTL <= 0 || *approvalTTL <= 0 {
 		return fail(usageError{fmt.Errorf("--max-ttl %s and --approval-timeout %s: want positive durations such as 1h", *maxTTL, *approvalTTL)})
+	}
+	log, err := logf.logger(os.Stderr, nil)
+	if err != nil {
+		return fail(usageError{err})
 	}
 	pol, err := loadPolicy(*policyPath)
 	if err != nil {
@@ -95,7 +99,6 @@ func cmdMCP(args []string) int {
 		return fail(err)
 	}
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// No pools: a local session starts its sandboxes on demand, and an
 	// idle agent keeps nothing prepared. Progress goes to stderr: stdout
 	// is the protocol's.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"github.com/moat-sandbox/moat/policy"
 	"log/slog"
@@ -17,8 +16,10 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/sourceid"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
+	"github.com/moat-sandbox/moat/server/accesslog"
 	"github.com/moat-sandbox/moat/server/e2b"
 	moatmcp "github.com/moat-sandbox/moat/server/mcp"
 	"github.com/moat-sandbox/moat/service"
@@ -27,9 +28,9 @@ import (
 const serveUsage = `Usage: moat serve [FLAGS]
 
 Serves Moat's HTTP API (docs/API.md): one-shot runs, sandboxes with
-sessions, file transfer, live output. Every request but GET /v1/health needs
-an API key from 'moat keys create'. Runs and sandboxes are recorded in the
-audit log ('moat audit').
+sessions, file transfer, live output. Every request but GET /v1/health
+and GET /v1/openapi.yaml needs an API key from 'moat keys create'. Runs
+and sandboxes are recorded in the audit log ('moat audit').
 
 Warm pools keep sandboxes of the default manifest's resource class prepared,
 so that a request that matches takes one instead of building it; each is
@@ -56,6 +57,13 @@ unfinished runs failed in the audit log, keeping the time and CPU they had
 used (recorded every few seconds while they ran). One server serves one
 audit database (and $MOAT_HOME): a second one started on it exits with an
 error naming the first.
+
+Every flag can also come from the environment, as MOAT_ and its name
+upper-cased with - as _ (MOAT_LISTEN, MOAT_SESSION_POOL), or from a YAML
+config file (--config FILE or MOAT_CONFIG; keys are the flag names:
+"pool: 4"). A flag given wins over the environment, which wins over the
+file (docs/OPERATIONS.md). One log line per request goes to the log at
+info level (--log-level; health checks at debug).
 
 Flags:
 `
@@ -86,15 +94,32 @@ func cmdServe(args []string) int {
 		noDashboard   = fs.Bool("no-dashboard", false, "do not serve the web dashboard at /dashboard/ (admin keys only; see README, \"Dashboard\")")
 		mcpHTTP       = fs.Bool("mcp", false, "also serve MCP (Streamable HTTP) at /mcp on the same listener, the API key as bearer token (docs/MCP.md)")
 		e2bDomain     = fs.String("e2b-domain", "", "with --e2b, also route host names 49983-<sandbox>.`DOMAIN` to the sandbox's envd (E2B_DOMAIN)")
+		_             = fs.String(configFlag, "", "YAML `FILE` of settings, keys the flag names (pool: 4); flags and MOAT_* variables win over it (default $MOAT_CONFIG)")
+		metricsListen = fs.String("metrics-listen", "", "also serve GET /metrics without a key on this `ADDR` (loopback only, e.g. 127.0.0.1:9464, unless --metrics-public)")
+		metricsPublic = fs.Bool("metrics-public", false, "let --metrics-listen take a non-loopback address: whoever reaches it reads every tenant's series")
+		logf          = addLogFlags(fs)
 	)
 	if c := parse(fs, args); c >= 0 {
 		return c
+	}
+	src, err := applySettings(fs, os.Getenv)
+	if err != nil {
+		return fail(usageError{err})
+	}
+	log, err := logf.logger(os.Stderr, src.of)
+	if err != nil {
+		return fail(usageError{err})
 	}
 	if fs.NArg() > 0 {
 		return fail(usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())})
 	}
 	if (*tlsCert == "") != (*tlsKey == "") {
-		return fail(usageError{errors.New("--tls-cert and --tls-key go together")})
+		return fail(usageError{fmt.Errorf("%s and %s go together", src.of("tls-cert"), src.of("tls-key"))})
+	}
+	if *metricsListen != "" {
+		if err := checkMetricsAddr(*metricsListen, *metricsPublic, src.of); err != nil {
+			return fail(usageError{err})
+		}
 	}
 	pol, err := loadPolicy(*policyPath)
 	if err != nil {
@@ -105,32 +130,39 @@ func cmdServe(args []string) int {
 		return fail(usageError{err})
 	}
 	if *approvalTTL <= 0 {
-		return fail(usageError{fmt.Errorf("--approval-timeout %s: want a positive duration such as 5m", *approvalTTL)})
+		return fail(usageError{fmt.Errorf("%s %s: want a positive duration such as 5m", src.of("approval-timeout"), *approvalTTL)})
 	}
 	internet, err := e2b.ParseInternet(*e2bInternet)
 	if err != nil {
+		if s := src.of("e2b-internet"); s != "--e2b-internet" {
+			err = fmt.Errorf("%s: %w", s, err)
+		}
 		return fail(usageError{err})
 	}
 	if !*e2bAPI && *e2bInternet != "none" {
-		return fail(usageError{errors.New("--e2b-internet needs --e2b")})
+		return fail(usageError{fmt.Errorf("%s needs --e2b", src.of("e2b-internet"))})
 	}
 	if *snapshotTTL <= 0 {
-		return fail(usageError{fmt.Errorf("--snapshot-ttl %s: want a positive duration such as 24h", *snapshotTTL)})
+		return fail(usageError{fmt.Errorf("%s %s: want a positive duration such as 24h", src.of("snapshot-ttl"), *snapshotTTL)})
 	}
 	body, err := manifest.ParseSize(*maxBody)
 	if err != nil || body <= 0 {
-		return fail(usageError{fmt.Errorf("--max-body %q: want a size such as 64MiB", *maxBody)})
+		return fail(usageError{fmt.Errorf("%s %q: want a size such as 64MiB", src.of("max-body"), *maxBody)})
 	}
-	if *pool < 0 || *pool > 128 || *sessionPool < 0 || *sessionPool > 128 {
-		return fail(usageError{fmt.Errorf("--pool and --session-pool take 0 to 128, got %d and %d", *pool, *sessionPool)})
+	for _, p := range []struct {
+		flag string
+		n    int
+	}{{"pool", *pool}, {"session-pool", *sessionPool}} {
+		if p.n < 0 || p.n > 128 {
+			return fail(usageError{fmt.Errorf("%s %d: want 0 to 128", src.of(p.flag), p.n)})
+		}
 	}
 	class := manifest.Default()
 	if *poolManifest != "" {
 		if class, err = manifest.Load(*poolManifest); err != nil {
-			return fail(usageError{fmt.Errorf("--pool-manifest: %w", err)})
+			return fail(usageError{fmt.Errorf("%s: %w", src.of("pool-manifest"), err)})
 		}
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
 	var pools []engine.PoolConfig
 	if *pool > 0 {
@@ -195,6 +227,7 @@ func cmdServe(args []string) int {
 		Auditor:         store,
 		Logger:          log,
 		Version:         versionString(),
+		Source:          sourceid.ID,
 		MaxBodyBytes:    int64(body),
 		MaxFiles:        *maxFiles,
 		MaxConcurrent:   *maxConcurrent,
@@ -214,12 +247,26 @@ func cmdServe(args []string) int {
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
-		return fail(fmt.Errorf("listen on %s: %w", *listen, err))
+		return fail(fmt.Errorf("%s: listen on %s: %w", src.of("listen"), *listen, err))
+	}
+	if *metricsListen != "" {
+		stopMetrics, err := serveMetrics(*metricsListen, srv.MetricsHandler(), log)
+		if err != nil {
+			return fail(err)
+		}
+		defer stopMetrics()
 	}
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); *tlsCert == "" && !isLoopback(host) {
 		log.Warn("serving plain HTTP on a non-loopback address: API keys travel in clear text; use --tls-cert and --tls-key", "addr", ln.Addr().String())
 	}
 	handler := srv.Handler()
+	if *e2bAPI {
+		log.Info("e2b: sandboxes that ask for internet access get", "e2b_internet", internet.String())
+		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
+			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }, Internet: internet}).Wrap(handler)
+	} else if *e2bDomain != "" {
+		return fail(usageError{fmt.Errorf("%s needs --e2b", src.of("e2b-domain"))})
+	}
 	closeMCP := func() {}
 	if *mcpHTTP {
 		ms, err := moatmcp.New(moatmcp.Config{Service: srv.Service(), Keys: store, Logger: log, Version: versionString(), MaxRequestBytes: int64(body), MaxFiles: *maxFiles})
@@ -231,19 +278,17 @@ func cmdServe(args []string) int {
 			return fail(err)
 		}
 		closeMCP = ms.CloseSessions
+		// In front of E2B's front door, which would answer /mcp as an
+		// E2B path.
 		api := handler
 		mux := http.NewServeMux()
 		mux.Handle("/mcp", mh)
 		mux.Handle("/", api)
 		handler = mux
 	}
-	if *e2bAPI {
-		log.Info("e2b: sandboxes that ask for internet access get", "e2b_internet", internet.String())
-		handler = e2b.New(e2b.Config{Service: srv.Service(), Auditor: store, Keys: store, Domain: *e2bDomain, Logger: log, MaxBodyBytes: int64(body),
-			HasImage: func(name string) bool { _, err := e.Images().Lookup(name); return err == nil }, Internet: internet}).Wrap(handler)
-	} else if *e2bDomain != "" {
-		return fail(usageError{errors.New("--e2b-domain needs --e2b")})
-	}
+	// The access log around every front door (API, E2B, MCP): one line
+	// per request, whichever answered it.
+	handler = accesslog.Handler(log, handler)
 	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	// MCP clients hold an event stream open (GET /mcp): end them, or
 	// Shutdown waits for its deadline.

@@ -31,6 +31,7 @@ import (
 	"sync"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/server/accesslog"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -139,17 +140,23 @@ func (h *Handler) Wrap(moat http.Handler) http.Handler {
 			moat.ServeHTTP(w, r)
 			return
 		}
+		// The access log's route: which of E2B's two planes answered
+		// (never the raw path: it holds sandbox ids).
+		entry := accesslog.From(r.Context())
 		if id, port, ok := h.sandboxOf(r); ok {
+			entry.Note("e2b envd", "")
 			h.serveEnvd(w, r, id, port)
 			return
 		}
 		if r.URL.Path == "/files" {
+			entry.Note("e2b envd", "")
 			// envd's /files in path mode (E2B_SANDBOX_URL) without
 			// E2b-Sandbox-Id: a signed URL, whose signature names the
 			// sandbox, or nothing this server lets through (401).
 			h.serveSignedPathMode(w, r)
 			return
 		}
+		entry.Note("e2b control", "")
 		h.serveControl(w, r)
 	})
 }
@@ -196,6 +203,7 @@ func (h *Handler) authenticate(r *http.Request) (audit.Key, *apiError) {
 	if err != nil || key.ID == "" {
 		return audit.Key{}, &apiError{http.StatusUnauthorized, "Invalid API key: it is not a live Moat API key (moat keys create)"}
 	}
+	accesslog.From(r.Context()).Note("", key.ID)
 	return key, nil
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/moat-sandbox/moat/audit"
+	"github.com/moat-sandbox/moat/server/accesslog"
 	"github.com/moat-sandbox/moat/service"
 )
 
@@ -229,7 +230,7 @@ func (s *Server) Handler() (http.Handler, error) {
 		SessionTimeout:      s.cfg.SessionTimeout,
 		MaxRequestBodyBytes: s.cfg.MaxRequestBytes,
 	})
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+	verify := func(_ context.Context, token string, r *http.Request) (*auth.TokenInfo, error) {
 		key, err := s.cfg.Keys.Authenticate(token)
 		if err != nil {
 			if !errors.Is(err, audit.ErrBadKey) {
@@ -239,9 +240,16 @@ func (s *Server) Handler() (http.Handler, error) {
 		}
 		// Keys do not expire; a revoked key fails the next request's
 		// Authenticate, since every request is verified.
+		if r != nil {
+			accesslog.From(r.Context()).Note("", key.ID)
+		}
 		return &auth.TokenInfo{UserID: key.ID, Extra: map[string]any{keyExtra: key}}, nil
 	}
-	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h), nil
+	authed := auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		accesslog.From(r.Context()).Note("/mcp", "")
+		authed.ServeHTTP(w, r)
+	}), nil
 }
 
 // CloseSessions ends the HTTP sessions, so that their open event streams

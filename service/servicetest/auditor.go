@@ -39,7 +39,21 @@ func (a *Auditor) Authenticate(token string) (audit.Key, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	k, ok := a.keys[token]
-	if !ok || k.Revoked != nil {
+	if !ok || k.Revoked != nil || k.Scope != "" {
+		// A scoped key only authenticates for its scope, as in the
+		// audit store.
+		return audit.Key{}, audit.ErrBadKey
+	}
+	return k, nil
+}
+
+// AuthenticateScope returns the key of a token when it is a live key of
+// this scope (audit.Store.AuthenticateScope).
+func (a *Auditor) AuthenticateScope(token, scope string) (audit.Key, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k, ok := a.keys[token]
+	if !ok || k.Revoked != nil || scope == "" || k.Scope != scope {
 		return audit.Key{}, audit.ErrBadKey
 	}
 	return k, nil

@@ -25,12 +25,13 @@ import (
 )
 
 var (
-	_ service.Backend      = (*Backend)(nil)
-	_ service.PoolReporter = (*Backend)(nil)
-	_ service.Session      = (*Session)(nil)
-	_ service.Process      = (*Process)(nil)
-	_ service.CPUReporter  = (*Session)(nil)
-	_ service.Ender        = (*Session)(nil)
+	_ service.Backend       = (*Backend)(nil)
+	_ service.PoolReporter  = (*Backend)(nil)
+	_ service.Session       = (*Session)(nil)
+	_ service.Process       = (*Process)(nil)
+	_ service.CPUReporter   = (*Session)(nil)
+	_ service.Ender         = (*Session)(nil)
+	_ service.StartReporter = (*Backend)(nil)
 )
 
 // Backend is a service.Backend whose sandboxes are directories under Dir
@@ -46,6 +47,9 @@ type Backend struct {
 	// no argv runs, as the engine does; a run with no argv on an image
 	// without one is refused in the engine's terms.
 	Commands map[string][]string
+	// PoolHits makes ObserveStarts' function hear that every sandbox came
+	// from a warm pool; false: that each was prepared on demand.
+	PoolHits bool
 
 	mu        sync.Mutex
 	live      int // sessions not yet closed
@@ -57,6 +61,7 @@ type Backend struct {
 	lastReq   *engine.Request
 	sessions  []*Session
 	pools     []service.PoolStat
+	startObs  func(tier string, poolHit bool, d time.Duration)
 	closeGate chan struct{}  // when set, holds every Close until closed
 	ports     map[int]string // Listen: port inside -> host address
 }
@@ -103,6 +108,24 @@ func (b *Backend) HoldClose() (release func()) {
 	return func() { once.Do(func() { close(gate) }) }
 }
 
+// ObserveStarts sets the function told of every sandbox made ready
+// (service.StartReporter): tier "fake", PoolHits, and the time NewSession
+// or Run took to get there.
+func (b *Backend) ObserveStarts(fn func(tier string, poolHit bool, d time.Duration)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.startObs = fn
+}
+
+func (b *Backend) observeStart(start time.Time) {
+	b.mu.Lock()
+	fn, hit := b.startObs, b.PoolHits
+	b.mu.Unlock()
+	if fn != nil {
+		fn("fake", hit, time.Since(start))
+	}
+}
+
 // PoolStats reports the pools SetPools set (service.PoolReporter).
 func (b *Backend) PoolStats() []service.PoolStat {
 	b.mu.Lock()
@@ -112,6 +135,7 @@ func (b *Backend) PoolStats() []service.PoolStat {
 
 // Run runs req's program to its end (service.Backend).
 func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result, error) {
+	start := time.Now()
 	b.mu.Lock()
 	b.inflight++
 	b.mu.Unlock()
@@ -158,6 +182,7 @@ func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result,
 	b.runs++
 	b.lastRun, b.lastMode, b.lastReq = files, modes, req
 	b.mu.Unlock()
+	b.observeStart(start)
 	if req.OnStart != nil {
 		// The fake's "sandbox" is the test process itself.
 		req.OnStart(req.ID, func() ([]int, error) { return []int{os.Getpid()}, nil })
@@ -169,6 +194,7 @@ func (b *Backend) Run(ctx context.Context, req *engine.Request) (*result.Result,
 // NewSession makes a session whose workspace is a new directory under Dir
 // holding req's files (service.Backend).
 func (b *Backend) NewSession(ctx context.Context, req *engine.SessionRequest) (service.Session, error) {
+	start := time.Now()
 	if req.Manifest == nil {
 		return nil, fmt.Errorf("%w: no manifest", engine.ErrUsage)
 	}
@@ -204,6 +230,7 @@ func (b *Backend) NewSession(ctx context.Context, req *engine.SessionRequest) (s
 	b.live++
 	b.sessions = append(b.sessions, s)
 	b.mu.Unlock()
+	b.observeStart(start)
 	return s, nil
 }
 
