@@ -9,12 +9,15 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/moat-sandbox/moat/internal/libdir"
 	"github.com/moat-sandbox/moat/internal/sourceid"
 )
 
 // DefaultGuest is where scripts/setup installs moat-guest (cmd/moat-guest),
-// the in-sandbox half of moat alone; $MOAT_GUEST overrides it.
-const DefaultGuest = "/usr/local/lib/moat/moat-guest"
+// the in-sandbox half of moat alone. GuestBinary looks first beside the
+// running moat (libdir: /usr/lib/moat/moat-guest for the .deb's
+// /usr/bin/moat); $MOAT_GUEST overrides both.
+const DefaultGuest = libdir.Default + "/moat-guest"
 
 // GuestBinary returns the executable the tiers start inside sandboxes
 // (native's init, gVisor's init, the microvm agent) when Options.Exe is
@@ -31,7 +34,7 @@ const DefaultGuest = "/usr/local/lib/moat/moat-guest"
 // root and not writable by anyone else, in directories likewise up to /:
 // root runs it, and a sandbox's init is trusted code.
 func GuestBinary() (path, why string) {
-	p := DefaultGuest
+	p := libdir.Find("moat-guest")
 	if env := os.Getenv("MOAT_GUEST"); env != "" {
 		p = env
 	}
