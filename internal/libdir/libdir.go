@@ -41,6 +41,25 @@ func find(exe, name string, exists func(string) bool) string {
 	return filepath.Join(Default, name)
 }
 
+// Paths returns name in each of Candidates of the running moat, in order,
+// whether it exists or not, for a caller that checks each (moat-guest
+// must be trusted, not merely present).
+func Paths(name string) []string {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = ""
+	}
+	return paths(exe, name)
+}
+
+func paths(exe, name string) []string {
+	var ps []string
+	for _, d := range Candidates(exe) {
+		ps = append(ps, filepath.Join(d, name))
+	}
+	return ps
+}
+
 // Candidates are the directories Find looks in for a moat binary at exe,
 // in order: <dir of exe>/../lib/moat, then Default (once).
 func Candidates(exe string) []string {

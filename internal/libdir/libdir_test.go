@@ -47,3 +47,21 @@ func TestCandidates(t *testing.T) {
 		})
 	}
 }
+
+func TestPaths(t *testing.T) {
+	tests := []struct {
+		exe  string
+		want []string
+	}{
+		{exe: "/usr/bin/moat", want: []string{"/usr/lib/moat/moat-guest", Default + "/moat-guest"}},
+		{exe: "/usr/local/bin/moat", want: []string{Default + "/moat-guest"}},
+		{exe: "", want: []string{Default + "/moat-guest"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.exe, func(t *testing.T) {
+			if got := paths(tc.exe, "moat-guest"); !slices.Equal(got, tc.want) {
+				t.Errorf("paths(%q) = %q, want %q", tc.exe, got, tc.want)
+			}
+		})
+	}
+}
