@@ -43,13 +43,20 @@ grep -q 'inside sandboxes: /usr/lib/moat/moat-guest' /out/doctor.txt && pass "mo
 
 # 2. A key and a real run through the API (the first run builds the
 # python image from Debian's archive).
-key=$(moat keys create --name pkgtest 2>>"$log")
+key=$(moat keys create --name pkgtest 2>/out/keys.err)
 case "$key" in moat_*) pass "moat keys create" ;; *) fail "moat keys create printed '$key'"; finish ;; esac
 auth="Authorization: Bearer $key"
 t0=$(date +%s)
 out=$(curl -sS --max-time 300 -H "$auth" -H 'Content-Type: application/json' \
   -d '{"argv": ["python3", "-c", "print(6*7)"]}' "$api/v1/runs")
 if printf '%s' "$out" | grep -q '"data":"42\\n"'; then pass "POST /v1/runs python3 -c 'print(6*7)': 42 ($(( $(date +%s) - t0 )) s, with the image build)"; else fail "POST /v1/runs: $out"; finish; fi
+
+# The wasm tier from the moat-wasm package, when it was installed.
+if dpkg-query -W -f='${Status}' moat-wasm 2>/dev/null | grep -q 'install ok installed'; then
+  grep -q '^  wasm    ready' /out/doctor.txt && pass "moat doctor: wasm ready (moat-wasm in /usr/lib/moat/wasm)" || fail "moat doctor: $(grep '^  wasm' /out/doctor.txt)"
+  w=$(moat run --tier wasm -- node -e 'console.log(6*7)' 2>&1)
+  [ "$w" = 42 ] && pass "moat run --tier wasm -- node -e 'console.log(6*7)': 42" || fail "wasm run: $w"
+fi
 
 # 3. systemctl stop drains a run in flight, then nothing is left.
 curl -sS --max-time 120 -H "$auth" -H 'Content-Type: application/json' \

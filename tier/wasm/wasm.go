@@ -51,7 +51,7 @@ const Name = "wasm"
 const DefaultGuests = libdir.Default + "/wasm"
 
 // BuildHint says how to get the guests.
-const BuildHint = "build them with scripts/build-wasm-guests (run by scripts/setup; once per machine, about 6 minutes)"
+const BuildHint = "install the moat-wasm package (scripts/package --wasm builds it), or build them with scripts/build-wasm-guests (run by scripts/setup; once per machine, about 6 minutes)"
 
 var _ tier.Tier = (*WASM)(nil)
 
