@@ -67,6 +67,19 @@ cpid=$!
 i=0
 until moat audit --json --kind run --outcome running 2>/dev/null | grep -q '"id"' || [ $i -ge 150 ]; do sleep 0.2; i=$((i+1)); done
 [ $i -lt 150 ] && pass "a second run is in flight" || fail "the second run did not start"
+# Where its cgroup is: on cgroup v2 in the unit's delegated subtree, beside
+# moat serve's leaf moat-supervisor; on v1 at each controller's moat/.
+runcg=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 5 -type d -path '*/moat/*' 2>/dev/null | head -1)
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  case "$runcg" in
+    /sys/fs/cgroup/system.slice/moat.service/moat/*) pass "cgroup v2: the run's cgroup is in the unit's subtree ($runcg)" ;;
+    *) fail "cgroup v2: the run's cgroup is at '$runcg', not in /sys/fs/cgroup/system.slice/moat.service/moat/" ;;
+  esac
+  self=$(sed -n 's/^0:://p' /proc/$(systemctl show -P MainPID moat)/cgroup)
+  [ "$self" = /system.slice/moat.service/moat-supervisor ] && pass "cgroup v2: moat serve moved itself into $self" || fail "cgroup v2: moat serve is in '$self'"
+else
+  [ -n "$runcg" ] && pass "cgroup v1: the run's cgroup is $runcg" || fail "cgroup v1: no run cgroup found while a run is in flight"
+fi
 systemctl stop moat
 wait $cpid
 if grep -q '"data":"drained\\n"' /tmp/inflight; then pass "systemctl stop let the run in flight finish (drain)"; else fail "run in flight after stop: $(cat /tmp/inflight)"; fi
@@ -74,9 +87,9 @@ state=$(systemctl is-active moat)
 [ "$state" = inactive ] && pass "stopped: $state" || fail "after stop: $state"
 [ "$(systemctl show -P Result moat)" = success ] && pass "Result=success" || fail "Result=$(systemctl show -P Result moat)"
 journalctl -b -u moat.service -o cat --no-pager | grep -q '"shutting down"\|msg="shutting down"' && pass "moat serve logged its drain" || fail "no 'shutting down' in the journal"
-left=$(find /sys/fs/cgroup/*/moat -mindepth 1 -maxdepth 1 -type d 2>/dev/null)
+left=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 5 -type d -path '*/moat/*' 2>/dev/null)
 [ -z "$left" ] && pass "no run cgroup left" || fail "run cgroups left: $left"
-procs=$(cat /sys/fs/cgroup/systemd/system.slice/moat.service/cgroup.procs /sys/fs/cgroup/unified/system.slice/moat.service/cgroup.procs 2>/dev/null)
+procs=$(find /sys/fs/cgroup -path '*/system.slice/moat.service/*' -name cgroup.procs -exec cat {} + 2>/dev/null)
 [ -z "$procs" ] && pass "no process left in moat.service" || fail "processes left in moat.service: $procs"
 [ -z "$(ls -A /var/lib/moat/runs 2>/dev/null)" ] && pass "no run directory left" || fail "left in /var/lib/moat/runs: $(ls -A /var/lib/moat/runs)"
 finish
