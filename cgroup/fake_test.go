@@ -59,7 +59,10 @@ type fakeTree struct {
 	files    func(dir string) map[string]string
 	omit     map[string]bool // interface files the fake kernel lacks
 	readOnly map[string]bool // directories fs.writable reports as not writable
-	mkdirs   []string
+	// delegated are the directories fs.delegated reports as delegated
+	// by systemd (the trusted.delegate xattr).
+	delegated map[string]bool
+	mkdirs    []string
 }
 
 func (f *fakeTree) ops() fsOps {
@@ -84,7 +87,8 @@ func (f *fakeTree) ops() fsOps {
 			}
 			return os.RemoveAll(p)
 		},
-		writable: func(dir string) bool { return !f.readOnly[dir] },
+		writable:  func(dir string) bool { return !f.readOnly[dir] },
+		delegated: func(dir string) bool { return f.delegated[dir] },
 	}
 }
 
@@ -279,21 +283,33 @@ func TestFakeV2Stats(t *testing.T) {
 
 func TestFakeV2Parent(t *testing.T) {
 	tests := []struct {
-		name     string
-		own      string
-		readOnly []string // relative to the mount
-		want     string   // relative to the mount
-		wantErr  string
+		name      string
+		own       string
+		readOnly  []string // relative to the mount
+		delegated []string // relative to the mount: systemd's trusted.delegate xattr
+		want      string   // relative to the mount
+		wantErr   string
 	}{
 		{name: "root writable", own: "/system.slice/moat.service", want: "moat"},
 		{name: "delegated subtree", own: "/system.slice/moat.service", readOnly: []string{""}, want: "system.slice/moat.service/moat"},
 		{name: "nothing writable", own: "/user.slice", readOnly: []string{"", "user.slice"}, wantErr: "not writable"},
+		// systemd's Delegate=yes: the runs go in the unit's subtree even
+		// though root could write the mount root.
+		{name: "systemd Delegate=yes, root writable", own: "/system.slice/moat.service", delegated: []string{"system.slice/moat.service"}, want: "system.slice/moat.service/moat"},
+		{name: "systemd Delegate=yes, root not writable", own: "/system.slice/moat.service", readOnly: []string{""}, delegated: []string{"system.slice/moat.service"}, want: "system.slice/moat.service/moat"},
+		{name: "delegation of another cgroup is not ours", own: "/system.slice/moat.service", delegated: []string{"system.slice/other.service"}, want: "moat"},
+		{name: "delegated but not writable", own: "/system.slice/moat.service", readOnly: []string{"system.slice/moat.service"}, delegated: []string{"system.slice/moat.service"}, wantErr: "delegated to it but not writable"},
+		{name: "in the mount root", own: "/", delegated: []string{""}, want: "moat"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f, mi, pc := newFakeV2(t, tc.own)
 			for _, r := range tc.readOnly {
 				f.readOnly[filepath.Join(f.root, r)] = true
+			}
+			f.delegated = map[string]bool{}
+			for _, d := range tc.delegated {
+				f.delegated[filepath.Clean(filepath.Join(f.root, d))] = true
 			}
 			h, err := detect(mi, pc, f.ops())
 			if tc.wantErr != "" {

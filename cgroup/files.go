@@ -22,6 +22,9 @@ type fsOps struct {
 	mkdir    func(path string) error
 	rmdir    func(path string) error
 	writable func(dir string) bool
+	// delegated says whether a service manager delegated the cgroup dir
+	// to this process (systemd's Delegate=yes); see isDelegated.
+	delegated func(dir string) bool
 }
 
 var realFS = fsOps{
@@ -31,6 +34,27 @@ var realFS = fsOps{
 		// AT_EACCESS: judge by the effective ids, which are what mkdir uses.
 		return unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK, unix.AT_EACCESS) == nil
 	},
+	delegated: isDelegated,
+}
+
+// delegateXattrs mark a cgroup that systemd delegated (Delegate=yes): it
+// sets trusted.delegate=1 (systemd 251 on; only root can read trusted.*)
+// and user.delegate=1 (252 on, for unprivileged managers). See
+// https://systemd.io/CGROUP_DELEGATION/.
+var delegateXattrs = []string{"trusted.delegate", "user.delegate"}
+
+// isDelegated reports whether dir carries one of delegateXattrs with the
+// value "1". Any error (no such attribute, a filesystem without xattrs,
+// an old kernel) means no: moat then keeps its usual choice of parent.
+func isDelegated(dir string) bool {
+	for _, name := range delegateXattrs {
+		buf := make([]byte, 16)
+		n, err := unix.Getxattr(dir, name, buf)
+		if err == nil && string(buf[:n]) == "1" {
+			return true
+		}
+	}
+	return false
 }
 
 // writeFile writes s to an existing cgroup interface file in one write(2),

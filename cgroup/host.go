@@ -197,14 +197,44 @@ func detect(mountinfoPath, procCgroupPath string, fs fsOps) (*Host, error) {
 	return h, nil
 }
 
-// v2Base picks the directory moat/ goes in: the cgroup2 mount root if we may
-// write it (root on the host, or inside a private cgroup namespace), else
-// the cgroup moat itself runs in (a delegated subtree, e.g. a systemd unit
-// with Delegate=yes).
+// v2Base picks the directory moat/ goes in:
+//   - moat's own cgroup when its service manager delegated it (systemd's
+//     Delegate=yes, packaging/moat.service): the runs then belong to the
+//     unit, so systemd accounts, limits and on stop kills them with it,
+//     and moat never writes outside the subtree it was given, even as root;
+//   - else the cgroup2 mount root if we may write it (root on the host, or
+//     inside a private cgroup namespace);
+//   - else moat's own cgroup if it is writable (a subtree delegated by
+//     other means, e.g. chown by a container manager).
+//
+// In moat's own cgroup the no-internal-processes rule applies: moat moves
+// itself into the leaf moat-supervisor before enabling controllers
+// (enableControllers), and the runs go in moat/ beside it.
 func v2Base(m *mount, procCgroupPath string, fs fsOps) (string, error) {
+	own, err := ownV2Dir(m, procCgroupPath)
+	if err != nil {
+		if fs.writable(m.point) {
+			return m.point, nil
+		}
+		return "", err
+	}
+	if own != m.point && fs.delegated(own) {
+		if !fs.writable(own) {
+			return "", fmt.Errorf("detect cgroups: moat's cgroup %s is delegated to it but not writable; run moat serve as root (User=root in the unit)", own)
+		}
+		return own, nil
+	}
 	if fs.writable(m.point) {
 		return m.point, nil
 	}
+	if !fs.writable(own) {
+		return "", fmt.Errorf("detect cgroups: cgroup v2 root %s and moat's own cgroup %s are not writable; run moat as root or delegate a subtree to it", m.point, own)
+	}
+	return own, nil
+}
+
+// ownV2Dir is the directory of the cgroup2 cgroup this process is in.
+func ownV2Dir(m *mount, procCgroupPath string) (string, error) {
 	data, err := os.ReadFile(procCgroupPath)
 	if err != nil {
 		return "", fmt.Errorf("detect cgroups: %w", err)
@@ -222,14 +252,7 @@ func v2Base(m *mount, procCgroupPath string, fs fsOps) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("detect cgroups: no cgroup v2 line (0::/path) in %s", procCgroupPath)
 	}
-	dir, err := cgroupDir(m, own)
-	if err != nil {
-		return "", err
-	}
-	if !fs.writable(dir) {
-		return "", fmt.Errorf("detect cgroups: cgroup v2 root %s and moat's own cgroup %s are not writable; run moat as root or delegate a subtree to it", m.point, dir)
-	}
-	return dir, nil
+	return cgroupDir(m, own)
 }
 
 // cgroupDir maps a cgroup path from /proc/self/cgroup to a directory under

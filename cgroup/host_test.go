@@ -90,6 +90,8 @@ func runHelper(mode string) {
 			buf[i] = 1
 		}
 		os.Exit(0)
+	case "delegated":
+		os.Exit(delegatedHelper())
 	case "churn":
 		// One moat process of many: make, use and destroy runs' cgroups,
 		// pruning after each as the tiers' Destroy does.

@@ -9,12 +9,15 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/moat-sandbox/moat/internal/libdir"
 	"github.com/moat-sandbox/moat/internal/sourceid"
 )
 
 // DefaultGuest is where scripts/setup installs moat-guest (cmd/moat-guest),
-// the in-sandbox half of moat alone; $MOAT_GUEST overrides it.
-const DefaultGuest = "/usr/local/lib/moat/moat-guest"
+// the in-sandbox half of moat alone. GuestBinary looks first beside the
+// running moat (libdir: /usr/lib/moat/moat-guest for the .deb's
+// /usr/bin/moat); $MOAT_GUEST overrides both.
+const DefaultGuest = libdir.Default + "/moat-guest"
 
 // GuestBinary returns the executable the tiers start inside sandboxes
 // (native's init, gVisor's init, the microvm agent) when Options.Exe is
@@ -31,18 +34,39 @@ const DefaultGuest = "/usr/local/lib/moat/moat-guest"
 // root and not writable by anyone else, in directories likewise up to /:
 // root runs it, and a sandbox's init is trusted code.
 func GuestBinary() (path, why string) {
-	p := DefaultGuest
+	cands := libdir.Paths("moat-guest")
 	if env := os.Getenv("MOAT_GUEST"); env != "" {
-		p = env
+		cands = []string{env}
 	}
 	self, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "/proc/self/exe", "this moat binary (it records no build information)"
 	}
-	if err := checkGuest(p, sourceid.ID, self.GoVersion); err != nil {
+	p, err := pickGuest(cands, func(p string) error { return checkGuest(p, sourceid.ID, self.GoVersion) })
+	if err != nil {
 		return "/proc/self/exe", "this moat binary (" + err.Error() + ")"
 	}
 	return p, p + " (built from the same source, " + sourceid.ID + ")"
+}
+
+// pickGuest returns the first of cands that check accepts: a moat-guest
+// beside moat that is missing or untrusted does not hide a good one in the
+// default place. Else the first candidate's reason.
+func pickGuest(cands []string, check func(string) error) (string, error) {
+	var first error
+	for _, p := range cands {
+		err := check(p)
+		if err == nil {
+			return p, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = fmt.Errorf("no place to look for moat-guest")
+	}
+	return "", first
 }
 
 // checkGuest says why the binary at p may not stand in for the guest half

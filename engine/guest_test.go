@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -111,6 +112,34 @@ func TestCheckGuestOwnership(t *testing.T) {
 			err := checkGuest(tc.path, "some-id", "go1.26.8")
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("checkGuest(%s) = %v, want an error with %q", tc.path, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPickGuest(t *testing.T) {
+	errUntrusted := errors.New("untrusted")
+	errMissing := errors.New("missing")
+	tests := []struct {
+		name    string
+		cands   []string
+		verdict map[string]error // nil: accepted
+		want    string
+		wantErr error
+	}{
+		{name: "beside moat", cands: []string{"/usr/lib/moat/moat-guest", "/usr/local/lib/moat/moat-guest"}, want: "/usr/lib/moat/moat-guest"},
+		{name: "beside moat missing: the default", cands: []string{"/usr/lib/moat/moat-guest", "/usr/local/lib/moat/moat-guest"},
+			verdict: map[string]error{"/usr/lib/moat/moat-guest": errMissing}, want: "/usr/local/lib/moat/moat-guest"},
+		{name: "beside moat untrusted: the default", cands: []string{"/tmp/lib/moat/moat-guest", "/usr/local/lib/moat/moat-guest"},
+			verdict: map[string]error{"/tmp/lib/moat/moat-guest": errUntrusted}, want: "/usr/local/lib/moat/moat-guest"},
+		{name: "none: the first reason", cands: []string{"/a", "/b"},
+			verdict: map[string]error{"/a": errUntrusted, "/b": errMissing}, wantErr: errUntrusted},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := pickGuest(tc.cands, func(p string) error { return tc.verdict[p] })
+			if !errors.Is(err, tc.wantErr) || got != tc.want {
+				t.Errorf("pickGuest = %q, %v; want %q, %v", got, err, tc.want, tc.wantErr)
 			}
 		})
 	}

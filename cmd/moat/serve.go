@@ -16,6 +16,7 @@ import (
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/sdnotify"
 	"github.com/moat-sandbox/moat/internal/sourceid"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/server"
@@ -306,12 +307,22 @@ func cmdServe(args []string) int {
 		scheme = "https"
 	}
 	log.Info("moat serve listening", "url", scheme+"://"+ln.Addr().String(), "pools", len(pools), "audit", store.Path())
+	// Under systemd (Type=notify, packaging/moat.service) the unit becomes
+	// active only now, when the listener accepts connections: a unit
+	// ordered After=moat.service, or a script that waits for
+	// systemctl start, can call the API at once.
+	if _, err := sdnotify.Notify(sdnotify.Ready); err != nil {
+		log.Warn("could not tell systemd the server is ready", "err", err)
+	}
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
 	select {
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String(), "drain", drain.String())
+		if _, err := sdnotify.Notify(sdnotify.Stopping); err != nil {
+			log.Warn("could not tell systemd the server is stopping", "err", err)
+		}
 	case err := <-served:
 		return fail(fmt.Errorf("serve: %w", err))
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
+	"github.com/moat-sandbox/moat/internal/libdir"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -45,10 +46,12 @@ import (
 const Name = "wasm"
 
 // DefaultGuests is where scripts/build-wasm-guests installs the guests.
-const DefaultGuests = "/usr/local/lib/moat/wasm"
+// New looks first beside the running moat (libdir: /usr/lib/moat/wasm,
+// where the moat-wasm .deb puts them, for /usr/bin/moat).
+const DefaultGuests = libdir.Default + "/wasm"
 
 // BuildHint says how to get the guests.
-const BuildHint = "build them with scripts/build-wasm-guests (run by scripts/setup; once per machine, about 6 minutes)"
+const BuildHint = "install the moat-wasm package (scripts/package --wasm builds it), or build them with scripts/build-wasm-guests (run by scripts/setup; once per machine, about 6 minutes)"
 
 var _ tier.Tier = (*WASM)(nil)
 
@@ -76,7 +79,8 @@ type WASM struct {
 // Options configure the tier. The zero value is ready to use.
 type Options struct {
 	// Guests is the directory holding python/ and js/. Default:
-	// $MOAT_WASM_GUESTS, else DefaultGuests.
+	// $MOAT_WASM_GUESTS, else the wasm directory beside moat, else
+	// DefaultGuests.
 	Guests string
 	// CacheDir holds wazero's compiled code, by module digest. Default:
 	// Guests/cache (created mode 0700).
@@ -91,7 +95,7 @@ func New(opts Options) (*WASM, error) {
 		dir = os.Getenv("MOAT_WASM_GUESTS")
 	}
 	if dir == "" {
-		dir = DefaultGuests
+		dir = libdir.Find("wasm")
 	}
 	gs := map[string]*guest{}
 	var missing []string
