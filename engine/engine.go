@@ -83,6 +83,12 @@ type Engine struct {
 	mu    sync.Mutex
 	tiers map[string]tier.Tier
 
+	// autoBuild admits one automatic image build at a time (a token in a
+	// channel, so a waiter's context still ends its wait): the warm pool
+	// and the first request of a fresh install both find the image
+	// missing, and the second must find the first's build, not repeat it.
+	autoBuild chan struct{}
+
 	pools    []*pool
 	startObs atomic.Pointer[func(tier string, poolHit bool, d time.Duration)] // ObserveStarts
 	poolWG   sync.WaitGroup
@@ -126,7 +132,7 @@ func New(opts Options) (*Engine, error) {
 	if err := os.Mkdir(filepath.Join(opts.Home, "runs"), 0o700); err != nil && !os.IsExist(err) {
 		return nil, fmt.Errorf("create %s: %w", filepath.Join(opts.Home, "runs"), err)
 	}
-	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}}
+	e := &Engine{opts: opts, images: image.NewStore(filepath.Join(opts.Home, "images")), tiers: map[string]tier.Tier{}, autoBuild: make(chan struct{}, 1)}
 	if e.opts.Moat == "" {
 		e.opts.Moat = cmp.Or(e.opts.Exe, "/proc/self/exe")
 	}
@@ -384,6 +390,16 @@ func writeFiles(wsDir string, owner workspace.Owner, lim workspace.Limits, files
 func (e *Engine) image(ctx context.Context, name string) (*image.Image, error) {
 	img, err := e.images.Lookup(name)
 	if err == nil || !errors.Is(err, image.ErrNotBuilt) || e.opts.NoAutoBuild {
+		return img, err
+	}
+	select {
+	case e.autoBuild <- struct{}{}:
+		defer func() { <-e.autoBuild }()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("build image %s: %w", name, ctx.Err())
+	}
+	// Built while this call waited for its turn?
+	if img, err = e.images.Lookup(name); err == nil || !errors.Is(err, image.ErrNotBuilt) {
 		return img, err
 	}
 	fmt.Fprintf(e.opts.Progress, "moat: image %q is not built yet; building it now (once per machine)\n", name)
