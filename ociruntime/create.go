@@ -69,14 +69,11 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 		r.Log.Warnf("container %s: %s", id, n)
 	}
 
-	if err := os.MkdirAll(r.Root, 0o711); err != nil {
+	if err := os.MkdirAll(r.Root, 0o700); err != nil {
 		return fmt.Errorf("--root %s: %w", r.Root, err)
 	}
-	// 0711: the container's init, root only of its own user namespace,
-	// must traverse to its rootfs directory, and list nothing here.
-	os.Chmod(r.Root, 0o711)
 	dir := r.dir(id)
-	if err := os.Mkdir(dir, 0o711); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("container %s already exists", id)
 		}
@@ -91,9 +88,21 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 		}
 	}()
 	undo = append(undo, func() { os.RemoveAll(dir) })
-	if err := os.Mkdir(filepath.Join(dir, rootfsDir), 0o700); err != nil {
+	// Where init assembles the root: a directory init can reach (as root
+	// of its own user namespace only, it may not traverse the engine's
+	// --root, often 0700), mounted on only in init's own mount namespace.
+	if err := os.MkdirAll(StageDir, 0o711); err != nil {
+		return fmt.Errorf("stage directory: %w", err)
+	}
+	os.Chmod(StageDir, 0o711)
+	stage := filepath.Join(StageDir, id)
+	if err := os.Mkdir(stage, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("container %s: stage directory %s exists (a container of this id elsewhere?); delete it first", id, stage)
+		}
 		return err
 	}
+	undo = append(undo, func() { os.Remove(stage) })
 	fifo := filepath.Join(dir, fifoFile)
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		return fmt.Errorf("start fifo: %w", err)
@@ -122,7 +131,7 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	}
 	defer ids.Release() // init holds its own reference to the slot's lock
 
-	pid, err := r.launch(c, cg, ids, fifoR, filepath.Join(dir, rootfsDir))
+	pid, err := r.launch(c, cg, ids, fifoR, stage)
 	if err != nil {
 		return err
 	}
@@ -155,7 +164,12 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 // where the policy allows.
 func (r *Runtime) checkHost(c *Container) error {
 	for typ, path := range c.Join {
-		same, err := sameNamespace(path, "/proc/1/ns/"+nsFiles[typ])
+		// The runtime runs in the host's namespaces (the engine's); pid
+		// 1's are compared too where this process may look at them.
+		same, err := sameNamespace(path, "/proc/self/ns/"+nsFiles[typ])
+		if s1, err1 := sameNamespace(path, "/proc/1/ns/"+nsFiles[typ]); err1 == nil && s1 {
+			same = true
+		}
 		if err != nil {
 			return refuse("linux.namespaces "+typ+".path", strconv.Quote(path), fmt.Sprintf("cannot open it (%v); give the path of a live namespace", err))
 		}

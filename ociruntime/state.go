@@ -58,8 +58,12 @@ type State struct {
 const (
 	recordFile = "state.json"
 	fifoFile   = "start.fifo"
-	rootfsDir  = "rootfs"
 )
+
+// StageDir holds one empty directory per container, on which its init
+// mounts the container's root in its own mount namespace (the host sees
+// an empty directory). Under /run, which every process may traverse.
+const StageDir = "/run/moat-runtime-stage"
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.Root, id) }
 
