@@ -135,54 +135,74 @@ func TestMapRefusals(t *testing.T) {
 	}{
 		{name: "base accepted"},
 		{
-			name:  "host bind refused",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/etc", "options": []any{"rbind"}}} },
+			name: "host bind refused",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/etc", "options": []any{"rbind"}}}
+			},
 			field: "mounts[0].source", value: "/etc",
 		},
 		{
-			name:   "host bind allowed by policy",
-			edit:   func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/srv/data/x", "options": []any{"rbind"}}} },
+			name: "host bind allowed by policy",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/srv/data/x", "options": []any{"rbind"}}}
+			},
 			policy: &Policy{BindSources: []string{"/srv/data"}},
 		},
 		{
-			name:   "policy prefix is a directory, not a string prefix",
-			edit:   func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/srv/database", "options": []any{"rbind"}}} },
+			name: "policy prefix is a directory, not a string prefix",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/srv/database", "options": []any{"rbind"}}}
+			},
 			policy: &Policy{BindSources: []string{"/srv/data"}},
 			field:  "mounts[0].source", value: "/srv/database",
 		},
 		{
-			name:  "engine state dir only for the engine's files",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/var/lib/containerd/x", "options": []any{"rbind"}}} },
+			name: "engine state dir only for the engine's files",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/data", "type": "bind", "source": "/var/lib/containerd/x", "options": []any{"rbind"}}}
+			},
 			field: "mounts[0].source", value: "/var/lib/containerd/x",
 		},
 		{
-			name:  "engine file from outside the state dirs",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts"}} },
+			name: "engine file from outside the state dirs",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts"}}
+			},
 			field: "mounts[0].source", value: "/etc/hosts",
 		},
 		{
-			name:  "dotdot in source",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/docker/containers/../../../etc/shadow"}} },
+			name: "dotdot in source",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/docker/containers/../../../etc/shadow"}}
+			},
 			field: "mounts[0].source",
 		},
 		{
-			name:  "host file into /dev",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/dev/kmsg", "type": "bind", "source": "/dev/kmsg"}} },
+			name: "host file into /dev",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/dev/kmsg", "type": "bind", "source": "/dev/kmsg"}}
+			},
 			field: "mounts[0]", value: "/dev/kmsg",
 		},
 		{
-			name:  "proc elsewhere",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/hostproc", "type": "proc", "source": "proc"}} },
+			name: "proc elsewhere",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/hostproc", "type": "proc", "source": "proc"}}
+			},
 			field: "mounts[0]", value: "proc",
 		},
 		{
-			name:  "unknown fs type",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/mnt", "type": "ext4", "source": "/dev/vda"}} },
+			name: "unknown fs type",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/mnt", "type": "ext4", "source": "/dev/vda"}}
+			},
 			field: "mounts[0].type", value: "ext4",
 		},
 		{
-			name:  "tmpfs too large",
-			edit:  func(m map[string]any) { m["mounts"] = []any{map[string]any{"destination": "/big", "type": "tmpfs", "options": []any{"size=100g"}}} },
+			name: "tmpfs too large",
+			edit: func(m map[string]any) {
+				m["mounts"] = []any{map[string]any{"destination": "/big", "type": "tmpfs", "options": []any{"size=100g"}}}
+			},
 			field: "mounts[0].options",
 		},
 		{
@@ -196,18 +216,24 @@ func TestMapRefusals(t *testing.T) {
 			policy: &Policy{AcceptPrivileged: true},
 		},
 		{
-			name:  "host network (no network namespace)",
-			edit:  func(m map[string]any) { obj(m, "linux")["namespaces"] = []any{map[string]any{"type": "pid"}, map[string]any{"type": "mount"}, map[string]any{"type": "ipc"}, map[string]any{"type": "uts"}} },
+			name: "host network (no network namespace)",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["namespaces"] = []any{map[string]any{"type": "pid"}, map[string]any{"type": "mount"}, map[string]any{"type": "ipc"}, map[string]any{"type": "uts"}}
+			},
 			field: "linux.namespaces", value: "no network namespace",
 		},
 		{
-			name:  "host pid namespace",
-			edit:  func(m map[string]any) { obj(m, "linux")["namespaces"] = []any{map[string]any{"type": "network"}, map[string]any{"type": "mount"}, map[string]any{"type": "ipc"}, map[string]any{"type": "uts"}} },
+			name: "host pid namespace",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["namespaces"] = []any{map[string]any{"type": "network"}, map[string]any{"type": "mount"}, map[string]any{"type": "ipc"}, map[string]any{"type": "uts"}}
+			},
 			field: "linux.namespaces", value: "no pid namespace",
 		},
 		{
-			name:  "join a pid namespace",
-			edit:  func(m map[string]any) { obj(m, "linux")["namespaces"].([]any)[0].(map[string]any)["path"] = "/proc/42/ns/pid" },
+			name: "join a pid namespace",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["namespaces"].([]any)[0].(map[string]any)["path"] = "/proc/42/ns/pid"
+			},
 			field: "linux.namespaces[0].path", value: "/proc/42/ns/pid",
 		},
 		{
@@ -216,13 +242,17 @@ func TestMapRefusals(t *testing.T) {
 			field: "linux.namespaces[4].path",
 		},
 		{
-			name:  "device",
-			edit:  func(m map[string]any) { obj(m, "linux")["devices"] = []any{map[string]any{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}} },
+			name: "device",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["devices"] = []any{map[string]any{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}}
+			},
 			field: "linux.devices[0]", value: "/dev/kvm",
 		},
 		{
 			name: "default device",
-			edit: func(m map[string]any) { obj(m, "linux")["devices"] = []any{map[string]any{"path": "/dev/null", "type": "c", "major": 1, "minor": 3}} },
+			edit: func(m map[string]any) {
+				obj(m, "linux")["devices"] = []any{map[string]any{"path": "/dev/null", "type": "c", "major": 1, "minor": 3}}
+			},
 		},
 		{
 			name:  "sysctl",
@@ -230,13 +260,17 @@ func TestMapRefusals(t *testing.T) {
 			field: "linux.sysctl", value: "kernel.shm_rmid_forced",
 		},
 		{
-			name:  "hooks",
-			edit:  func(m map[string]any) { m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/evil"}}} },
+			name: "hooks",
+			edit: func(m map[string]any) {
+				m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/evil"}}}
+			},
 			field: "hooks", value: "/usr/bin/evil",
 		},
 		{
-			name:   "hooks allowed by policy",
-			edit:   func(m map[string]any) { m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/setkey"}}} },
+			name: "hooks allowed by policy",
+			edit: func(m map[string]any) {
+				m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/setkey"}}}
+			},
 			policy: &Policy{Hooks: true},
 		},
 		{
@@ -260,13 +294,17 @@ func TestMapRefusals(t *testing.T) {
 			field: "process.user", value: "70000",
 		},
 		{
-			name:  "unknown rlimit",
-			edit:  func(m map[string]any) { obj(m, "process")["rlimits"] = []any{map[string]any{"type": "RLIMIT_BOGUS", "hard": 1, "soft": 1}} },
+			name: "unknown rlimit",
+			edit: func(m map[string]any) {
+				obj(m, "process")["rlimits"] = []any{map[string]any{"type": "RLIMIT_BOGUS", "hard": 1, "soft": 1}}
+			},
 			field: "process.rlimits",
 		},
 		{
-			name:  "soft above hard",
-			edit:  func(m map[string]any) { obj(m, "process")["rlimits"] = []any{map[string]any{"type": "RLIMIT_NOFILE", "hard": 1, "soft": 2}} },
+			name: "soft above hard",
+			edit: func(m map[string]any) {
+				obj(m, "process")["rlimits"] = []any{map[string]any{"type": "RLIMIT_NOFILE", "hard": 1, "soft": 2}}
+			},
 			field: "process.rlimits",
 		},
 		{
