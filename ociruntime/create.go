@@ -131,7 +131,14 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	}
 	defer ids.Release() // init holds its own reference to the slot's lock
 
-	pid, err := r.launch(c, cg, ids, fifoR, stage)
+	execL, err := listenExec(id)
+	if err != nil {
+		return err
+	}
+	defer execL.Close()
+	undo = append(undo, func() { os.Remove(execSocket(id)) })
+
+	pid, err := r.launch(c, cg, ids, fifoR, execL, stage)
 	if err != nil {
 		return err
 	}
@@ -139,6 +146,7 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	rec := &record{
 		ID: id, Bundle: bundle, Rootfs: c.RootFS, Pid: pid, StartTime: start,
 		Created: time.Now().UTC(), Annotations: spec.Annotations, Hooks: c.Hooks, UIDBase: ids.Base(),
+		UID: c.UID, GID: c.GID,
 	}
 	if c.OOMScoreAdj != nil {
 		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(*c.OOMScoreAdj)), 0); err != nil {
@@ -157,6 +165,28 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 		}
 	}
 	return writePidFile(o.PidFile, pid)
+}
+
+// listenExec binds the socket on which the container's init will take
+// execs: SOCK_SEQPACKET (one message per request), mode 0600 (root only).
+func listenExec(id string) (*os.File, error) {
+	path := execSocket(id)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("exec socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "exec-listener")
+	old := unix.Umask(0o177)
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: path})
+	unix.Umask(old)
+	if err == nil {
+		err = unix.Listen(fd, 16)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("exec socket %s: %w", path, err)
+	}
+	return f, nil
 }
 
 // checkHost makes the checks Map cannot: that a namespace to join is not
@@ -210,7 +240,7 @@ func (r *Runtime) checkHost(c *Container) error {
 
 // launch starts the container's init and waits until it is confined and
 // waits for start. It returns init's host pid.
-func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo *os.File, rootDir string) (int, error) {
+func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL *os.File, rootDir string) (int, error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -264,7 +294,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	}()
 	// fds 3-6 (nswire), 7 unused, the cgroup v1 tasks files from 8, and
 	// last the id range's lock, which init holds for its whole life.
-	extra := []*os.File{cfgR, statusW, sockInit, fifo, nil}
+	extra := []*os.File{cfgR, statusW, sockInit, fifo, execL}
 	extra = append(extra, joins...)
 	extra = append(extra, ids.File())
 
@@ -331,6 +361,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 			NewNet:       c.Join["network"] == "",
 			NewUTS:       c.Join["uts"] == "",
 			Rlimits:      c.Rlimits,
+			Exec:         true,
 		},
 	}
 	if setup.Hostname == "" {

@@ -204,8 +204,10 @@ func (r *Runtime) Delete(id string, force bool) error {
 	if len(errs) == 0 {
 		// Remove, not RemoveAll: the stage directory is a mount point
 		// only in the dead init's namespace, and must be empty here.
-		if err := os.Remove(filepath.Join(StageDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
+		for _, p := range []string{filepath.Join(StageDir, id), execSocket(id)} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 		if err := os.RemoveAll(r.dir(id)); err != nil {
 			errs = append(errs, err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -101,7 +102,7 @@ func (s *shim) run(args ...string) (string, error) {
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	if err := c.Run(); err != nil {
-		return out.String(), fmt.Errorf("%v: %v: %s", args, err, errb.String())
+		return out.String(), fmt.Errorf("%v: %w: %s", args, err, errb.String())
 	}
 	return out.String(), nil
 }
@@ -608,4 +609,117 @@ func TestPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.noResidue(p)
+}
+
+// TestExec: exec like the shim's (--process, --detach, --pid-file; the
+// proxy's pid is waited for and signalled directly), and without
+// --detach as a person would.
+func TestExec(t *testing.T) {
+	s := newShim(t)
+	id := newID("exec")
+	c, err := s.create(id, spec("sleep", "1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("exec", "--process", "/dev/null", id); err == nil || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("exec in a created container = %v, want refused (not running)", err)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		proc   map[string]any
+		signal unix.Signal // sent to the proxy's pid once started
+		code   int
+		stdout string
+		err    string // exec itself refused, containing this
+	}{
+		{name: "exit status and output", proc: map[string]any{"args": []string{"sh", "-c", "echo in-exec; id -u; exit 7"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, code: 7, stdout: "in-exec\n0\n"},
+		{name: "sees the container's processes", proc: map[string]any{"args": []string{"sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; ps -e 2>/dev/null | grep -c sleep || ls /proc"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, stdout: "moat-init"},
+		{name: "signal to the proxy reaches the process", proc: map[string]any{"args": []string{"sleep", "100"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, signal: unix.SIGTERM, code: 128 + 15},
+		{name: "SIGKILL of the proxy kills the process", proc: map[string]any{"args": []string{"sleep", "100"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, signal: unix.SIGKILL, code: 128 + 9},
+		{name: "not found", proc: map[string]any{"args": []string{"/nope"}, "cwd": "/"}, code: 127},
+		{name: "another user refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "user": map[string]any{"uid": 1000, "gid": 1000}}, err: "process.user"},
+		{name: "terminal refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "terminal": true}, err: "terminal"},
+		{name: "extra capability refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "capabilities": map[string]any{"bounding": []string{"CAP_SYS_ADMIN"}}}, err: "CAP_SYS_ADMIN"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			dir := t.TempDir()
+			pf := filepath.Join(dir, "process.json")
+			b, _ := json.Marshal(tc.proc)
+			os.WriteFile(pf, b, 0o644)
+			outR, outW, _ := os.Pipe()
+			defer outR.Close()
+			pidFile := filepath.Join(dir, "exec.pid")
+			cmd := s.cmd("exec", "--process", pf, "--detach", "--pid-file", pidFile, id)
+			// Files, as the shim's: a Go buffer would make Run wait
+			// for the proxy, which inherits them, to end.
+			cmd.Stdout, cmd.Stderr = outW, outW
+			err := cmd.Run()
+			outW.Close()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(s.lastLog(), tc.err) {
+					t.Errorf("exec = %v (log %s), want refused with %q", err, s.lastLog(), tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("exec: %v: %s", err, s.lastLog())
+			}
+			p, _ := os.ReadFile(pidFile)
+			pid, err := strconv.Atoi(string(p))
+			if err != nil {
+				t.Fatalf("pid file %q", p)
+			}
+			if tc.signal != 0 {
+				time.Sleep(100 * time.Millisecond)
+				if err := unix.Kill(pid, tc.signal); err != nil {
+					t.Errorf("kill %d: %v", pid, err)
+				}
+			}
+			code, out, _ := s.wait(&container{pid: pid, stdout: outR, stderr: outR})
+			if code != tc.code || !strings.Contains(out, tc.stdout) {
+				t.Errorf("exec exit %d, output %q; want %d, %q", code, out, tc.code, tc.stdout)
+			}
+			// Whatever way the exec ended, it is gone from the
+			// container: only init and the program are left.
+			var pids []int
+			for range 100 {
+				o, err := s.run("ps", "--format", "json", id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				json.Unmarshal([]byte(o), &pids)
+				if len(pids) == 2 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if len(pids) != 2 {
+				t.Errorf("processes left in the container: %v, want init and the program", pids)
+			}
+		})
+	}
+	s.t = t
+	t.Run("attached", func(t *testing.T) {
+		s.t = t
+		out, err := s.run("exec", "--env", "X=42", "--cwd", "/usr", id, "sh", "-c", "echo $X; pwd")
+		if err != nil || out != "42\n/usr\n" {
+			t.Errorf("exec = %q, %v; want 42 and /usr", out, err)
+		}
+		_, err = s.run("exec", id, "sh", "-c", "exit 5")
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 5 {
+			t.Errorf("exec exit = %v, want status 5", err)
+		}
+	})
+	s.t = t
+	if _, err := s.run("delete", "--force", id); err != nil {
+		t.Fatal(err)
+	}
+	s.wait(c)
+	s.noResidue(c)
 }

@@ -261,16 +261,23 @@ func run(st *reporter) (int, error) {
 	}
 	st.send(nswire.Status{Started: true, Degraded: degraded})
 
-	// The program is running; nothing needs this thread's namespaces any
-	// more. Unlocking lets the few goroutines below share it instead of
-	// each needing a new OS thread (which the pids limit counts).
-	runtime.UnlockOSThread()
-	// The host's signals for the program come as frames on the config
-	// pipe (Signal), queued there until read: none is lost to the
-	// program's first instants, and this goroutine's thread is started
-	// while the program already runs.
-	go forwardSignals(cfgPipe, pid)
-	ws := reap(pid)
+	var ws unix.WaitStatus
+	if oci != nil {
+		// This thread stays locked: an OCI container's execs are forked
+		// from it, inside the cgroup and with its emptied bounding set.
+		ws = ociServe(pid, oci.Exec)
+	} else {
+		// The program is running; nothing needs this thread's namespaces any
+		// more. Unlocking lets the few goroutines below share it instead of
+		// each needing a new OS thread (which the pids limit counts).
+		runtime.UnlockOSThread()
+		// The host's signals for the program come as frames on the config
+		// pipe (Signal), queued there until read: none is lost to the
+		// program's first instants, and this goroutine's thread is started
+		// while the program already runs.
+		go forwardSignals(cfgPipe, pid)
+		ws = reap(pid)
+	}
 	s := nswire.Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 	switch {
 	case ws.Exited():

@@ -1,12 +1,15 @@
 package nsinit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -319,4 +322,175 @@ func waitStart() error {
 		return errors.New("wait for start: the start FIFO closed without a start")
 	}
 	return nil
+}
+
+// execReq is one exec, handed by its connection's goroutine to the main
+// thread, which alone forks (see ociServe).
+type execReq struct {
+	path  string
+	req   nswire.Request
+	fds   []int
+	reply chan execStart
+}
+
+type execStart struct {
+	pid    int
+	err    error
+	exited chan unix.WaitStatus
+}
+
+// ociServe runs on init's main thread, locked since init started, once
+// the container's program (main) runs: it forks the execs the runtime
+// asks for (from this thread, whose bounding set is empty and which is in
+// the container's cgroup on v1 too), reaps every child, and returns the
+// program's status when it ends.
+func ociServe(main int, exec bool) unix.WaitStatus {
+	sigchld := make(chan os.Signal, 64)
+	signal.Notify(sigchld, unix.SIGCHLD)
+	reqs := make(chan *execReq)
+	if exec {
+		go acceptExecs(reqs)
+	}
+	waiting := map[int]chan unix.WaitStatus{}
+	for {
+		// A pass before each wait: a child that ended before Notify
+		// above sent no signal we could see.
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break
+			}
+			if pid == main {
+				return ws
+			}
+			if ch, ok := waiting[pid]; ok {
+				ch <- ws
+				delete(waiting, pid)
+			}
+		}
+		select {
+		case <-sigchld:
+		case r := <-reqs:
+			pid, err := syscall.ForkExec(r.path, r.req.Argv, &syscall.ProcAttr{
+				Dir:   r.req.Dir,
+				Env:   r.req.Env,
+				Files: []uintptr{uintptr(r.fds[0]), uintptr(r.fds[1]), uintptr(r.fds[2])},
+				Sys:   &syscall.SysProcAttr{Setpgid: true},
+			})
+			st := execStart{pid: pid, err: err}
+			if err == nil {
+				st.exited = make(chan unix.WaitStatus, 1)
+				waiting[pid] = st.exited
+			}
+			r.reply <- st
+		}
+	}
+}
+
+// acceptExecs takes each exec connection the runtime makes.
+func acceptExecs(reqs chan<- *execReq) {
+	for {
+		fd, _, err := unix.Accept4(nswire.OCIExecFD, unix.SOCK_CLOEXEC)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.ECONNABORTED) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		go serveExec(fd, reqs)
+	}
+}
+
+// serveExec runs one exec: its request, its start, its signals, its end.
+// The peer is the runtime on the host (the socket's path is root's only),
+// but its request is checked like any other.
+func serveExec(conn int, reqs chan<- *execReq) {
+	defer unix.Close(conn)
+	send := func(s nswire.Status) {
+		b, _ := json.Marshal(s)
+		unix.Write(conn, b)
+	}
+	buf := make([]byte, nswire.MaxRequestBytes)
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	n, oobn, _, _, err := unix.Recvmsg(conn, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return
+	}
+	fds := rights(oob[:oobn])
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	var req nswire.Request
+	if json.Unmarshal(buf[:n], &req) != nil || req.Op != nswire.OpExec || len(fds) != 3 || len(req.Argv) == 0 || req.Argv[0] == "" || !filepath.IsAbs(req.Dir) {
+		send(nswire.Status{Exited: true, Exit: 125, Error: "malformed exec request"})
+		return
+	}
+	path, err := lookPath(req.Argv[0], req.Dir, req.Env)
+	if err != nil {
+		writeAll(fds[2], fmt.Sprintf("moat: %v\n", err))
+		nf, _ := err.(*notFoundError)
+		if nf != nil && nf.exists {
+			send(nswire.Status{Started: true})
+			send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
+			return
+		}
+		send(nswire.Status{Started: true})
+		send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
+		return
+	}
+	r := &execReq{path: path, req: req, fds: fds, reply: make(chan execStart, 1)}
+	reqs <- r
+	st := <-r.reply
+	if st.err != nil {
+		writeAll(fds[2], fmt.Sprintf("moat: cannot execute %s: %v\n", req.Argv[0], st.err))
+		send(nswire.Status{Started: true})
+		send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
+		return
+	}
+	send(nswire.Status{Started: true, Pid: st.pid})
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	fds = nil
+	var ended atomic.Bool
+	go func() {
+		// The runtime's signals for the command, until it ends or the
+		// runtime's exec process goes (SIGKILL'd by the engine): then the
+		// command goes too.
+		b := make([]byte, 4096)
+		for {
+			n, _, _, _, err := unix.Recvmsg(conn, b, nil, 0)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil || n == 0 {
+				if !ended.Load() {
+					unix.Kill(-st.pid, unix.SIGKILL)
+				}
+				return
+			}
+			var sig nswire.Request
+			if json.Unmarshal(b[:n], &sig) == nil && sig.Op == nswire.OpSignal && sig.Signal > 0 && sig.Signal < 65 && !ended.Load() {
+				unix.Kill(-st.pid, unix.Signal(sig.Signal))
+			}
+		}
+	}()
+	ws := <-st.exited
+	ended.Store(true)
+	s := nswire.Status{Exited: true}
+	switch {
+	case ws.Exited():
+		s.Exit = ws.ExitStatus()
+	case ws.Signaled():
+		s.Signal = int(ws.Signal())
+		s.Exit = 128 + s.Signal
+	}
+	send(s)
+	unix.Shutdown(conn, unix.SHUT_RDWR)
 }

@@ -279,6 +279,13 @@ const (
 	// OCIStartFD is the read end of the container's start FIFO: init
 	// starts the program only once `start` writes to it.
 	OCIStartFD = 6
+	// OCIExecFD, with OCI.Exec, is a listening SOCK_SEQPACKET socket
+	// (bound by the host at a root-only path): each connection is one
+	// exec, an OpExec Request with the command's stdin, stdout and
+	// stderr as SCM_RIGHTS, then OpSignal Requests; init answers with a
+	// Started Status and, when the command ends, an Exited one. A
+	// connection closed before that kills the command.
+	OCIExecFD = 7
 )
 
 // OCI is the container's shape in OCI mode: what differs from a Moat run.
@@ -298,6 +305,8 @@ type OCI struct {
 	Mounts []OCIMount `json:"mounts,omitempty"`
 	// Rlimits replace Moat's backstop limits (Setup.Rlimits).
 	Rlimits []Rlimit `json:"rlimits,omitempty"`
+	// Exec: OCIExecFD is there; init serves execs while the program runs.
+	Exec bool `json:"exec,omitempty"`
 }
 
 // OCIMount is one mount of the container.
