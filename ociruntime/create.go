@@ -220,13 +220,7 @@ func (r *Runtime) checkHost(c *Container) error {
 		if err != nil {
 			return refuse("mounts "+m.Dest+".source", strconv.Quote(m.Source), fmt.Sprintf("cannot resolve it: %v", err))
 		}
-		dirs := EngineStateDirs
-		if r.Policy != nil && !slices.Contains(engineFiles, m.Dest) {
-			dirs = r.Policy.BindSources
-		} else if r.Policy != nil {
-			dirs = slices.Concat(EngineStateDirs, r.Policy.BindSources)
-		}
-		ok := slices.ContainsFunc(dirs, func(d string) bool {
+		ok := slices.ContainsFunc(r.Policy.bindDirs(m.Dest), func(d string) bool {
 			rd, err := filepath.EvalSymlinks(d)
 			return err == nil && under(real, rd)
 		})

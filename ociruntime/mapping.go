@@ -308,15 +308,13 @@ func mapMounts(c *Container, mounts []Mount, pol *Policy) error {
 		if owned {
 			// /dev/shm, /dev/termination-log from the engine's state:
 			// Moat's /dev is its own (its /dev/shm is the bounded /tmp).
-			if slices.ContainsFunc(EngineStateDirs, func(d string) bool { return under(src, d) }) {
+			if slices.ContainsFunc(pol.engineDirs(), func(d string) bool { return under(src, d) }) {
 				c.Notes = append(c.Notes, fmt.Sprintf("%s: bind of %s on %s replaced by Moat's own /dev", field, src, dest))
 				continue
 			}
 			return refuse(field, src+" on "+dest, "Moat makes /proc, /dev and /sys itself; host files are never bound there")
 		}
-		engine := slices.Contains(engineFiles, dest) && slices.ContainsFunc(EngineStateDirs, func(d string) bool { return under(src, d) })
-		allowed := slices.ContainsFunc(pol.BindSources, func(d string) bool { return under(src, d) })
-		if !engine && !allowed {
+		if !slices.ContainsFunc(pol.bindDirs(dest), func(d string) bool { return under(src, d) }) {
 			return refuse(field+".source", strconv.Quote(src)+" on "+dest, "host paths are not bound into containers; add the directory to bind_sources in the runtime policy ("+DefaultPolicyFile+") to allow it")
 		}
 		c.Mounts = append(c.Mounts, ContainerMount{

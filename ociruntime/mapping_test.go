@@ -470,6 +470,8 @@ func TestParsePolicy(t *testing.T) {
 		{"full", "bind_sources: [/srv/data]\naccept_privileged: true\nhooks: true\nroot_bytes: 1024\n", &Policy{BindSources: []string{"/srv/data"}, AcceptPrivileged: true, Hooks: true, RootBytes: 1024}, ""},
 		{"typo fails closed", "bind_source: [/srv]\n", nil, "bind_source"},
 		{"relative source", "bind_sources: [srv]\n", nil, "clean absolute"},
+		{"engine dirs", "engine_state_dirs: [/run/k3s/containerd]\n", &Policy{EngineStateDirs: []string{"/run/k3s/containerd"}}, ""},
+		{"relative engine dir", "engine_state_dirs: [run]\n", nil, "engine_state_dirs"},
 		{"root as source", "bind_sources: [/]\n", nil, "other than /"},
 		{"negative size", "root_bytes: -1\n", nil, "negative"},
 	}
