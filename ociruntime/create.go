@@ -243,6 +243,10 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	if err != nil {
 		return 0, fmt.Errorf("compile the seccomp policy: %w", err)
 	}
+	layers, err := rootLayers(c.RootFS)
+	if err != nil {
+		return 0, err
+	}
 	stdin, stdout, stderr := r.Stdin, r.Stdout, r.Stderr
 	if stdin == nil {
 		stdin, stdout, stderr = os.Stdin, os.Stdout, os.Stderr
@@ -335,7 +339,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	statusW.Close()
 	sockInit.Close()
 
-	if err := sendTrees(sockHost, pid, c); err != nil {
+	if err := sendTrees(sockHost, pid, c, layers); err != nil {
 		return 0, err
 	}
 	setup := nswire.Setup{
@@ -356,6 +360,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 			NewUTS:       c.Join["uts"] == "",
 			Rlimits:      c.Rlimits,
 			Exec:         true,
+			RootLayers:   len(layers),
 		},
 	}
 	if setup.Hostname == "" {
@@ -429,7 +434,7 @@ func startJoined(cmd *exec.Cmd, join map[string]string, owner int) error {
 // sendTrees sends init its root tree and bind mounts: detached copies
 // (open_tree), id-mapped into init's user namespace so that the bundle's
 // owner (the host's root) is the container's root, nosuid and nodev.
-func sendTrees(sock *os.File, pid int, c *Container) error {
+func sendTrees(sock *os.File, pid int, c *Container, layers []string) error {
 	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open the container's user namespace: %w", err)
@@ -468,9 +473,12 @@ func sendTrees(sock *os.File, pid int, c *Container) error {
 		}
 		return nil
 	}
-	// The lower layer is never written, whatever the spec says.
-	if err := tree(c.RootFS, true, true, true); err != nil {
-		return fmt.Errorf("container root %s: %w", c.RootFS, err)
+	// The layers are never written, whatever the spec says: the
+	// container writes to its own tmpfs.
+	for _, l := range layers {
+		if err := tree(l, true, true, true); err != nil {
+			return fmt.Errorf("container root %s: %w", c.RootFS, err)
+		}
 	}
 	for _, m := range c.Mounts {
 		if m.Type != "bind" {

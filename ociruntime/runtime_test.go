@@ -723,3 +723,46 @@ func TestExec(t *testing.T) {
 	s.wait(c)
 	s.noResidue(c)
 }
+
+// TestOverlayRootfs: containerd's overlayfs snapshotter and Docker's
+// overlay2 hand the runtime a rootfs that is an overlay mount, which
+// cannot be id-mapped; its layers are, one by one.
+func TestOverlayRootfs(t *testing.T) {
+	s := newShim(t)
+	dir := t.TempDir()
+	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+	for _, d := range []string{upper, work, rootfs} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(upper, "from-upper"), []byte("upper layer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", imageRoot, upper, work)
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		t.Skipf("cannot mount an overlay here: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
+	m := spec("sh", "-c", "cat /from-upper; stat -c %U /etc; python3 -c 'print(6*7)'; echo w > /from-upper && cat /from-upper")
+	set(m, rootfs, "root", "path")
+	id := newID("overlay")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := s.wait(c)
+	if code != 0 || out != "upper layer\nroot\n42\nw\n" {
+		t.Errorf("exit %d, output %q (%s); want the upper layer's file, root-owned /etc, python, a writable root", code, out, errs)
+	}
+	if b, _ := os.ReadFile(filepath.Join(upper, "from-upper")); string(b) != "upper layer\n" {
+		t.Errorf("the engine's upper layer was written: %q", b)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}

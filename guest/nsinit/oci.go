@@ -87,7 +87,8 @@ func ociBuildRoot(cfg *nswire.Config) error {
 			nbinds++
 		}
 	}
-	trees, err := receiveTrees(1 + nbinds)
+	nlayers := max(o.RootLayers, 1)
+	trees, err := receiveTrees(nlayers + nbinds)
 	if err != nil {
 		return err
 	}
@@ -103,19 +104,31 @@ func ociBuildRoot(cfg *nswire.Config) error {
 	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("mode=0700,size=%d", o.RootBytes)); err != nil {
 		return fmt.Errorf("mount the container's scratch tmpfs on %s: %w", stage, err)
 	}
-	for _, d := range []string{"lower", "upper", "work", "root"} {
+	for _, d := range []string{"upper", "work", "root"} {
 		if err := os.Mkdir(filepath.Join(stage, d), 0o755); err != nil {
 			return fmt.Errorf("container scratch: %w", err)
 		}
 	}
-	lower, root := filepath.Join(stage, "lower"), filepath.Join(stage, "root")
-	if err := unix.MoveMount(trees[0], "", unix.AT_FDCWD, lower, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach the bundle's rootfs: %w", err)
+	root := filepath.Join(stage, "root")
+	lowers := make([]string, nlayers)
+	for i := range nlayers {
+		lowers[i] = fmt.Sprintf("l%d", i)
+		if err := os.Mkdir(filepath.Join(stage, lowers[i]), 0o755); err != nil {
+			return fmt.Errorf("container scratch: %w", err)
+		}
+		if err := unix.MoveMount(trees[i], "", unix.AT_FDCWD, filepath.Join(stage, lowers[i]), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attach layer %d of the bundle's rootfs: %w", i, err)
+		}
 	}
-	// userxattr: this user namespace cannot write trusted.* xattrs, where
-	// overlayfs keeps its whiteouts by default.
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", lower, filepath.Join(stage, "upper"), filepath.Join(stage, "work"))
-	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	// Paths relative to the stage, so that many layers fit in the one
+	// page the mount options may take. userxattr: this user namespace
+	// cannot write trusted.* xattrs, where overlayfs keeps its metadata
+	// by default.
+	if err := unix.Chdir(stage); err != nil {
+		return fmt.Errorf("container scratch: %w", err)
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=upper,workdir=work,userxattr", strings.Join(lowers, ":"))
+	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount the container's root overlay: %w", err)
 	}
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -153,7 +166,7 @@ func ociBuildRoot(cfg *nswire.Config) error {
 		return fmt.Errorf("mount /tmp: %w", err)
 	}
 
-	next := 1
+	next := nlayers
 	for _, m := range o.Mounts {
 		if err := ociMount(rootFD, m, trees, &next); err != nil {
 			return err

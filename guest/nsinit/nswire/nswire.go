@@ -271,8 +271,8 @@ func ReadFrame(r io.Reader, v any) error {
 const (
 	// OCIFDSocket is a unix socket on which the host sends, once init is
 	// started, one message whose SCM_RIGHTS are the detached mounts init
-	// attaches: the container's root tree first, then one per OCIMount
-	// of type "bind", in order. Init needs its user namespace to exist
+	// attaches: the container's root layers first (OCI.RootLayers), then
+	// one per OCIMount of type "bind", in order. Init needs its user namespace to exist
 	// before the host can id-map a tree for it, hence a message rather
 	// than descriptors inherited at clone.
 	OCIFDSocket = 5
@@ -307,6 +307,10 @@ type OCI struct {
 	Rlimits []Rlimit `json:"rlimits,omitempty"`
 	// Exec: OCIExecFD is there; init serves execs while the program runs.
 	Exec bool `json:"exec,omitempty"`
+	// RootLayers is how many trees on OCIFDSocket make the root, top
+	// first (the layers of an engine's overlay rootfs; 0 or 1: the rootfs
+	// itself); the bind mounts' follow.
+	RootLayers int `json:"root_layers,omitempty"`
 }
 
 // OCIMount is one mount of the container.
