@@ -47,9 +47,6 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if o.ConsoleSocket != "" {
-		return refuse("--console-socket", o.ConsoleSocket, "Moat's runtime does not give containers a terminal yet; run without a TTY")
-	}
 	bundle, err := filepath.Abs(o.Bundle)
 	if err != nil {
 		return err
@@ -64,6 +61,12 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	}
 	if err := r.checkHost(c); err != nil {
 		return err
+	}
+	switch {
+	case c.Terminal != nil && o.ConsoleSocket == "":
+		return refuse("process.terminal", "true", "a terminal needs --console-socket, where its master is sent; the engine gives it with a TTY")
+	case c.Terminal == nil && o.ConsoleSocket != "":
+		return refuse("process.terminal", "false", "--console-socket was given for a container without a terminal; set process.terminal or drop the flag")
 	}
 	for _, n := range c.Notes {
 		r.Log.Warnf("container %s: %s", id, n)
@@ -138,7 +141,7 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	defer execL.Close()
 	undo = append(undo, func() { os.Remove(execSocket(id)) })
 
-	pid, err := r.launch(c, cg, ids, fifoR, execL, stage)
+	pid, err := r.launch(c, cg, ids, fifoR, execL, stage, o.ConsoleSocket)
 	if err != nil {
 		return err
 	}
@@ -234,7 +237,7 @@ func (r *Runtime) checkHost(c *Container) error {
 
 // launch starts the container's init and waits until it is confined and
 // waits for start. It returns init's host pid.
-func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL *os.File, rootDir string) (int, error) {
+func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL *os.File, rootDir, consoleSocket string) (int, error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -361,6 +364,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 			Rlimits:      c.Rlimits,
 			Exec:         true,
 			RootLayers:   len(layers),
+			Terminal:     c.Terminal,
 		},
 	}
 	if setup.Hostname == "" {
@@ -394,11 +398,62 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	if err := <-werr; err != nil {
 		return 0, fmt.Errorf("send the container's configuration to its init: %w", err)
 	}
+	if c.Terminal != nil {
+		// Init sent the terminal's master before it was ready.
+		master, err := recvFD(sockHost)
+		if err != nil {
+			return 0, fmt.Errorf("the container's terminal: %w", err)
+		}
+		err = sendConsole(consoleSocket, master)
+		unix.Close(master)
+		if err != nil {
+			return 0, err
+		}
+	}
 	ok = true
 	// Not waited for: the engine's shim, which adopts it when we exit,
 	// reaps it and reads its exit status.
 	cmd.Process.Release()
 	return pid, nil
+}
+
+// recvFD receives one descriptor on sock.
+func recvFD(sock *os.File) (int, error) {
+	buf := make([]byte, 64)
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+	if err != nil {
+		return -1, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return -1, errors.New("no descriptor in init's message")
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, errors.New("not one descriptor in init's message")
+	}
+	return fds[0], nil
+}
+
+// sendConsole sends a terminal's master to the engine's console socket,
+// as runc does: one message whose SCM_RIGHTS is the master.
+func sendConsole(path string, master int) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("--console-socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return fmt.Errorf("--console-socket %s: %w", path, err)
+	}
+	if err := unix.Sendmsg(fd, []byte("/dev/ptmx"), unix.UnixRights(master), nil, 0); err != nil {
+		return fmt.Errorf("--console-socket %s: send the terminal: %w", path, err)
+	}
+	return nil
 }
 
 // startJoined starts cmd in the namespaces of join (a pod's network, IPC

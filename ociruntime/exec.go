@@ -36,7 +36,9 @@ const ProxyArg = "__oci-exec-proxy"
 
 // execRequest is what exec hands its proxy (on fd 4).
 type execRequest struct {
-	Socket  string         `json:"socket"`
+	Socket string `json:"socket"`
+	// Console is the engine's console socket, for a terminal's master.
+	Console string         `json:"console,omitempty"`
 	Request nswire.Request `json:"request"`
 }
 
@@ -51,12 +53,18 @@ func (r *Runtime) Exec(id string, o ExecOptions) (int, error) {
 	if st := r.status(rec); st != StatusRunning {
 		return 0, fmt.Errorf("cannot exec in container %s (%s): %w", id, st, ErrNotRunning)
 	}
-	if o.ConsoleSocket != "" || o.TTY {
-		return 0, refuse("exec --tty/--console-socket", "set", "Moat's runtime does not give processes a terminal yet; exec without -t")
-	}
 	p, err := execProcess(rec, o)
 	if err != nil {
 		return 0, err
+	}
+	if o.TTY {
+		p.Terminal = true
+	}
+	switch {
+	case p.Terminal && o.ConsoleSocket == "":
+		return 0, refuse("process.terminal", "true", "exec with a terminal needs --console-socket (Moat's runtime does not attach a terminal to its own stdio)")
+	case !p.Terminal && o.ConsoleSocket != "":
+		return 0, refuse("process.terminal", "false", "--console-socket was given for a process without a terminal; set process.terminal or drop the flag")
 	}
 	// Checked like the container's process: the same refusals.
 	c := &Container{}
@@ -72,7 +80,7 @@ func (r *Runtime) Exec(id string, o ExecOptions) (int, error) {
 	if c.UID != rec.UID || c.GID != rec.GID {
 		return 0, refuse("process.user", fmt.Sprintf("uid %d gid %d", c.UID, c.GID), fmt.Sprintf("every process of a Moat container runs as its user (uid %d gid %d); exec as that user", rec.UID, rec.GID))
 	}
-	req := execRequest{Socket: execSocket(id), Request: nswire.Request{Op: nswire.OpExec, Argv: c.Argv, Env: c.Env, Dir: c.Cwd}}
+	req := execRequest{Socket: execSocket(id), Console: o.ConsoleSocket, Request: nswire.Request{Op: nswire.OpExec, Argv: c.Argv, Env: c.Env, Dir: c.Cwd, TTY: c.Terminal}}
 	for _, f := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
 		var st unix.Stat_t
 		if unix.Fstat(int(f.Fd()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO {
@@ -224,8 +232,9 @@ func proxy(req execRequest, ready *os.File) int {
 		}
 	}()
 	buf := make([]byte, nswire.MaxStatusBytes)
+	oob := make([]byte, unix.CmsgSpace(4))
 	for {
-		n, err := unix.Read(fd, buf)
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -240,6 +249,26 @@ func proxy(req execRequest, ready *os.File) int {
 		}
 		if st.Error != "" {
 			return fail(errors.New(st.Error))
+		}
+		if oobn > 0 {
+			// The process's terminal: its master goes to the engine.
+			var master = -1
+			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+				if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
+					master = fds[0]
+				}
+			}
+			if master < 0 || req.Console == "" {
+				if master >= 0 {
+					unix.Close(master)
+				}
+				return fail(errors.New("a terminal came from init unasked"))
+			}
+			err := sendConsole(req.Console, master)
+			unix.Close(master)
+			if err != nil {
+				return fail(err)
+			}
 		}
 		if st.Started {
 			say("ok")

@@ -52,6 +52,9 @@ type Container struct {
 	// join (a pod's); absent: a new one.
 	Join   map[string]string
 	Mounts []ContainerMount
+	// Terminal, when set, is the size of the terminal the program gets
+	// (process.terminal), whose master goes to the console socket.
+	Terminal *nswire.Winsize
 	// OOMScoreAdj, when set, is written for the container's init.
 	OOMScoreAdj *int
 	Hooks       *Hooks
@@ -185,7 +188,10 @@ func Map(s *Spec, bundle string, pol *Policy) (*Container, error) {
 
 func mapProcess(c *Container, p *Process, privileged func(field, value, what string) error) error {
 	if p.Terminal {
-		return refuse("process.terminal", "true", "Moat's runtime does not give containers a terminal yet; run without a TTY (no -t, tty: false)")
+		c.Terminal = &nswire.Winsize{Rows: 24, Cols: 80}
+		if cs := p.ConsoleSize; cs != nil && cs.Height > 0 && cs.Width > 0 {
+			c.Terminal = &nswire.Winsize{Rows: cs.Height, Cols: cs.Width}
+		}
 	}
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return refuse("process.args", fmt.Sprintf("%q", p.Args), "name the program to run")

@@ -274,9 +274,8 @@ func TestMapRefusals(t *testing.T) {
 			policy: &Policy{Hooks: true},
 		},
 		{
-			name:  "terminal",
-			edit:  func(m map[string]any) { obj(m, "process")["terminal"] = true },
-			field: "process.terminal",
+			name: "terminal accepted (the console socket is create's to check)",
+			edit: func(m map[string]any) { obj(m, "process")["terminal"] = true },
 		},
 		{
 			name:  "no args",
@@ -434,6 +433,33 @@ func TestMapCaps(t *testing.T) {
 	}
 }
 
+func TestMapTerminal(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(m map[string]any)
+		want *nswire.Winsize
+	}{
+		{"no terminal", nil, nil},
+		{"default size", func(m map[string]any) { obj(m, "process")["terminal"] = true }, &nswire.Winsize{Rows: 24, Cols: 80}},
+		{"console size", func(m map[string]any) {
+			obj(m, "process")["terminal"] = true
+			obj(m, "process")["consoleSize"] = map[string]any{"height": 50, "width": 132}
+		}, &nswire.Winsize{Rows: 50, Cols: 132}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := ParseSpec(specWith(t, tc.edit))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := Map(s, "/b", nil)
+			if err != nil || !reflect.DeepEqual(c.Terminal, tc.want) {
+				t.Errorf("Terminal = %+v, %v; want %+v", c.Terminal, err, tc.want)
+			}
+		})
+	}
+}
+
 func TestTmpfsData(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -529,7 +555,7 @@ func FuzzMap(f *testing.F) {
 	f.Add([]byte(baseSpec))
 	f.Add([]byte(`{"process":{"args":["sh"]},"root":{"path":"/r"},"linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"network"},{"type":"ipc"},{"type":"uts"}]}}`))
 	f.Add([]byte(`{"mounts":[{"destination":"/x","type":"bind","source":"/var/lib/docker/containers/../../etc"}]}`))
-	f.Add([]byte(`{"process":{"args":["a"],"terminal":true}}`))
+	f.Add([]byte(`{"process":{"args":["a"],"terminal":true,"consoleSize":{"height":0,"width":7}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := ParseSpec(b)
 		if err != nil {

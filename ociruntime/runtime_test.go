@@ -77,6 +77,8 @@ type shim struct {
 	root string
 	log  string
 	pol  string
+	// console, when set, is passed to create as --console-socket.
+	console string
 }
 
 func newShim(t *testing.T) *shim {
@@ -128,7 +130,11 @@ func (s *shim) create(id string, spec map[string]any) (*container, error) {
 	defer outW.Close()
 	defer errW.Close()
 	pidFile := filepath.Join(bundle, "init.pid")
-	c := s.cmd("create", "--bundle", bundle, "--pid-file", pidFile, id)
+	args := []string{"create", "--bundle", bundle, "--pid-file", pidFile}
+	if s.console != "" {
+		args = append(args, "--console-socket", s.console)
+	}
+	c := s.cmd(append(args, id)...)
 	c.Stdout, c.Stderr = outW, errW
 	if err := c.Run(); err != nil {
 		outR.Close()
@@ -641,7 +647,7 @@ func TestExec(t *testing.T) {
 		{name: "SIGKILL of the proxy kills the process", proc: map[string]any{"args": []string{"sleep", "100"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, signal: unix.SIGKILL, code: 128 + 9},
 		{name: "not found", proc: map[string]any{"args": []string{"/nope"}, "cwd": "/"}, code: 127},
 		{name: "another user refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "user": map[string]any{"uid": 1000, "gid": 1000}}, err: "process.user"},
-		{name: "terminal refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "terminal": true}, err: "terminal"},
+		{name: "terminal without a console socket refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "terminal": true}, err: "console-socket"},
 		{name: "extra capability refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "capabilities": map[string]any{"bounding": []string{"CAP_SYS_ADMIN"}}}, err: "CAP_SYS_ADMIN"},
 	}
 	for _, tc := range tests {
@@ -765,4 +771,141 @@ func TestOverlayRootfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.noResidue(c)
+}
+
+// consoleSocket listens like the shim's console socket and returns its
+// path and a channel that gets the terminal master the runtime sends.
+func consoleSocket(t *testing.T) (string, <-chan *os.File) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "console.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Listen(fd, 1)
+	ch := make(chan *os.File, 1)
+	go func() {
+		defer unix.Close(fd)
+		c, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
+		if err != nil {
+			close(ch)
+			return
+		}
+		defer unix.Close(c)
+		buf := make([]byte, 256)
+		oob := make([]byte, unix.CmsgSpace(4))
+		_, oobn, _, _, err := unix.Recvmsg(c, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != nil {
+			close(ch)
+			return
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		if len(msgs) != 1 {
+			close(ch)
+			return
+		}
+		fds, _ := unix.ParseUnixRights(&msgs[0])
+		if len(fds) != 1 {
+			close(ch)
+			return
+		}
+		ch <- os.NewFile(uintptr(fds[0]), "master")
+	}()
+	return path, ch
+}
+
+// readAll reads a terminal master until the slave side is gone (EIO).
+func readTerminal(m *os.File) string {
+	var out bytes.Buffer
+	buf := make([]byte, 4096)
+	for {
+		n, err := m.Read(buf)
+		out.Write(buf[:n])
+		if err != nil {
+			return out.String()
+		}
+	}
+}
+
+// TestTerminal: process.terminal with --console-socket, for the
+// container's program and for an exec, as `docker run -t` and `crictl
+// exec -it` ask: the master reaches the console socket, the process has
+// the terminal as its stdio and controlling terminal.
+func TestTerminal(t *testing.T) {
+	s := newShim(t)
+	path, masters := consoleSocket(t)
+	m := spec("sh", "-c", "tty; stty size; read line; echo got $line; sleep 100")
+	set(m, true, "process", "terminal")
+	set(m, map[string]any{"height": 30, "width": 100}, "process", "consoleSize")
+	id := newID("tty")
+	if _, err := s.create(id, m); err == nil {
+		t.Fatal("a terminal without --console-socket was accepted")
+	}
+	s.console = path
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.console = ""
+	master := <-masters
+	if master == nil {
+		t.Fatal("no terminal master on the console socket")
+	}
+	defer master.Close()
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	master.Write([]byte("hello\n"))
+
+	// An exec with a terminal of its own.
+	epath, emasters := consoleSocket(t)
+	pf := filepath.Join(t.TempDir(), "p.json")
+	b, _ := json.Marshal(map[string]any{"args": []string{"sh", "-c", "tty; test -t 0 && echo interactive"}, "cwd": "/", "terminal": true, "consoleSize": map[string]any{"height": 10, "width": 40}})
+	os.WriteFile(pf, b, 0o644)
+	epidFile := filepath.Join(t.TempDir(), "e.pid")
+	if _, err := s.run("exec", "--process", pf, "--detach", "--console-socket", epath, "--pid-file", epidFile, id); err != nil {
+		t.Fatal(err)
+	}
+	em := <-emasters
+	if em == nil {
+		t.Fatal("no terminal master for the exec")
+	}
+	eout := readTerminal(em)
+	em.Close()
+	p, _ := os.ReadFile(epidFile)
+	epid, _ := strconv.Atoi(string(p))
+	if code, _, _ := s.wait(&container{pid: epid, stdout: devNull(t), stderr: devNull(t)}); code != 0 {
+		t.Errorf("exec exit %d", code)
+	}
+	if !strings.Contains(eout, "/dev/pts/") || !strings.Contains(eout, "interactive") {
+		t.Errorf("exec's terminal output %q, want a /dev/pts terminal as stdin", eout)
+	}
+
+	if _, err := s.run("kill", id, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	out := readTerminal(master)
+	c.stdout, c.stderr = devNull(t), devNull(t)
+	s.wait(c)
+	for _, w := range []string{"/dev/pts/0", "30 100", "got hello"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("terminal output %q lacks %q", out, w)
+		}
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
+
+func devNull(t *testing.T) *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }

@@ -131,9 +131,18 @@ func run(st *reporter) (int, error) {
 		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)
 	}
 	oci := cfg.OCI
+	ttySlave := -1
 	if oci != nil {
 		if err := ociBuildRoot(cfg); err != nil {
 			return 1, err
+		}
+		if oci.Terminal != nil {
+			var err error
+			if ttySlave, err = ociTerminal(*oci.Terminal, cfg.UID, cfg.GID); err != nil {
+				return 1, err
+			}
+		} else {
+			unix.Close(nswire.OCIFDSocket)
 		}
 	} else if err := buildRoot(cfg); err != nil {
 		return 1, err
@@ -241,15 +250,26 @@ func run(st *reporter) (int, error) {
 		return ociCode(oci, 127), nil
 	}
 
-	forked := time.Now()
-	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
+	attr := &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
 		Files: []uintptr{0, 1, 2},
 		// Its own process group, so signals we forward reach every
 		// process it starts in the foreground.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
-	})
+	}
+	if ttySlave >= 0 {
+		// An OCI container's terminal: its own session, the terminal
+		// its controlling one, so that job control and ^C work.
+		t := uintptr(ttySlave)
+		attr.Files = []uintptr{t, t, t}
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	forked := time.Now()
+	pid, err := syscall.ForkExec(path, cfg.Argv, attr)
+	if ttySlave >= 0 {
+		unix.Close(ttySlave)
+	}
 	if err != nil {
 		st.send(nswire.Status{Started: true, Degraded: degraded})
 		fmt.Fprintf(os.Stderr, "moat: cannot execute %s: %v\n", cfg.Argv[0], err)

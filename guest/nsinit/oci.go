@@ -52,8 +52,8 @@ func receiveTrees(want int) ([]int, error) {
 	oob := make([]byte, unix.CmsgSpace(4*want))
 	buf := make([]byte, 16)
 	_, oobn, _, _, err := unix.Recvmsg(nswire.OCIFDSocket, buf, oob, unix.MSG_CMSG_CLOEXEC)
-	unix.Close(nswire.OCIFDSocket)
 	if err != nil {
+		unix.Close(nswire.OCIFDSocket)
 		return nil, fmt.Errorf("receive the container's mounts: %w", err)
 	}
 	fds := rights(oob[:oobn])
@@ -64,6 +64,36 @@ func receiveTrees(want int) ([]int, error) {
 		return nil, fmt.Errorf("receive the container's mounts: got %d trees, want %d", len(fds), want)
 	}
 	return fds, nil
+}
+
+// ociTerminal opens the container's terminal (after pivot_root: on the
+// container's own devpts), sends its master to the host on OCIFDSocket,
+// blocking, as the engine's console socket expects it, and returns the
+// slave for the program, owned by the program's user. It closes
+// OCIFDSocket, whose work is then done.
+func ociTerminal(ws nswire.Winsize, uid, gid int) (int, error) {
+	defer unix.Close(nswire.OCIFDSocket)
+	if ws.Rows == 0 || ws.Cols == 0 {
+		ws = nswire.Winsize{Rows: 24, Cols: 80}
+	}
+	master, slave, err := openTerminal(ws)
+	if err != nil {
+		return -1, fmt.Errorf("the container's terminal: %w", err)
+	}
+	defer master.Close()
+	if err := unix.SetNonblock(int(master.Fd()), false); err != nil {
+		unix.Close(slave)
+		return -1, fmt.Errorf("the container's terminal: %w", err)
+	}
+	if err := unix.Fchown(slave, uid, gid); err != nil {
+		unix.Close(slave)
+		return -1, fmt.Errorf("give the terminal to the program's user: %w", err)
+	}
+	if err := unix.Sendmsg(nswire.OCIFDSocket, []byte("tty"), unix.UnixRights(int(master.Fd())), nil, 0); err != nil {
+		unix.Close(slave)
+		return -1, fmt.Errorf("send the container's terminal: %w", err)
+	}
+	return slave, nil
 }
 
 // ociBuildRoot assembles an OCI container's root under cfg.Root (an empty
@@ -343,6 +373,7 @@ type execReq struct {
 	path  string
 	req   nswire.Request
 	fds   []int
+	tty   int // the terminal's slave, or -1
 	reply chan execStart
 }
 
@@ -388,12 +419,18 @@ func ociServe(main int, exec bool) unix.WaitStatus {
 		select {
 		case <-sigchld:
 		case r := <-reqs:
-			pid, err := syscall.ForkExec(r.path, r.req.Argv, &syscall.ProcAttr{
+			attr := &syscall.ProcAttr{
 				Dir:   r.req.Dir,
 				Env:   r.req.Env,
 				Files: []uintptr{uintptr(r.fds[0]), uintptr(r.fds[1]), uintptr(r.fds[2])},
 				Sys:   &syscall.SysProcAttr{Setpgid: true},
-			})
+			}
+			if r.tty >= 0 {
+				t := uintptr(r.tty)
+				attr.Files = []uintptr{t, t, t}
+				attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+			}
+			pid, err := syscall.ForkExec(r.path, r.req.Argv, attr)
 			st := execStart{pid: pid, err: err}
 			if err == nil {
 				st.exited = make(chan unix.WaitStatus, 1)
@@ -440,7 +477,8 @@ func serveExec(conn int, reqs chan<- *execReq) {
 		}
 	}()
 	var req nswire.Request
-	if json.Unmarshal(buf[:n], &req) != nil || req.Op != nswire.OpExec || len(fds) != 3 || len(req.Argv) == 0 || req.Argv[0] == "" || !filepath.IsAbs(req.Dir) {
+	if json.Unmarshal(buf[:n], &req) != nil || req.Op != nswire.OpExec || len(fds) != 3 || len(req.Argv) == 0 || req.Argv[0] == "" || !filepath.IsAbs(req.Dir) ||
+		(req.TTY != nil && (req.TTY.Rows == 0 || req.TTY.Cols == 0)) {
 		send(nswire.Status{Exited: true, Exit: 125, Error: "malformed exec request"})
 		return
 	}
@@ -457,16 +495,42 @@ func serveExec(conn int, reqs chan<- *execReq) {
 		send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
 		return
 	}
-	r := &execReq{path: path, req: req, fds: fds, reply: make(chan execStart, 1)}
+	r := &execReq{path: path, req: req, fds: fds, tty: -1, reply: make(chan execStart, 1)}
+	var master *os.File
+	if req.TTY != nil {
+		// The exec's own terminal, its master for the engine's console
+		// socket, sent with the Started status.
+		m, slave, err := openTerminal(*req.TTY)
+		if err == nil {
+			err = unix.SetNonblock(int(m.Fd()), false)
+		}
+		if err != nil {
+			writeAll(fds[2], fmt.Sprintf("moat: cannot give %s a terminal: %v\n", req.Argv[0], err))
+			send(nswire.Status{Exited: true, Exit: 126, Error: "no terminal: " + err.Error()})
+			return
+		}
+		master, r.tty = m, slave
+		defer master.Close()
+	}
 	reqs <- r
 	st := <-r.reply
+	if r.tty >= 0 {
+		unix.Close(r.tty)
+	}
 	if st.err != nil {
 		writeAll(fds[2], fmt.Sprintf("moat: cannot execute %s: %v\n", req.Argv[0], st.err))
 		send(nswire.Status{Started: true})
 		send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
 		return
 	}
-	send(nswire.Status{Started: true, Pid: st.pid})
+	if master != nil {
+		b, _ := json.Marshal(nswire.Status{Started: true, Pid: st.pid})
+		unix.Sendmsg(conn, b, unix.UnixRights(int(master.Fd())), nil, 0)
+		master.Close()
+		master = nil
+	} else {
+		send(nswire.Status{Started: true, Pid: st.pid})
+	}
 	for _, fd := range fds {
 		unix.Close(fd)
 	}

@@ -311,6 +311,12 @@ type OCI struct {
 	// first (the layers of an engine's overlay rootfs; 0 or 1: the rootfs
 	// itself); the bind mounts' follow.
 	RootLayers int `json:"root_layers,omitempty"`
+	// Terminal, when set, gives the program a new terminal of the
+	// container's devpts, of this size, as its stdio and controlling
+	// terminal; init sends the terminal's master back on OCIFDSocket
+	// (SCM_RIGHTS) before it reports Ready, for the engine's console
+	// socket.
+	Terminal *Winsize `json:"terminal,omitempty"`
 }
 
 // OCIMount is one mount of the container.
