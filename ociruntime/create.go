@@ -365,6 +365,8 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 			Exec:         true,
 			RootLayers:   len(layers),
 			Terminal:     c.Terminal,
+
+			UnprivilegedPortStart: c.UnprivilegedPortStart,
 		},
 	}
 	if setup.Hostname == "" {

@@ -55,6 +55,9 @@ type Container struct {
 	// Terminal, when set, is the size of the terminal the program gets
 	// (process.terminal), whose master goes to the console socket.
 	Terminal *nswire.Winsize
+	// UnprivilegedPortStart, when set, is the container's own network
+	// namespace's net.ipv4.ip_unprivileged_port_start.
+	UnprivilegedPortStart *int
 	// OOMScoreAdj, when set, is written for the container's init.
 	OOMScoreAdj *int
 	Hooks       *Hooks
@@ -434,13 +437,35 @@ func mapLinux(c *Container, l *Linux, privileged func(field, value, what string)
 		}
 	}
 	if len(l.Sysctl) > 0 {
-		keys := make([]string, 0, len(l.Sysctl))
-		for k := range l.Sysctl {
-			keys = append(keys, k)
+		var refused []string
+		for k, v := range l.Sysctl {
+			switch k {
+			case "net.ipv4.ip_unprivileged_port_start":
+				// Docker sets it (0) on every container: a root
+				// without CAP_NET_BIND_SERVICE may then bind port 80.
+				// Per network namespace; set only in a new one.
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 0 || n > 65536 {
+					return refuse("linux.sysctl "+k, strconv.Quote(v), "a port number 0-65536")
+				}
+				if _, joined := c.Join["network"]; joined {
+					c.Notes = append(c.Notes, "linux.sysctl "+k+" not set: the network namespace is the pod's")
+				} else {
+					c.UnprivilegedPortStart = &n
+				}
+			case "net.ipv4.ping_group_range":
+				// Docker sets it on every container too; ICMP echo
+				// sockets for every group is not Moat's to grant.
+				c.Notes = append(c.Notes, "linux.sysctl "+k+" = "+v+" not set: Moat's containers keep the kernel's default (no ICMP echo sockets)")
+			default:
+				refused = append(refused, k)
+			}
 		}
-		slices.Sort(keys)
-		if err := privileged("linux.sysctl", strings.Join(keys, ","), "Moat does not set sysctls for containers"); err != nil {
-			return err
+		slices.Sort(refused)
+		if len(refused) > 0 {
+			if err := privileged("linux.sysctl", strings.Join(refused, ","), "Moat sets no sysctl for containers but net.ipv4.ip_unprivileged_port_start"); err != nil {
+				return err
+			}
 		}
 	}
 	if len(l.UIDMappings)+len(l.GIDMappings) > 0 {

@@ -255,6 +255,26 @@ func TestMapRefusals(t *testing.T) {
 			},
 		},
 		{
+			name: "docker's two sysctls",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["sysctl"] = map[string]any{"net.ipv4.ip_unprivileged_port_start": "0", "net.ipv4.ping_group_range": "0 2147483647"}
+			},
+		},
+		{
+			name: "docker's port sysctl, bad value",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["sysctl"] = map[string]any{"net.ipv4.ip_unprivileged_port_start": "-1"}
+			},
+			field: "linux.sysctl net.ipv4.ip_unprivileged_port_start",
+		},
+		{
+			name: "sysctl beside docker's",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["sysctl"] = map[string]any{"net.ipv4.ip_unprivileged_port_start": "0", "net.core.somaxconn": "1"}
+			},
+			field: "linux.sysctl", value: "net.core.somaxconn",
+		},
+		{
 			name:  "sysctl",
 			edit:  func(m map[string]any) { obj(m, "linux")["sysctl"] = map[string]any{"kernel.shm_rmid_forced": "1"} },
 			field: "linux.sysctl", value: "kernel.shm_rmid_forced",

@@ -306,6 +306,9 @@ func TestLifecycle(t *testing.T) {
 		{name: "tmpfs mount from the spec", args: []string{"sh", "-c", "echo y > /run/t && cat /run/t && grep ' /run ' /proc/mounts"}, edit: func(m map[string]any) {
 			m["mounts"] = append(m["mounts"].([]map[string]any), map[string]any{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"size=1m"}})
 		}, stdout: "y\ntmpfs /run tmpfs"},
+		{name: "docker's port sysctl in the container's own network namespace", args: []string{"cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"}, edit: func(m map[string]any) {
+			set(m, map[string]any{"net.ipv4.ip_unprivileged_port_start": "0", "net.ipv4.ping_group_range": "0 2147483647"}, "linux", "sysctl")
+		}, stdout: "0\n"},
 		{name: "nothing runs before start", args: []string{"sh", "-c", "echo ran"}, beforeRuns: true, stdout: "ran"},
 	}
 	s := newShim(t)

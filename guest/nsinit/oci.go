@@ -178,6 +178,14 @@ func ociBuildRoot(cfg *nswire.Config) error {
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
+	if o.UnprivilegedPortStart != nil && o.NewNet {
+		// Before /proc/sys is made read-only: a sysctl of the network
+		// namespace init made, which its user namespace owns.
+		p := filepath.Join(proc, "sys/net/ipv4/ip_unprivileged_port_start")
+		if err := os.WriteFile(p, []byte(fmt.Sprint(*o.UnprivilegedPortStart)), 0); err != nil {
+			return fmt.Errorf("set net.ipv4.ip_unprivileged_port_start: %w", err)
+		}
+	}
 	for _, p := range maskedPaths {
 		if err := mask(root, p); err != nil {
 			return err

@@ -317,6 +317,9 @@ type OCI struct {
 	// (SCM_RIGHTS) before it reports Ready, for the engine's console
 	// socket.
 	Terminal *Winsize `json:"terminal,omitempty"`
+	// UnprivilegedPortStart, when set, is written to the new network
+	// namespace's net.ipv4.ip_unprivileged_port_start (Docker asks 0).
+	UnprivilegedPortStart *int `json:"unprivileged_port_start,omitempty"`
 }
 
 // OCIMount is one mount of the container.
