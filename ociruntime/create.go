@@ -141,7 +141,14 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	defer execL.Close()
 	undo = append(undo, func() { os.Remove(execSocket(id)) })
 
-	pid, err := r.launch(c, cg, ids, fifoR, execL, stage, o.ConsoleSocket)
+	// Where init leaves the program's final status, for the result.
+	exitFile, err := os.OpenFile(filepath.Join(dir, exitFileName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer exitFile.Close()
+
+	pid, err := r.launch(c, cg, ids, fifoR, execL, exitFile, stage, o.ConsoleSocket)
 	if err != nil {
 		return err
 	}
@@ -149,7 +156,7 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	rec := &record{
 		ID: id, Bundle: bundle, Rootfs: c.RootFS, Pid: pid, StartTime: start,
 		Created: time.Now().UTC(), Annotations: spec.Annotations, Hooks: c.Hooks, UIDBase: ids.Base(),
-		UID: c.UID, GID: c.GID,
+		UID: c.UID, GID: c.GID, Command: c.Argv,
 	}
 	if c.OOMScoreAdj != nil {
 		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(*c.OOMScoreAdj)), 0); err != nil {
@@ -237,7 +244,7 @@ func (r *Runtime) checkHost(c *Container) error {
 
 // launch starts the container's init and waits until it is confined and
 // waits for start. It returns init's host pid.
-func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL *os.File, rootDir, consoleSocket string) (int, error) {
+func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL, exitFile *os.File, rootDir, consoleSocket string) (int, error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -297,6 +304,11 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	// last the id range's lock, which init holds for its whole life.
 	extra := []*os.File{cfgR, statusW, sockInit, fifo, execL}
 	extra = append(extra, joins...)
+	exitFD := 0
+	if exitFile != nil {
+		exitFD = 3 + len(extra)
+		extra = append(extra, exitFile)
+	}
 	extra = append(extra, ids.File())
 
 	flags := uintptr(unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID)
@@ -367,6 +379,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 			Terminal:     c.Terminal,
 
 			UnprivilegedPortStart: c.UnprivilegedPortStart,
+			ExitFD:                exitFD,
 		},
 	}
 	if setup.Hostname == "" {

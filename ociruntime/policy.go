@@ -43,6 +43,10 @@ type Policy struct {
 	// and TmpBytes its /tmp, in bytes. 0: the defaults.
 	RootBytes int64 `yaml:"root_bytes"`
 	TmpBytes  int64 `yaml:"tmp_bytes"`
+	// ResultDir is where delete writes the result (<id>.json) of a
+	// container annotated moat.sandbox/result: "true". Default
+	// DefaultResultDir.
+	ResultDir string `yaml:"result_dir"`
 }
 
 // Policy defaults.
@@ -90,6 +94,9 @@ func ParsePolicy(b []byte) (*Policy, error) {
 				return nil, fmt.Errorf("%s: %q must be a clean absolute directory other than /", l.name, s)
 			}
 		}
+	}
+	if p.ResultDir != "" && (!filepath.IsAbs(p.ResultDir) || filepath.Clean(p.ResultDir) != p.ResultDir) {
+		return nil, fmt.Errorf("result_dir: %q must be a clean absolute directory", p.ResultDir)
 	}
 	if p.RootBytes < 0 || p.TmpBytes < 0 {
 		return nil, errors.New("root_bytes and tmp_bytes must not be negative; 0 means the default")

@@ -95,6 +95,10 @@ func (r *Runtime) Start(id string) error {
 		return fmt.Errorf("start container %s: %w", id, werr)
 	}
 	os.Remove(fifo)
+	rec.Started = time.Now().UTC()
+	if err := r.save(rec); err != nil {
+		r.Log.Warnf("container %s: record its start: %v", id, err)
+	}
 	if rec.Hooks != nil {
 		for _, h := range rec.Hooks.Poststart {
 			if err := r.runHook("poststart", h, r.state(rec)); err != nil {
@@ -190,8 +194,16 @@ func (r *Runtime) Delete(id string, force bool) error {
 	var errs []error
 	if h, err := cgroup.Detect(); err != nil {
 		errs = append(errs, err)
-	} else if err := h.Remove(id); err != nil {
-		errs = append(errs, err)
+	} else {
+		if rec.Annotations[AnnotationResult] == "true" {
+			// Before the cgroup goes: its counters are the result's.
+			if err := r.writeResult(rec, h.Existing(id)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := h.Remove(id); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if rec.Hooks != nil {
 		st := r.state(rec)

@@ -912,3 +912,73 @@ func devNull(t *testing.T) *os.File {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// TestResult: a container annotated moat.sandbox/result gets its Moat
+// result written to the policy's result_dir when it is deleted.
+func TestResult(t *testing.T) {
+	s := newShim(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(s.pol, []byte("result_dir: "+dir+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name        string
+		args        []string
+		annotate    bool
+		memory      int64
+		termination string
+		code        int
+	}{
+		{name: "exit status", args: []string{"sh", "-c", "exit 3"}, annotate: true, termination: "exited", code: 3},
+		{name: "OOM", args: []string{"python3", "-c", "x = bytearray(400 << 20)"}, annotate: true, memory: 64 << 20, termination: "oom", code: 137},
+		{name: "not annotated: no result", args: []string{"true"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			m := spec(tc.args...)
+			if tc.annotate {
+				m["annotations"] = map[string]string{ociruntime.AnnotationResult: "true"}
+			}
+			if tc.memory > 0 {
+				set(m, map[string]any{"memory": map[string]any{"limit": tc.memory}}, "linux", "resources")
+			}
+			id := newID("result")
+			c, err := s.create(id, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			s.wait(c)
+			if _, err := s.run("delete", id); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(filepath.Join(dir, id+".json"))
+			if !tc.annotate {
+				if err == nil {
+					t.Errorf("a result was written without the annotation")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res struct {
+				ID          string   `json:"id"`
+				Termination string   `json:"termination"`
+				ExitCode    int      `json:"exit_code"`
+				Command     []string `json:"command"`
+				PeakMemory  int64    `json:"peak_memory_bytes"`
+			}
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
+			if res.ID != id || res.Termination != tc.termination || res.ExitCode != tc.code || len(res.Command) == 0 || res.PeakMemory <= 0 {
+				t.Errorf("result %s; want %s, exit %d", b, tc.termination, tc.code)
+			}
+			s.noResidue(c)
+		})
+	}
+}

@@ -42,6 +42,10 @@ type record struct {
 	// UID and GID are the container's user: every exec runs as it.
 	UID int `json:"uid"`
 	GID int `json:"gid"`
+	// Command is the program, for the result.
+	Command []string `json:"command"`
+	// Started is when start let the program run (zero: never).
+	Started time.Time `json:"started,omitzero"`
 }
 
 // State is the runtime-spec state, with runc's extra fields that
@@ -59,8 +63,9 @@ type State struct {
 }
 
 const (
-	recordFile = "state.json"
-	fifoFile   = "start.fifo"
+	recordFile   = "state.json"
+	fifoFile     = "start.fifo"
+	exitFileName = "exit.json"
 )
 
 // execSocket is where a container's init takes its execs: in StageDir, a

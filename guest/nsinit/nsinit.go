@@ -244,9 +244,11 @@ func run(st *reporter) (int, error) {
 		var nf *notFoundError
 		if errors.As(lookErr, &nf) && nf.exists {
 			st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
+			ociRecordExit(oci, nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
 			return ociCode(oci, 126), nil
 		}
 		st.send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
+		ociRecordExit(oci, nswire.Status{Exited: true, Exit: 127, NotFound: true})
 		return ociCode(oci, 127), nil
 	}
 
@@ -307,6 +309,7 @@ func run(st *reporter) (int, error) {
 		s.Exit = 128 + s.Signal
 	}
 	st.send(s)
+	ociRecordExit(oci, s)
 	// Returning ends PID 1: the kernel kills every process left in the
 	// namespace, including daemons that escaped the process group.
 	return ociCode(oci, s.Exit), nil

@@ -579,3 +579,13 @@ func serveExec(conn int, reqs chan<- *execReq) {
 	send(s)
 	unix.Shutdown(conn, unix.SHUT_RDWR)
 }
+
+// ociRecordExit writes the program's final status to the runtime's exit
+// file (OCI.ExitFD), for the container's result.
+func ociRecordExit(oci *nswire.OCI, s nswire.Status) {
+	if oci == nil || oci.ExitFD <= 2 {
+		return
+	}
+	b, _ := json.Marshal(s)
+	unix.Write(oci.ExitFD, append(b, '\n'))
+}

@@ -320,6 +320,11 @@ type OCI struct {
 	// UnprivilegedPortStart, when set, is written to the new network
 	// namespace's net.ipv4.ip_unprivileged_port_start (Docker asks 0).
 	UnprivilegedPortStart *int `json:"unprivileged_port_start,omitempty"`
+	// ExitFD, when not 0, is a file of the runtime's state that init
+	// writes the program's final Status to (one JSON line) before it
+	// exits: the runtime's delete reads it for the container's result,
+	// since the exit status itself goes to the engine's shim.
+	ExitFD int `json:"exit_fd,omitempty"`
 }
 
 // OCIMount is one mount of the container.
