@@ -982,3 +982,64 @@ func TestResult(t *testing.T) {
 		})
 	}
 }
+
+// TestHooks: with hooks: true in the policy, the spec's hooks run on the
+// host with the container's state on stdin (Docker's network hook reads
+// the init's pid from it): prestart at create, poststart after start,
+// poststop at delete.
+func TestHooks(t *testing.T) {
+	s := newShim(t)
+	if err := os.WriteFile(s.pol, []byte("hooks: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	hook := func(name string) map[string]any {
+		return map[string]any{"path": "/bin/sh", "args": []string{"sh", "-c", "cat > " + filepath.Join(dir, name)}}
+	}
+	m := spec("true")
+	m["hooks"] = map[string]any{"prestart": []any{hook("prestart")}, "poststart": []any{hook("poststart")}, "poststop": []any{hook("poststop")}}
+	id := newID("hooks")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ociruntime.State
+	b, _ := os.ReadFile(filepath.Join(dir, "prestart"))
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid != c.pid || st.ID != id {
+		t.Errorf("prestart hook's state %s (%v); want the init's pid %d", b, err, c.pid)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	s.wait(c)
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"poststart", "poststop"} {
+		if b, err := os.ReadFile(filepath.Join(dir, h)); err != nil || !bytes.Contains(b, []byte(id)) {
+			t.Errorf("%s hook: %q, %v", h, b, err)
+		}
+	}
+	s.noResidue(c)
+}
+
+// TestKillCreated: a terminating signal to a container that was never
+// started ends it, as it ends runc's init waiting on its FIFO.
+func TestKillCreated(t *testing.T) {
+	s := newShim(t)
+	id := newID("killcreated")
+	c, err := s.create(id, spec("sh", "-c", "echo never"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("kill", id, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := s.wait(c); code != 128+15 || out != "" {
+		t.Errorf("exit %d, output %q; want 143 and nothing run", code, out)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
