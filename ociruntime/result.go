@@ -1,7 +1,7 @@
 package ociruntime
 
 import (
-	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -72,13 +72,19 @@ func readExit(path string) *nswire.Status {
 		return nil
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(io.LimitReader(f, nswire.MaxStatusBytes))
-	sc.Buffer(make([]byte, 4096), nswire.MaxStatusBytes)
-	if !sc.Scan() {
+	b, err := io.ReadAll(io.LimitReader(f, nswire.MaxStatusBytes))
+	if err != nil {
 		return nil
 	}
+	return parseExit(b)
+}
+
+// parseExit reads the first line of an exit record; nil unless it is a
+// well-formed final status.
+func parseExit(b []byte) *nswire.Status {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
 	var st nswire.Status
-	if json.Unmarshal(sc.Bytes(), &st) != nil || !st.Exited || st.Exit < 0 || st.Exit > 255 || st.Signal < 0 || st.Signal > 64 || st.DurationNS < 0 {
+	if json.Unmarshal(line, &st) != nil || !st.Exited || st.Exit < 0 || st.Exit > 255 || st.Signal < 0 || st.Signal > 64 || st.DurationNS < 0 {
 		return nil
 	}
 	return &st

@@ -65,3 +65,23 @@ func TestReadExit(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseExit: the exit record is written from inside the container.
+func FuzzParseExit(f *testing.F) {
+	f.Add([]byte(`{"exited":true,"exit":3,"duration_ns":5}` + "\n"))
+	f.Add([]byte(`{"exited":true,"exit":137,"signal":9}`))
+	f.Add([]byte(`{"exited":true,"exit":-1}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st := parseExit(b)
+		if st == nil {
+			return
+		}
+		if !st.Exited || st.Exit < 0 || st.Exit > 255 || st.Signal < 0 || st.Signal > 64 {
+			t.Fatalf("accepted %+v", st)
+		}
+		r := buildResult(&record{ID: "x"}, st, nil, time.Time{})
+		if r.ExitCode != st.Exit {
+			t.Fatalf("exit %d became %d", st.Exit, r.ExitCode)
+		}
+	})
+}

@@ -503,7 +503,7 @@ func TestResources(t *testing.T) {
 	if cg == nil {
 		t.Fatal("no cgroup for the container")
 	}
-	checks := map[string]string{}
+	var checks map[string]string
 	if h.Version == cgroup.V1 {
 		checks = map[string]string{"memory/moat/" + id + "/memory.limit_in_bytes": "67108864", "pids/moat/" + id + "/pids.max": "32", "cpu/moat/" + id + "/cpu.cfs_quota_us": "50000"}
 	} else {
