@@ -133,6 +133,7 @@ func run(st *reporter) (int, error) {
 	oci := cfg.OCI
 	ttySlave := -1
 	if oci != nil {
+		ociSignals(true, 0)
 		if err := ociBuildRoot(cfg); err != nil {
 			return 1, err
 		}
@@ -279,7 +280,7 @@ func run(st *reporter) (int, error) {
 		return ociCode(oci, 126), nil
 	}
 	if oci != nil {
-		forwardTo.Store(int64(pid))
+		ociSignals(false, pid)
 	}
 	st.send(nswire.Status{Started: true, Degraded: degraded})
 

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -17,16 +18,22 @@ import (
 	"github.com/moat-sandbox/moat/internal/rootfs"
 )
 
-// forwardTo, in OCI mode, is the program's pid once it runs: init then
-// passes the signals it receives (the runtime's `kill`, which signals the
-// container's init pid as runc's callers expect) to the program's process
-// group. 0: absorb them (a Moat run, whose host signals with frames).
-var forwardTo atomic.Int64
-
-// ociWaiting is set while an OCI container's init waits for `start`: a
-// terminating signal then ends the container, as it would end runc's
-// init blocked on its FIFO.
-var ociWaiting atomic.Bool
+// OCI mode's signal state, under sigMu. forwardTo is the program's pid
+// once it runs: init then passes the signals it receives (the runtime's
+// `kill`, which signals the container's init pid as runc's callers
+// expect) to the program's process group. 0: absorb them (a Moat run,
+// whose host signals with frames). ociWaiting: the container has not been
+// started; a terminating signal ends it, as it ends runc's init blocked
+// on its FIFO. pending: signals that came after start but before the
+// program was forked, delivered to it right after the fork; none is lost
+// in that window.
+var (
+	sigMu      sync.Mutex
+	forwardTo  int
+	ociWaiting bool
+	ociActive  bool
+	pending    []unix.Signal
+)
 
 // handleSignal is what init does with a signal it caught.
 func handleSignal(sig os.Signal) {
@@ -34,15 +41,33 @@ func handleSignal(sig os.Signal) {
 	if !ok {
 		return
 	}
-	if p := forwardTo.Load(); p > 0 {
-		unix.Kill(-int(p), s)
-		return
-	}
-	if ociWaiting.Load() {
+	sigMu.Lock()
+	defer sigMu.Unlock()
+	switch {
+	case forwardTo > 0:
+		unix.Kill(-forwardTo, s)
+	case ociWaiting:
 		switch s {
 		case unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT:
 			os.Exit(128 + int(s))
 		}
+	case ociActive && len(pending) < 64:
+		pending = append(pending, s)
+	}
+}
+
+// ociSignals sets OCI mode's signal state: before start (waiting), or
+// the program forked (pid), which also gets the pending signals.
+func ociSignals(waiting bool, pid int) {
+	sigMu.Lock()
+	defer sigMu.Unlock()
+	ociActive, ociWaiting = true, waiting
+	if pid > 0 {
+		forwardTo = pid
+		for _, s := range pending {
+			unix.Kill(-pid, s)
+		}
+		pending = nil
 	}
 }
 
@@ -353,8 +378,7 @@ func setOCIRlimits(rl []nswire.Rlimit) error {
 
 // waitStart blocks until the runtime's `start` writes to the start FIFO.
 func waitStart() error {
-	ociWaiting.Store(true)
-	defer ociWaiting.Store(false)
+	defer ociSignals(false, 0)
 	p := []unix.PollFd{{Fd: nswire.OCIStartFD, Events: unix.POLLIN}}
 	for {
 		_, err := unix.Poll(p, -1)
