@@ -162,6 +162,12 @@ func (s *shim) create(id string, spec map[string]any) (*container, error) {
 // output.
 func (s *shim) wait(c *container) (code int, stdout, stderr string) {
 	s.t.Helper()
+	// A container that never ends fails its test, not the whole run.
+	timer := time.AfterFunc(60*time.Second, func() {
+		s.t.Errorf("process %d did not end in 60s: killed", c.pid)
+		unix.Kill(c.pid, unix.SIGKILL)
+	})
+	defer timer.Stop()
 	var ws unix.WaitStatus
 	for {
 		_, err := unix.Wait4(c.pid, &ws, 0, nil)
