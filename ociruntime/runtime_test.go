@@ -1049,3 +1049,42 @@ func TestKillCreated(t *testing.T) {
 	}
 	s.noResidue(c)
 }
+
+// TestCLI: what engines call besides the lifecycle (runc --version,
+// features), and the refusals of the command line, each in the log.
+func TestCLI(t *testing.T) {
+	s := newShim(t)
+	tests := []struct {
+		name   string
+		policy string
+		args   []string
+		ok     bool
+		stdout string // contained in stdout
+		log    string // contained in the log's last line
+	}{
+		{name: "version as docker parses it", args: []string{"--version"}, ok: true, stdout: "moat-runtime version "},
+		{name: "features", args: []string{"features"}, ok: true, stdout: `"ociVersionMax": "1.1.0"`},
+		{name: "unknown command", args: []string{"frob", "x"}, log: "unknown command"},
+		{name: "pause refused", args: []string{"pause", "x"}, log: "pause: not supported"},
+		{name: "systemd cgroup refused", args: []string{"--systemd-cgroup", "state", "x"}, log: "SystemdCgroup = false"},
+		{name: "unknown container", args: []string{"state", "nope"}, log: "does not exist"},
+		{name: "bad id", args: []string{"state", "../etc"}, log: "container id"},
+		{name: "bad policy fails closed", policy: "bind_sourcez: [/]\n", args: []string{"state", "x"}, log: "bind_sourcez"},
+		{name: "force-delete of an unknown container", args: []string{"delete", "--force", "nope"}, ok: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			if err := os.WriteFile(s.pol, []byte(tc.policy), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := s.run(tc.args...)
+			if (err == nil) != tc.ok || !strings.Contains(out, tc.stdout) {
+				t.Errorf("%v = %q, %v; want ok %v and %q", tc.args, out, err, tc.ok, tc.stdout)
+			}
+			if tc.log != "" && !strings.Contains(s.lastLog(), tc.log) {
+				t.Errorf("log %q lacks %q", s.lastLog(), tc.log)
+			}
+		})
+	}
+}
