@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/ociruntime"
 )
 
@@ -110,7 +111,11 @@ func cmdOCI(args []string) int {
 	if err != nil {
 		return failed(err)
 	}
-	rt := &ociruntime.Runtime{Root: g.root, Policy: pol, Log: logger}
+	// The container's init is moat-guest where it matches this moat (a
+	// smaller binary, a faster start), as for every native-tier run.
+	exe, why := engine.GuestBinary()
+	logger.Debugf("container init: %s", why)
+	rt := &ociruntime.Runtime{Root: g.root, Policy: pol, Log: logger, Exe: exe}
 	if err := ociCommand(rt, cmd, cargs); err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
