@@ -1088,3 +1088,40 @@ func TestCLI(t *testing.T) {
 		})
 	}
 }
+
+// TestNamedNetns: containerd's CRI gives the pause container the network
+// namespace CNI set up, by its /var/run/netns path.
+func TestNamedNetns(t *testing.T) {
+	s := newShim(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip to make a named network namespace")
+	}
+	name := fmt.Sprintf("moat-oci-test-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", name).Run() })
+	path := "/var/run/netns/" + name
+	var want unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		t.Fatal(err)
+	}
+	m := spec("sh", "-c", "stat -L -c %i /proc/self/ns/net")
+	set(m, []map[string]any{{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network", "path": path}}, "linux", "namespaces")
+	id := newID("cni")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := s.wait(c)
+	if code != 0 || strings.TrimSpace(out) != strconv.FormatUint(want.Ino, 10) {
+		t.Errorf("exit %d, netns inode %q (%s); want %d", code, out, errs, want.Ino)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
