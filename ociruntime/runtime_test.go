@@ -989,22 +989,28 @@ func TestResult(t *testing.T) {
 	}
 }
 
-// TestHooks: with hooks: true in the policy, the spec's hooks run on the
-// host with the container's state on stdin (Docker's network hook reads
-// the init's pid from it): prestart at create, poststart after start,
-// poststop at delete.
+// TestHooks: the spec's hooks run on the host (by default: they are the
+// engine's) with the container's state on stdin (Docker's network hook
+// reads the init's pid from it): prestart at create, poststart after
+// start, poststop at delete. hooks: false refuses them.
 func TestHooks(t *testing.T) {
 	s := newShim(t)
-	if err := os.WriteFile(s.pol, []byte("hooks: true\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	hook := func(name string) map[string]any {
 		return map[string]any{"path": "/bin/sh", "args": []string{"sh", "-c", "cat > " + filepath.Join(dir, name)}}
 	}
 	m := spec("true")
 	m["hooks"] = map[string]any{"prestart": []any{hook("prestart")}, "poststart": []any{hook("poststart")}, "poststop": []any{hook("poststop")}}
+	if err := os.WriteFile(s.pol, []byte("hooks: false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	id := newID("hooks")
+	if _, err := s.create(id, m); err == nil || !strings.Contains(s.lastLog(), "hooks: false") {
+		t.Errorf("create with hooks: false in the policy = %v (log %s), want refused", err, s.lastLog())
+	}
+	if err := os.WriteFile(s.pol, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c, err := s.create(id, m)
 	if err != nil {
 		t.Fatal(err)
