@@ -69,9 +69,12 @@ func Main() {
 func absorbSignals() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGABRT,
-		unix.SIGTRAP, unix.SIGSYS, unix.SIGSTKFLT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM)
+		unix.SIGTRAP, unix.SIGSYS, unix.SIGSTKFLT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM,
+		unix.SIGWINCH)
 	go func() {
-		for range ch {
+		// Dropped, but in OCI mode (see handleSignal).
+		for sig := range ch {
+			handleSignal(sig)
 		}
 	}()
 }
@@ -85,7 +88,20 @@ func (r *reporter) send(s nswire.Status) {
 	b, _ := json.Marshal(s)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.w.Write(append(b, '\n'))
+	if r.w != nil {
+		r.w.Write(append(b, '\n'))
+	}
+}
+
+// close ends the reports: an OCI container's runtime reads only up to
+// Ready, then exits; the exit status says the rest.
+func (r *reporter) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.w != nil {
+		r.w.Close()
+		r.w = nil
+	}
 }
 
 func run(st *reporter) (int, error) {
@@ -114,14 +130,35 @@ func run(st *reporter) (int, error) {
 	if !filepath.IsAbs(cfg.Root) {
 		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)
 	}
-	if err := buildRoot(cfg); err != nil {
+	oci := cfg.OCI
+	ttySlave := -1
+	if oci != nil {
+		ociSignals(true, 0)
+		if err := ociBuildRoot(cfg); err != nil {
+			return 1, err
+		}
+		if oci.Terminal != nil {
+			var err error
+			if ttySlave, err = ociTerminal(*oci.Terminal, cfg.UID, cfg.GID); err != nil {
+				return 1, err
+			}
+		} else {
+			unix.Close(nswire.OCIFDSocket)
+		}
+	} else if err := buildRoot(cfg); err != nil {
 		return 1, err
 	}
-	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-		return 1, fmt.Errorf("sethostname: %w", err)
+	// A joined UTS or network namespace (a pod's) belongs to another
+	// user namespace: init may not change it, and its owner set it up.
+	if oci == nil || oci.NewUTS {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return 1, fmt.Errorf("sethostname: %w", err)
+		}
 	}
-	if err := loopback.Up(); err != nil {
-		return 1, err
+	if oci == nil || oci.NewNet {
+		if err := loopback.Up(); err != nil {
+			return 1, err
+		}
 	}
 	var egress net.Listener
 	if cfg.EgressPort != 0 {
@@ -144,7 +181,11 @@ func run(st *reporter) (int, error) {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return 1, fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
-	if err := setRlimits(cfg.Rlimits); err != nil {
+	if oci != nil {
+		if err := setOCIRlimits(oci.Rlimits); err != nil {
+			return 1, err
+		}
+	} else if err := setRlimits(cfg.Rlimits); err != nil {
 		return 1, err
 	}
 	degraded, err := dropPrivileges(cfg)
@@ -185,6 +226,14 @@ func run(st *reporter) (int, error) {
 	if err := nswire.ReadFrame(cfgPipe, &cfg.Command); err != nil {
 		return 1, fmt.Errorf("read command: %w", err)
 	}
+	if oci != nil {
+		// The runtime's create has returned once it read Ready; the
+		// program waits for start, and its status becomes ours.
+		st.close()
+		if err := waitStart(); err != nil {
+			return 1, err
+		}
+	}
 	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
 		return 1, errors.New("command: empty argv")
 	}
@@ -196,39 +245,62 @@ func run(st *reporter) (int, error) {
 		var nf *notFoundError
 		if errors.As(lookErr, &nf) && nf.exists {
 			st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
-			return 0, nil
+			ociRecordExit(oci, nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
+			return ociCode(oci, 126), nil
 		}
 		st.send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
-		return 0, nil
+		ociRecordExit(oci, nswire.Status{Exited: true, Exit: 127, NotFound: true})
+		return ociCode(oci, 127), nil
 	}
 
-	forked := time.Now()
-	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
+	attr := &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
 		Files: []uintptr{0, 1, 2},
 		// Its own process group, so signals we forward reach every
 		// process it starts in the foreground.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
-	})
+	}
+	if ttySlave >= 0 {
+		// An OCI container's terminal: its own session, the terminal
+		// its controlling one, so that job control and ^C work.
+		t := uintptr(ttySlave)
+		attr.Files = []uintptr{t, t, t}
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	forked := time.Now()
+	pid, err := syscall.ForkExec(path, cfg.Argv, attr)
+	if ttySlave >= 0 {
+		unix.Close(ttySlave)
+	}
 	if err != nil {
 		st.send(nswire.Status{Started: true, Degraded: degraded})
 		fmt.Fprintf(os.Stderr, "moat: cannot execute %s: %v\n", cfg.Argv[0], err)
 		st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
-		return 0, nil
+		return ociCode(oci, 126), nil
+	}
+	if oci != nil {
+		ociSignals(false, pid)
 	}
 	st.send(nswire.Status{Started: true, Degraded: degraded})
 
-	// The program is running; nothing needs this thread's namespaces any
-	// more. Unlocking lets the few goroutines below share it instead of
-	// each needing a new OS thread (which the pids limit counts).
-	runtime.UnlockOSThread()
-	// The host's signals for the program come as frames on the config
-	// pipe (Signal), queued there until read: none is lost to the
-	// program's first instants, and this goroutine's thread is started
-	// while the program already runs.
-	go forwardSignals(cfgPipe, pid)
-	ws := reap(pid)
+	var ws unix.WaitStatus
+	if oci != nil {
+		// This thread stays locked: an OCI container's execs are forked
+		// from it, inside the cgroup and with its emptied bounding set.
+		ws = ociServe(pid, oci.Exec)
+	} else {
+		// The program is running; nothing needs this thread's namespaces any
+		// more. Unlocking lets the few goroutines below share it instead of
+		// each needing a new OS thread (which the pids limit counts).
+		runtime.UnlockOSThread()
+		// The host's signals for the program come as frames on the config
+		// pipe (Signal), queued there until read: none is lost to the
+		// program's first instants, and this goroutine's thread is started
+		// while the program already runs.
+		go forwardSignals(cfgPipe, pid)
+		ws = reap(pid)
+	}
 	s := nswire.Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 	switch {
 	case ws.Exited():
@@ -238,9 +310,21 @@ func run(st *reporter) (int, error) {
 		s.Exit = 128 + s.Signal
 	}
 	st.send(s)
+	ociRecordExit(oci, s)
 	// Returning ends PID 1: the kernel kills every process left in the
 	// namespace, including daemons that escaped the process group.
-	return 0, nil
+	return ociCode(oci, s.Exit), nil
+}
+
+// ociCode is init's exit status: an OCI container's init exits with its
+// program's (128+N for a signal, as a shell reports it), which is what
+// the engine reads as the container's; a Moat run's init reports the
+// status on its pipe and exits 0.
+func ociCode(oci *nswire.OCI, code int) int {
+	if oci == nil {
+		return 0
+	}
+	return code
 }
 
 // forwardSignals sends each Forwarded signal the host asks for to the
@@ -351,9 +435,13 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 	}
 	// The credential change reset the parent-death signal; set it again so
 	// init dies with the host's moat process. The kernel signals the
-	// process if any of its threads asked for it.
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return nil, fmt.Errorf("set parent-death signal: %w", err)
+	// process if any of its threads asked for it. An OCI container's init
+	// outlives the runtime's create by design: the engine's shim, its new
+	// parent, kills it.
+	if cfg.OCI == nil {
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("set parent-death signal: %w", err)
+		}
 	}
 	// If the host died before that, no signal will come: its end of the
 	// status pipe is closed, which poll reports as an error on ours.
@@ -382,7 +470,10 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 		// Read-only everywhere, read-write only in the workspace and /tmp,
 		// plus the writable devices; a build step's tree is its to write.
 		var err error
-		if cfg.WritableRoot {
+		if cfg.WritableRoot || cfg.OCI != nil {
+			// An OCI container writes where its mounts let it (a
+			// writable root, the spec's tmpfs mounts): the mounts'
+			// read-only flags say where it may not.
 			err = fsrules.RestrictBuild()
 		} else {
 			err = fsrules.RestrictTerminals("/dev/pts", sandboxDevices()...)
