@@ -8,7 +8,8 @@
 # /etc/default/moat (kept if it exists), then enables and starts it.
 # Needs at run time: mmdebstrap (apt-get install mmdebstrap), to build
 # images. Uninstall: systemctl disable --now moat; rm DIR/bin/moat
-# DIR/lib/moat/moat-guest /etc/systemd/system/moat.service.
+# DIR/bin/moat-runtime DIR/lib/moat/moat-guest
+# /etc/systemd/system/moat.service.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 prefix=/usr/local
@@ -32,6 +33,9 @@ install -m 0755 -o root -g root "$here/lib/moat/moat-guest" "$prefix/lib/moat/mo
 mv "$prefix/lib/moat/moat-guest.new" "$prefix/lib/moat/moat-guest"
 install -m 0755 -o root -g root "$here/bin/moat" "$prefix/bin/moat.new"
 mv "$prefix/bin/moat.new" "$prefix/bin/moat"
+# The OCI runtime's name for containerd (BinaryName) and dockerd
+# (--add-runtime): moat acts as 'moat oci' when called by it.
+ln -sf moat "$prefix/bin/moat-runtime"
 echo "installed $("$prefix/bin/moat" version | head -1) at $prefix/bin/moat"
 command -v mmdebstrap >/dev/null 2>&1 || echo "note: mmdebstrap is not installed; moat needs it to build images (apt-get install mmdebstrap)" >&2
 

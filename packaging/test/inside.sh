@@ -40,6 +40,8 @@ v=$(systemd-analyze verify /usr/lib/systemd/system/moat.service 2>&1)
 [ "$(stat -c %a /var/lib/moat)" = 711 ] && pass "StateDirectory /var/lib/moat mode 711" || fail "/var/lib/moat mode $(stat -c %a /var/lib/moat)"
 moat doctor >/out/doctor.txt 2>&1
 grep -q 'inside sandboxes: /usr/lib/moat/moat-guest' /out/doctor.txt && pass "moat finds /usr/lib/moat/moat-guest (same source)" || fail "moat doctor: $(grep 'inside sandboxes' /out/doctor.txt)"
+rv=$(moat-runtime --version 2>&1 | head -1)
+case "$rv" in *moat*) pass "moat-runtime (the OCI runtime) answers: $rv" ;; *) fail "moat-runtime --version: $rv" ;; esac
 
 # 2. A key and a real run through the API (the first run builds the
 # python image from Debian's archive).
