@@ -49,6 +49,10 @@ type Policy struct {
 	// container annotated moat.sandbox/result: "true". Default
 	// DefaultResultDir.
 	ResultDir string `yaml:"result_dir"`
+	// AuditDB is the audit database (moat audit, moat serve's --db) to
+	// which delete adds the record of a container annotated
+	// moat.sandbox/result: "true". Default DefaultAuditDB; "off": none.
+	AuditDB string `yaml:"audit_db"`
 }
 
 // Policy defaults.
@@ -102,6 +106,9 @@ func ParsePolicy(b []byte) (*Policy, error) {
 	}
 	if p.ResultDir != "" && (!filepath.IsAbs(p.ResultDir) || filepath.Clean(p.ResultDir) != p.ResultDir) {
 		return nil, fmt.Errorf("result_dir: %q must be a clean absolute directory", p.ResultDir)
+	}
+	if p.AuditDB != "" && p.AuditDB != "off" && (!filepath.IsAbs(p.AuditDB) || filepath.Clean(p.AuditDB) != p.AuditDB) {
+		return nil, fmt.Errorf("audit_db: %q must be a clean absolute file name, or off", p.AuditDB)
 	}
 	if p.RootBytes < 0 || p.TmpBytes < 0 {
 		return nil, errors.New("root_bytes and tmp_bytes must not be negative; 0 means the default")

@@ -7,10 +7,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/result"
@@ -27,10 +29,20 @@ const AnnotationResult = "moat.sandbox/result"
 // result_dir.
 const DefaultResultDir = "/var/lib/moat/oci-results"
 
+// DefaultAuditDB is the audit database results are recorded in when the
+// policy names none: moat serve's and moat audit's default as root.
+const DefaultAuditDB = "/var/lib/moat/audit.db"
+
 // writeResult writes the container's result from its exit record (init's
-// last status) and its cgroup's counters.
+// last status) and its cgroup's counters, and records it in the audit
+// database.
 func (r *Runtime) writeResult(rec *record, cg *cgroup.Cgroup) error {
 	res := buildResult(rec, readExit(filepath.Join(r.dir(rec.ID), exitFileName)), cgStats(cg), time.Now())
+	if err := r.audit(rec, res); err != nil {
+		// The result file below still holds it; a busy or broken
+		// database must not keep the container from going.
+		r.Log.Warnf("container %s: audit log: %v", rec.ID, err)
+	}
 	dir := DefaultResultDir
 	if r.Policy != nil && r.Policy.ResultDir != "" {
 		dir = r.Policy.ResultDir
@@ -51,6 +63,42 @@ func (r *Runtime) writeResult(rec *record, cg *cgroup.Cgroup) error {
 		return fmt.Errorf("result of %s: %w", rec.ID, err)
 	}
 	return nil
+}
+
+// audit adds the container's record to the policy's audit database, as
+// one finished run of the native tier: moat audit lists it beside the
+// API's runs, and moat policy suggest learns from it.
+func (r *Runtime) audit(rec *record, res *result.Result) error {
+	path := DefaultAuditDB
+	if r.Policy != nil && r.Policy.AuditDB != "" {
+		path = r.Policy.AuditDB
+	}
+	if path == "off" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	st, err := audit.Open(path)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	// Engines may reuse a container id once it is deleted (ctr run, docker
+	// create --name): the record's id carries its start.
+	id := "oci-" + rec.ID
+	if len(id) > audit.MaxIDLen-24 {
+		id = id[:audit.MaxIDLen-24]
+	}
+	started := rec.Started
+	if started.IsZero() { // deleted before start
+		started = time.Now()
+	}
+	id += "-" + strconv.FormatInt(started.UnixNano(), 36)
+	if err := st.Begin(audit.Record{ID: id, Kind: audit.KindRun, Started: started, Tier: res.Tier, Image: rec.Rootfs, Command: rec.Command}); err != nil {
+		return err
+	}
+	return st.Finish(id, res, nil)
 }
 
 func cgStats(cg *cgroup.Cgroup) *cgroup.Stats {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/moat-sandbox/moat/audit"
 	"io"
 	"os"
 	"os/exec"
@@ -924,7 +925,8 @@ func devNull(t *testing.T) *os.File {
 func TestResult(t *testing.T) {
 	s := newShim(t)
 	dir := t.TempDir()
-	if err := os.WriteFile(s.pol, []byte("result_dir: "+dir+"\n"), 0o600); err != nil {
+	db := filepath.Join(dir, "audit.db")
+	if err := os.WriteFile(s.pol, []byte("result_dir: "+dir+"\naudit_db: "+db+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -966,6 +968,17 @@ func TestResult(t *testing.T) {
 				if err == nil {
 					t.Errorf("a result was written without the annotation")
 				}
+				if _, err := os.Stat(db); err == nil {
+					if st, err := audit.Open(db); err == nil {
+						recs, _ := st.Query(audit.Filter{})
+						st.Close()
+						for _, r := range recs {
+							if strings.HasPrefix(r.ID, "oci-"+id+"-") {
+								t.Errorf("an audit record %s was written without the annotation", r.ID)
+							}
+						}
+					}
+				}
 				return
 			}
 			if err != nil {
@@ -983,6 +996,28 @@ func TestResult(t *testing.T) {
 			}
 			if res.ID != id || res.Termination != tc.termination || res.ExitCode != tc.code || len(res.Command) == 0 || res.PeakMemory <= 0 {
 				t.Errorf("result %s; want %s, exit %d", b, tc.termination, tc.code)
+			}
+			// The same result is a finished run in the audit log.
+			st, err := audit.Open(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			recs, err := st.Query(audit.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, r := range recs {
+				if strings.HasPrefix(r.ID, "oci-"+id+"-") {
+					found = true
+					if r.Status != audit.Done || string(r.Termination) != tc.termination || r.ExitCode != tc.code || r.Kind != audit.KindRun || len(r.Command) == 0 {
+						t.Errorf("audit record %+v; want done, %s, exit %d", r, tc.termination, tc.code)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("no audit record oci-%s-* in %s (%d records)", id, db, len(recs))
 			}
 			s.noResidue(c)
 		})
