@@ -40,6 +40,7 @@ type fixture struct {
 	pyArchive    string
 	cgroupParent string
 	cd           *engines.Containerd
+	dockerd      *engines.Dockerd
 	netnsBefore  map[string]bool
 }
 
@@ -219,6 +220,9 @@ func writeFile(p string, fill func(*os.File) error) error {
 // cgroups and network namespaces.
 func (f *fixture) teardown() []string {
 	var left []string
+	if f.dockerd != nil {
+		left = append(left, f.dockerd.Stop()...)
+	}
 	if f.cd != nil {
 		left = append(left, f.cd.Stop()...)
 	}
