@@ -42,7 +42,14 @@ type fixture struct {
 	cd           *engines.Containerd
 	dockerd      *engines.Dockerd
 	netnsBefore  map[string]bool
+	// hostPaths the engines create outside their directories whatever
+	// their configuration (containerd 1.6's shim socket directory, CNI's
+	// result cache, dockerd 20.10's trust key), mapped to whether each
+	// was there before; teardown removes those that were not (if empty).
+	hostPaths map[string]bool
 }
+
+var engineHostPaths = []string{"/etc/docker/key.json", "/etc/docker", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"}
 
 var shared struct {
 	once sync.Once
@@ -130,7 +137,11 @@ func newFixture() (*fixture, error) {
 		return nil, err
 	}
 	os.Chmod(dir, 0o755)
-	f := &fixture{dir: dir, cgroupParent: "/" + filepath.Base(dir), netnsBefore: engines.Netns()}
+	f := &fixture{dir: dir, cgroupParent: "/" + filepath.Base(dir), netnsBefore: engines.Netns(), hostPaths: map[string]bool{}}
+	for _, p := range engineHostPaths {
+		_, err := os.Lstat(p)
+		f.hostPaths[p] = err == nil
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -234,6 +245,11 @@ func (f *fixture) teardown() []string {
 	}
 	left = append(left, engines.Residue(f.dir)...)
 	os.RemoveAll(f.dir)
+	for _, p := range engineHostPaths {
+		if !f.hostPaths[p] {
+			os.Remove(p) // only files and empty directories
+		}
+	}
 	return left
 }
 
