@@ -460,3 +460,19 @@ func (h *Host) parents() []string {
 	}
 	return []string{h.v2Parent}
 }
+
+// Existing returns the cgroup moat/<id> made by another process (an OCI
+// container's, made by the runtime's create and ended by its delete), for
+// Procs and Kill; nil when it does not exist. Destroy it with Remove.
+func (h *Host) Existing(id string) *Cgroup {
+	if runid.Check(id) != nil {
+		return nil
+	}
+	c := h.handle(id)
+	for _, d := range c.dirs {
+		if !exists(d) {
+			return nil
+		}
+	}
+	return c
+}

@@ -51,6 +51,7 @@ func init() {
 		{"incident", "list, show, export and remove the evidence of flagged runs (moat incident list)", cmdIncident},
 		{"analyse", "name the composed effects of commands and what a policy decides (moat analyse -- CMD)", cmdAnalyse},
 		{"policy", "suggest the tightest manifest from the audit log (moat policy suggest)", cmdPolicy},
+		{"oci", "the OCI runtime containerd and docker call (also as moat-runtime; docs/RUNTIME.md)", cmdOCI},
 		{"doctor", "explain what this host supports and which tiers can run", cmdDoctor},
 		{"version", "print the version and the kernel features Moat uses", cmdVersion},
 	}
@@ -71,6 +72,9 @@ func main() {
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.
 	// Moat opens its own files close-on-exec already.
 	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if isRuntime() {
+		os.Exit(cmdOCI(os.Args[1:]))
+	}
 	os.Exit(dispatch(os.Args[1:]))
 }
 

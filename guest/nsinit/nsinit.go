@@ -69,9 +69,12 @@ func Main() {
 func absorbSignals() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGABRT,
-		unix.SIGTRAP, unix.SIGSYS, unix.SIGSTKFLT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM)
+		unix.SIGTRAP, unix.SIGSYS, unix.SIGSTKFLT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGALRM,
+		unix.SIGWINCH)
 	go func() {
-		for range ch {
+		// Dropped, but in OCI mode (see handleSignal).
+		for sig := range ch {
+			handleSignal(sig)
 		}
 	}()
 }
@@ -85,7 +88,20 @@ func (r *reporter) send(s nswire.Status) {
 	b, _ := json.Marshal(s)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.w.Write(append(b, '\n'))
+	if r.w != nil {
+		r.w.Write(append(b, '\n'))
+	}
+}
+
+// close ends the reports: an OCI container's runtime reads only up to
+// Ready, then exits; the exit status says the rest.
+func (r *reporter) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.w != nil {
+		r.w.Close()
+		r.w = nil
+	}
 }
 
 func run(st *reporter) (int, error) {
@@ -114,14 +130,25 @@ func run(st *reporter) (int, error) {
 	if !filepath.IsAbs(cfg.Root) {
 		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)
 	}
-	if err := buildRoot(cfg); err != nil {
+	oci := cfg.OCI
+	if oci != nil {
+		if err := ociBuildRoot(cfg); err != nil {
+			return 1, err
+		}
+	} else if err := buildRoot(cfg); err != nil {
 		return 1, err
 	}
-	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-		return 1, fmt.Errorf("sethostname: %w", err)
+	// A joined UTS or network namespace (a pod's) belongs to another
+	// user namespace: init may not change it, and its owner set it up.
+	if oci == nil || oci.NewUTS {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return 1, fmt.Errorf("sethostname: %w", err)
+		}
 	}
-	if err := loopback.Up(); err != nil {
-		return 1, err
+	if oci == nil || oci.NewNet {
+		if err := loopback.Up(); err != nil {
+			return 1, err
+		}
 	}
 	var egress net.Listener
 	if cfg.EgressPort != 0 {
@@ -144,7 +171,11 @@ func run(st *reporter) (int, error) {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return 1, fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
-	if err := setRlimits(cfg.Rlimits); err != nil {
+	if oci != nil {
+		if err := setOCIRlimits(oci.Rlimits); err != nil {
+			return 1, err
+		}
+	} else if err := setRlimits(cfg.Rlimits); err != nil {
 		return 1, err
 	}
 	degraded, err := dropPrivileges(cfg)
@@ -185,6 +216,14 @@ func run(st *reporter) (int, error) {
 	if err := nswire.ReadFrame(cfgPipe, &cfg.Command); err != nil {
 		return 1, fmt.Errorf("read command: %w", err)
 	}
+	if oci != nil {
+		// The runtime's create has returned once it read Ready; the
+		// program waits for start, and its status becomes ours.
+		st.close()
+		if err := waitStart(); err != nil {
+			return 1, err
+		}
+	}
 	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
 		return 1, errors.New("command: empty argv")
 	}
@@ -196,10 +235,10 @@ func run(st *reporter) (int, error) {
 		var nf *notFoundError
 		if errors.As(lookErr, &nf) && nf.exists {
 			st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
-			return 0, nil
+			return ociCode(oci, 126), nil
 		}
 		st.send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
-		return 0, nil
+		return ociCode(oci, 127), nil
 	}
 
 	forked := time.Now()
@@ -215,7 +254,10 @@ func run(st *reporter) (int, error) {
 		st.send(nswire.Status{Started: true, Degraded: degraded})
 		fmt.Fprintf(os.Stderr, "moat: cannot execute %s: %v\n", cfg.Argv[0], err)
 		st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
-		return 0, nil
+		return ociCode(oci, 126), nil
+	}
+	if oci != nil {
+		forwardTo.Store(int64(pid))
 	}
 	st.send(nswire.Status{Started: true, Degraded: degraded})
 
@@ -240,7 +282,18 @@ func run(st *reporter) (int, error) {
 	st.send(s)
 	// Returning ends PID 1: the kernel kills every process left in the
 	// namespace, including daemons that escaped the process group.
-	return 0, nil
+	return ociCode(oci, s.Exit), nil
+}
+
+// ociCode is init's exit status: an OCI container's init exits with its
+// program's (128+N for a signal, as a shell reports it), which is what
+// the engine reads as the container's; a Moat run's init reports the
+// status on its pipe and exits 0.
+func ociCode(oci *nswire.OCI, code int) int {
+	if oci == nil {
+		return 0
+	}
+	return code
 }
 
 // forwardSignals sends each Forwarded signal the host asks for to the
@@ -351,9 +404,13 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 	}
 	// The credential change reset the parent-death signal; set it again so
 	// init dies with the host's moat process. The kernel signals the
-	// process if any of its threads asked for it.
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return nil, fmt.Errorf("set parent-death signal: %w", err)
+	// process if any of its threads asked for it. An OCI container's init
+	// outlives the runtime's create by design: the engine's shim, its new
+	// parent, kills it.
+	if cfg.OCI == nil {
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("set parent-death signal: %w", err)
+		}
 	}
 	// If the host died before that, no signal will come: its end of the
 	// status pipe is closed, which poll reports as an error on ours.
@@ -382,7 +439,10 @@ func dropPrivileges(cfg *nswire.Config) (degraded []string, err error) {
 		// Read-only everywhere, read-write only in the workspace and /tmp,
 		// plus the writable devices; a build step's tree is its to write.
 		var err error
-		if cfg.WritableRoot {
+		if cfg.WritableRoot || cfg.OCI != nil {
+			// An OCI container writes where its mounts let it (a
+			// writable root, the spec's tmpfs mounts): the mounts'
+			// read-only flags say where it may not.
 			err = fsrules.RestrictBuild()
 		} else {
 			err = fsrules.RestrictTerminals("/dev/pts", sandboxDevices()...)

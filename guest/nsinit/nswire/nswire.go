@@ -175,6 +175,14 @@ type Setup struct {
 	// build step's package manager needs to install files. Init refuses
 	// any not in BuildCaps, and any at all for another UID.
 	KeepCaps []int `json:"keep_caps,omitempty"`
+
+	// OCI, when set, makes init an OCI container's init (package
+	// ociruntime): Root is an empty directory where init assembles the
+	// container's root, no workspace, and init outlives the process that
+	// started it (no parent-death signal); it starts the program only
+	// when the start FIFO (OCIStartFD) is written, forwards the signals
+	// it receives to the program and exits with the program's status.
+	OCI *OCI `json:"oci,omitempty"`
 }
 
 // BuildCaps are the only capabilities a Setup may keep (KeepCaps): owning,
@@ -255,4 +263,59 @@ func ReadFrame(r io.Reader, v any) error {
 		return err
 	}
 	return json.Unmarshal(b, v)
+}
+
+// File descriptors of OCI mode (Setup.OCI), the runtime that containerd
+// and Docker drive (package ociruntime). They replace WorkspaceFD and
+// EgressFD, which OCI mode has no use for.
+const (
+	// OCIFDSocket is a unix socket on which the host sends, once init is
+	// started, one message whose SCM_RIGHTS are the detached mounts init
+	// attaches: the container's root tree first, then one per OCIMount
+	// of type "bind", in order. Init needs its user namespace to exist
+	// before the host can id-map a tree for it, hence a message rather
+	// than descriptors inherited at clone.
+	OCIFDSocket = 5
+	// OCIStartFD is the read end of the container's start FIFO: init
+	// starts the program only once `start` writes to it.
+	OCIStartFD = 6
+)
+
+// OCI is the container's shape in OCI mode: what differs from a Moat run.
+type OCI struct {
+	// ReadonlyRoot keeps the container's root read-only; otherwise it is
+	// writable on a tmpfs overlay whose writes vanish with the container.
+	ReadonlyRoot bool `json:"readonly_root"`
+	// RootBytes bounds the overlay's tmpfs (the writes to the root).
+	RootBytes int64 `json:"root_bytes"`
+	// NewNet and NewUTS say init created these namespaces (it brings up
+	// loopback, sets the hostname); false: they were joined (a pod's),
+	// owned by another user namespace, and init leaves them as they are.
+	NewNet bool `json:"new_net"`
+	NewUTS bool `json:"new_uts"`
+	// Mounts are the spec's mounts Moat honours beyond its own /proc,
+	// /dev and /tmp, in order.
+	Mounts []OCIMount `json:"mounts,omitempty"`
+	// Rlimits replace Moat's backstop limits (Setup.Rlimits).
+	Rlimits []Rlimit `json:"rlimits,omitempty"`
+}
+
+// OCIMount is one mount of the container.
+type OCIMount struct {
+	Dest string `json:"dest"`
+	// Type is "bind" (a detached tree sent on OCIFDSocket) or "tmpfs".
+	Type string `json:"type"`
+	// Dir: the bind's source is a directory (the mount point made for a
+	// missing destination is a directory, else a file).
+	Dir      bool `json:"dir,omitempty"`
+	ReadOnly bool `json:"readonly,omitempty"`
+	// Data are a tmpfs's options (size=..., mode=...), already checked.
+	Data string `json:"data,omitempty"`
+}
+
+// Rlimit is one resource limit (unix.RLIMIT_*).
+type Rlimit struct {
+	Resource int    `json:"resource"`
+	Soft     uint64 `json:"soft"`
+	Hard     uint64 `json:"hard"`
 }

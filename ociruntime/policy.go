@@ -1,0 +1,87 @@
+package ociruntime
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultPolicyFile is where the operator's runtime policy lives.
+const DefaultPolicyFile = "/etc/moat/runtime.yaml"
+
+// Policy is the operator's runtime policy: what a config.json may ask for
+// beyond Moat's defaults. The zero value is the default: nothing more.
+type Policy struct {
+	// BindSources are host directories (absolute) whose files and
+	// subdirectories any mount destination may bind from. Without them
+	// only the engines' per-container files are bound (EngineStateDirs).
+	BindSources []string `yaml:"bind_sources"`
+	// AcceptPrivileged makes the runtime run a spec that asks for more
+	// than Moat gives (capabilities beyond an engine's defaults, host
+	// namespaces, devices, sysctls, docker --privileged) instead of
+	// refusing it. Nothing asked for is granted: the container runs with
+	// Moat's isolation, and each thing not granted is logged.
+	AcceptPrivileged bool `yaml:"accept_privileged"`
+	// Hooks lets a spec's hooks run: on the host, as root, before and
+	// after the container (Docker's network setup is one). The engine
+	// writes them; refused by default because a hook is host code.
+	Hooks bool `yaml:"hooks"`
+	// RootBytes bounds a container's writable root (its tmpfs overlay),
+	// and TmpBytes its /tmp, in bytes. 0: the defaults.
+	RootBytes int64 `yaml:"root_bytes"`
+	TmpBytes  int64 `yaml:"tmp_bytes"`
+}
+
+// Policy defaults.
+const (
+	DefaultRootBytes = 1 << 30
+	DefaultTmpBytes  = 256 << 20
+)
+
+// ParsePolicy decodes a policy file, refusing unknown fields: a typo must
+// not silently leave a default in place.
+func ParsePolicy(b []byte) (*Policy, error) {
+	p := &Policy{}
+	d := yaml.NewDecoder(bytes.NewReader(b))
+	d.KnownFields(true)
+	if err := d.Decode(p); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	for _, s := range p.BindSources {
+		if !filepath.IsAbs(s) || filepath.Clean(s) != s || s == "/" {
+			return nil, fmt.Errorf("bind_sources: %q must be a clean absolute directory other than /", s)
+		}
+	}
+	if p.RootBytes < 0 || p.TmpBytes < 0 {
+		return nil, errors.New("root_bytes and tmp_bytes must not be negative; 0 means the default")
+	}
+	return p, nil
+}
+
+// LoadPolicy reads the policy file at path. A missing file at the default
+// path is the default policy; any other missing or bad file is an error:
+// the runtime fails closed rather than run with a policy the operator did
+// not write.
+func LoadPolicy(path string) (*Policy, error) {
+	explicit := path != ""
+	if path == "" {
+		path = DefaultPolicyFile
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && !explicit {
+		return &Policy{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("runtime policy: %w (fix or remove the file, or point --policy/MOAT_RUNTIME_POLICY at another)", err)
+	}
+	p, err := ParsePolicy(b)
+	if err != nil {
+		return nil, fmt.Errorf("runtime policy %s: %w", path, err)
+	}
+	return p, nil
+}

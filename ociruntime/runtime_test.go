@@ -1,0 +1,611 @@
+package ociruntime_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-sandbox/moat/cgroup"
+	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/ociruntime"
+)
+
+// imageRoot is the python image's rootfs that scripts/setup builds: the
+// bundles' root.
+const imageRoot = "/var/lib/moat/images/python/current/rootfs"
+
+var (
+	runtimeBin string // moat-runtime: a symlink to a moat built from this tree
+	skipReason string
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		skipReason = "needs root: the runtime creates cgroups and user namespaces"
+		return m.Run()
+	}
+	if _, err := os.Stat(imageRoot); err != nil {
+		skipReason = "needs the python image (scripts/setup): " + err.Error()
+		return m.Run()
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer cleanup()
+	runtimeBin = filepath.Join(filepath.Dir(bin), "moat-runtime")
+	if err := os.Symlink(bin, runtimeBin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// Like containerd's shim: a subreaper, so that each container's
+	// init, orphaned when create exits, becomes our child to wait for.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
+
+// shim drives the runtime the way containerd-shim-runc-v2 does: global
+// --root, --log and --log-format json, pipes as the container's stdio, a
+// pid file, waiting for the init as its (subreaper) parent.
+type shim struct {
+	t    *testing.T
+	root string
+	log  string
+	pol  string
+}
+
+func newShim(t *testing.T) *shim {
+	t.Helper()
+	needRoot(t)
+	dir := t.TempDir()
+	s := &shim{t: t, root: filepath.Join(dir, "state"), log: filepath.Join(dir, "log.json"), pol: filepath.Join(dir, "runtime.yaml")}
+	if err := os.WriteFile(s.pol, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *shim) cmd(args ...string) *exec.Cmd {
+	g := []string{"--root", s.root, "--log", s.log, "--log-format", "json", "--policy", s.pol}
+	return exec.Command(runtimeBin, append(g, args...)...)
+}
+
+// run runs a runtime command and returns its stdout and error (with
+// stderr).
+func (s *shim) run(args ...string) (string, error) {
+	c := s.cmd(args...)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Run(); err != nil {
+		return out.String(), fmt.Errorf("%v: %v: %s", args, err, errb.String())
+	}
+	return out.String(), nil
+}
+
+// container is one created container and its stdio.
+type container struct {
+	id     string
+	pid    int
+	stdout *os.File // read ends
+	stderr *os.File
+}
+
+// create makes a bundle of spec and creates the container.
+func (s *shim) create(id string, spec map[string]any) (*container, error) {
+	s.t.Helper()
+	bundle := s.t.TempDir()
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	outR, outW, _ := os.Pipe()
+	errR, errW, _ := os.Pipe()
+	defer outW.Close()
+	defer errW.Close()
+	pidFile := filepath.Join(bundle, "init.pid")
+	c := s.cmd("create", "--bundle", bundle, "--pid-file", pidFile, id)
+	c.Stdout, c.Stderr = outW, errW
+	if err := c.Run(); err != nil {
+		outR.Close()
+		errR.Close()
+		return nil, fmt.Errorf("create: %v (log: %s)", err, s.lastLog())
+	}
+	p, err := os.ReadFile(pidFile)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(string(p))
+	if err != nil {
+		s.t.Fatalf("pid file %q: %v", p, err)
+	}
+	ct := &container{id: id, pid: pid, stdout: outR, stderr: errR}
+	s.t.Cleanup(func() {
+		s.run("delete", "--force", id)
+		outR.Close()
+		errR.Close()
+	})
+	return ct, nil
+}
+
+// wait reaps the container's init and returns its exit status and
+// output.
+func (s *shim) wait(c *container) (code int, stdout, stderr string) {
+	s.t.Helper()
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(c.pid, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			s.t.Fatalf("wait4 %d: %v", c.pid, err)
+		}
+		break
+	}
+	o, _ := io.ReadAll(c.stdout)
+	e, _ := io.ReadAll(c.stderr)
+	switch {
+	case ws.Exited():
+		code = ws.ExitStatus()
+	case ws.Signaled():
+		code = 128 + int(ws.Signal())
+	}
+	return code, string(o), string(e)
+}
+
+func (s *shim) status(id string) string {
+	s.t.Helper()
+	out, err := s.run("state", id)
+	if err != nil {
+		s.t.Fatalf("state: %v", err)
+	}
+	var st ociruntime.State
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		s.t.Fatalf("state %q: %v", out, err)
+	}
+	return st.Status
+}
+
+func (s *shim) lastLog() string {
+	b, _ := os.ReadFile(s.log)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// noResidue checks that nothing of the container is left: state
+// directory, cgroup, mounts, processes.
+func (s *shim) noResidue(c *container) {
+	s.t.Helper()
+	for _, d := range []string{filepath.Join(s.root, c.id), filepath.Join(ociruntime.StageDir, c.id)} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			s.t.Errorf("%s left: %v", d, err)
+		}
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if h.Existing(c.id) != nil {
+		s.t.Errorf("cgroup moat/%s left", c.id)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if bytes.Contains(mi, []byte(s.root)) {
+		s.t.Errorf("a mount under %s is left on the host", s.root)
+	}
+	if c.pid > 0 {
+		if err := unix.Kill(c.pid, 0); err == nil {
+			s.t.Errorf("init %d still exists", c.pid)
+		}
+	}
+}
+
+// spec returns a config.json like containerd's default for a container
+// running args on the python image.
+func spec(args ...string) map[string]any {
+	return map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"user": map[string]any{"uid": 0, "gid": 0},
+			"args": args,
+			"env":  []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"},
+			"cwd":  "/",
+			"capabilities": map[string]any{
+				"bounding":  []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"},
+				"effective": []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"},
+				"permitted": []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"},
+			},
+			"rlimits":         []map[string]any{{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}},
+			"noNewPrivileges": true,
+		},
+		"root":     map[string]any{"path": imageRoot, "readonly": false},
+		"hostname": "ctr",
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "mode=755", "size=65536k"}},
+			{"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+			{"destination": "/dev/shm", "type": "tmpfs", "source": "shm"},
+			{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"ro"}},
+		},
+		"linux": map[string]any{
+			"namespaces": []map[string]any{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}},
+		},
+	}
+}
+
+func set(m map[string]any, v any, path ...string) {
+	for _, p := range path[:len(path)-1] {
+		m = m[p].(map[string]any)
+	}
+	m[path[len(path)-1]] = v
+}
+
+var seq int
+
+func newID(prefix string) string {
+	seq++
+	return fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), seq)
+}
+
+func TestLifecycle(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		edit       func(m map[string]any)
+		code       int
+		stdout     string // contained in the output
+		stderr     string
+		notStdout  string
+		beforeRuns bool
+	}{
+		{name: "exit code and both streams", args: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, code: 3, stdout: "out", stderr: "err"},
+		{name: "writable root on an overlay", args: []string{"sh", "-c", "echo x > /f && cat /f && touch /etc/new"}, stdout: "x"},
+		{name: "read-only root", args: []string{"sh", "-c", "echo x > /f"}, edit: func(m map[string]any) { set(m, true, "root", "readonly") }, code: 2, stderr: "Read-only file system"},
+		{name: "the root is the bundle's owner's: root owns /etc", args: []string{"stat", "-c", "%u %U", "/etc"}, stdout: "0 root"},
+		{name: "user mapped", args: []string{"sh", "-c", "id -u; id -g"}, edit: func(m map[string]any) { set(m, 1000, "process", "user", "uid"); set(m, 1000, "process", "user", "gid") }, stdout: "1000\n1000\n"},
+		{name: "env and cwd", args: []string{"sh", "-c", "echo $FOO; pwd"}, edit: func(m map[string]any) {
+			set(m, []string{"PATH=/usr/bin:/bin", "FOO=bar"}, "process", "env")
+			set(m, "/usr/lib", "process", "cwd")
+		}, stdout: "bar\n/usr/lib"},
+		{name: "hostname", args: []string{"hostname"}, stdout: "ctr"},
+		{name: "stdio reopened by path", args: []string{"sh", "-c", "echo reopened > /dev/stdout"}, stdout: "reopened"},
+		{name: "not found", args: []string{"/no/such/program"}, code: 127},
+		{name: "rlimit applied", args: []string{"sh", "-c", "ulimit -n"}, stdout: "1024"},
+		{name: "no capability beyond the build set", args: []string{"sh", "-c", "grep CapEff /proc/self/status"}, stdout: "CapEff:\t0000000000000021", notStdout: "ffff"},
+		{name: "masked proc", args: []string{"sh", "-c", "wc -c < /proc/kallsyms"}, stdout: "0"},
+		{name: "tmpfs mount from the spec", args: []string{"sh", "-c", "echo y > /run/t && cat /run/t && grep ' /run ' /proc/mounts"}, edit: func(m map[string]any) {
+			m["mounts"] = append(m["mounts"].([]map[string]any), map[string]any{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"size=1m"}})
+		}, stdout: "y\ntmpfs /run tmpfs"},
+		{name: "nothing runs before start", args: []string{"sh", "-c", "echo ran"}, beforeRuns: true, stdout: "ran"},
+	}
+	s := newShim(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			m := spec(tc.args...)
+			if tc.edit != nil {
+				tc.edit(m)
+			}
+			id := newID("life")
+			c, err := s.create(id, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := s.status(id); st != ociruntime.StatusCreated {
+				t.Errorf("status after create = %q, want created", st)
+			}
+			if tc.beforeRuns {
+				time.Sleep(300 * time.Millisecond)
+				if err := unix.Kill(c.pid, 0); err != nil {
+					t.Fatalf("init gone before start: %v", err)
+				}
+				var ws unix.WaitStatus
+				if got, _ := unix.Wait4(c.pid, &ws, unix.WNOHANG, nil); got != 0 {
+					t.Fatal("the program ran before start")
+				}
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errs := s.wait(c)
+			if code != tc.code || !strings.Contains(out, tc.stdout) || !strings.Contains(errs, tc.stderr) || (tc.notStdout != "" && strings.Contains(out, tc.notStdout)) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q, %q", code, out, errs, tc.code, tc.stdout, tc.stderr)
+			}
+			if st := s.status(id); st != ociruntime.StatusStopped {
+				t.Errorf("status after exit = %q, want stopped", st)
+			}
+			if _, err := s.run("delete", id); err != nil {
+				t.Fatal(err)
+			}
+			s.noResidue(c)
+		})
+	}
+}
+
+func TestKillAndDelete(t *testing.T) {
+	tests := []struct {
+		name string
+		// steps after create and start: kill SIGNAL, or "" to delete
+		// --force the running container.
+		signal string
+		all    bool
+		code   int
+	}{
+		{name: "TERM by name reaches the program", signal: "TERM", code: 128 + 15},
+		{name: "signal by number", signal: "9", code: 128 + 9},
+		{name: "kill --all", signal: "KILL", all: true, code: 128 + 9},
+		{name: "delete --force of a running container", code: 128 + 9},
+	}
+	s := newShim(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			id := newID("kill")
+			c, err := s.create(id, spec("sleep", "1000"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			if st := s.status(id); st != ociruntime.StatusRunning {
+				t.Errorf("status after start = %q, want running", st)
+			}
+			if tc.signal == "" {
+				if _, err := s.run("delete", id); err == nil || !strings.Contains(err.Error(), "running") {
+					t.Errorf("delete of a running container = %v, want refused", err)
+				}
+				if _, err := s.run("delete", "--force", id); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				args := []string{"kill"}
+				if tc.all {
+					args = append(args, "--all")
+				}
+				if _, err := s.run(append(args, id, tc.signal)...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			code, _, _ := s.wait(c)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if tc.signal != "" {
+				if _, err := s.run("kill", id, "TERM"); err == nil || !strings.Contains(err.Error(), "container not running") {
+					t.Errorf("kill of a stopped container = %v, want 'container not running'", err)
+				}
+				if _, err := s.run("delete", id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.noResidue(c)
+		})
+	}
+}
+
+// TestDeleteCreated: deleting a container never started ends its init.
+func TestDeleteCreated(t *testing.T) {
+	s := newShim(t)
+	id := newID("created")
+	c, err := s.create(id, spec("sh", "-c", "echo never"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := s.wait(c)
+	if code != 128+9 || out != "" {
+		t.Errorf("exit %d, output %q; want killed, no output", code, out)
+	}
+	s.noResidue(c)
+	if _, err := s.run("state", id); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("state of a deleted container = %v, want 'does not exist'", err)
+	}
+}
+
+// TestRefusalsLogged: a refused spec creates nothing, and the log's last
+// line (which the shim shows the user) names the field and the fix.
+func TestRefusalsLogged(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(m map[string]any)
+		want []string
+	}{
+		{name: "host bind", edit: func(m map[string]any) {
+			m["mounts"] = append(m["mounts"].([]map[string]any), map[string]any{"destination": "/host", "type": "bind", "source": "/etc", "options": []string{"rbind"}})
+		}, want: []string{"mounts[5].source", "/etc", "bind_sources"}},
+		{name: "host network namespace by path", edit: func(m map[string]any) {
+			set(m, []map[string]any{{"type": "pid"}, {"type": "network", "path": fmt.Sprintf("/proc/%d/ns/net", os.Getpid())}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}, "linux", "namespaces")
+		}, want: []string{"network", "/ns/net", "host's own"}},
+		{name: "privileged capability", edit: func(m map[string]any) {
+			set(m, []string{"CAP_SYS_ADMIN"}, "process", "capabilities", "bounding")
+		}, want: []string{"process.capabilities", "CAP_SYS_ADMIN", "accept_privileged"}},
+	}
+	s := newShim(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			m := spec("true")
+			tc.edit(m)
+			id := newID("refuse")
+			_, err := s.create(id, m)
+			if err == nil {
+				t.Fatal("create succeeded, want refused")
+			}
+			var line struct{ Level, Msg, Time string }
+			if err := json.Unmarshal([]byte(s.lastLog()), &line); err != nil {
+				t.Fatalf("log line %q: %v", s.lastLog(), err)
+			}
+			if line.Level != "error" || line.Time == "" {
+				t.Errorf("log line %+v, want level error with a time", line)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(line.Msg, w) {
+					t.Errorf("log message %q lacks %q", line.Msg, w)
+				}
+			}
+			s.noResidue(&container{id: id})
+		})
+	}
+}
+
+// TestResources: linux.resources become the container's cgroup limits,
+// and the memory limit is enforced.
+func TestResources(t *testing.T) {
+	s := newShim(t)
+	h, err := cgroup.Detect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := spec("python3", "-c", "x = bytearray(400 << 20); print('survived')")
+	set(m, map[string]any{"memory": map[string]any{"limit": 64 << 20}, "pids": map[string]any{"limit": 32}, "cpu": map[string]any{"quota": 50000, "period": 100000}}, "linux", "resources")
+	id := newID("res")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := h.Existing(id)
+	if cg == nil {
+		t.Fatal("no cgroup for the container")
+	}
+	checks := map[string]string{}
+	if h.Version == cgroup.V1 {
+		checks = map[string]string{"memory/moat/" + id + "/memory.limit_in_bytes": "67108864", "pids/moat/" + id + "/pids.max": "32", "cpu/moat/" + id + "/cpu.cfs_quota_us": "50000"}
+	} else {
+		checks = map[string]string{"memory.max": "67108864", "pids.max": "32", "cpu.max": "50000 100000"}
+	}
+	for f, want := range checks {
+		var p string
+		if h.Version == cgroup.V1 {
+			p = filepath.Join("/sys/fs/cgroup", f)
+		} else {
+			p = filepath.Join(cg.Dirs()[0], f)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s = %q, %v; want %q", p, b, err, want)
+		}
+	}
+	pids, err := s.run("ps", "--format", "json", id)
+	if err != nil || !strings.Contains(pids, strconv.Itoa(c.pid)) {
+		t.Errorf("ps = %q, %v; want the init's pid %d", pids, err, c.pid)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := s.wait(c)
+	if code == 0 || strings.Contains(out, "survived") {
+		t.Errorf("a 400 MiB allocation under a 64 MiB limit: exit %d, output %q; want killed", code, out)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
+
+// TestPod: like containerd's CRI, a pause container gets new namespaces
+// and each container of the pod joins its network, IPC and UTS
+// namespaces by /proc/<pause>/ns/... path.
+func TestPod(t *testing.T) {
+	s := newShim(t)
+	pause := spec("sleep", "1000")
+	set(pause, "pod-host", "hostname")
+	pid := newID("pause")
+	p, err := s.create(pid, pause)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("start", pid); err != nil {
+		t.Fatal(err)
+	}
+	podNet, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", p.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostNet, _ := os.Readlink("/proc/1/ns/net")
+	probe := []string{"sh", "-c", "readlink /proc/self/ns/net; hostname; ip -o link 2>/dev/null | wc -l; cat /proc/net/dev | grep -c lo:"}
+	tests := []struct {
+		name     string
+		join     bool
+		sameNet  bool
+		hostname string
+	}{
+		{name: "a container of the pod shares its namespaces", join: true, sameNet: true, hostname: "pod-host"},
+		{name: "a container outside the pod does not", hostname: "ctr"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			m := spec(probe...)
+			if tc.join {
+				set(m, []map[string]any{
+					{"type": "pid"}, {"type": "mount"},
+					{"type": "network", "path": fmt.Sprintf("/proc/%d/ns/net", p.pid)},
+					{"type": "ipc", "path": fmt.Sprintf("/proc/%d/ns/ipc", p.pid)},
+					{"type": "uts", "path": fmt.Sprintf("/proc/%d/ns/uts", p.pid)},
+				}, "linux", "namespaces")
+			}
+			id := newID("app")
+			c, err := s.create(id, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errs := s.wait(c)
+			if code != 0 {
+				t.Fatalf("exit %d: %s %s", code, out, errs)
+			}
+			sc := bufio.NewScanner(strings.NewReader(out))
+			sc.Scan()
+			net := sc.Text()
+			sc.Scan()
+			host := sc.Text()
+			if (net == podNet) != tc.sameNet || net == hostNet {
+				t.Errorf("container netns %s, pod's %s, host's %s; want shared %v", net, podNet, hostNet, tc.sameNet)
+			}
+			if host != tc.hostname {
+				t.Errorf("hostname %q, want %q", host, tc.hostname)
+			}
+			if _, err := s.run("delete", id); err != nil {
+				t.Fatal(err)
+			}
+			s.noResidue(c)
+		})
+	}
+	s.t = t
+	if _, err := s.run("kill", pid, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	s.wait(p)
+	if _, err := s.run("delete", pid); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(p)
+}
