@@ -80,15 +80,30 @@ func WriteDockerArchive(w io.Writer, ref, layer string, cfg ImageConfig) error {
 	return tw.Close()
 }
 
-// WriteFileLayer writes a layer tar holding one executable file at name
-// (no leading slash), with the directories above it.
-func WriteFileLayer(w io.Writer, name string, content []byte) error {
+// LayerEntry is one entry of a layer WriteLayer writes: a file (mode
+// 0755) with Content, or a symlink to Link.
+type LayerEntry struct {
+	Name    string // no leading slash
+	Content []byte
+	Link    string
+}
+
+// WriteLayer writes a layer tar of entries, in order.
+func WriteLayer(w io.Writer, entries []LayerEntry) error {
 	tw := tar.NewWriter(w)
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
-		return err
-	}
-	if _, err := tw.Write(content); err != nil {
-		return err
+	for _, e := range entries {
+		h := &tar.Header{Name: e.Name, Mode: 0o755, Size: int64(len(e.Content)), Typeflag: tar.TypeReg}
+		if e.Link != "" {
+			h = &tar.Header{Name: e.Name, Mode: 0o777, Linkname: e.Link, Typeflag: tar.TypeSymlink}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return fmt.Errorf("layer entry %s: %w", e.Name, err)
+		}
+		if e.Link == "" {
+			if _, err := tw.Write(e.Content); err != nil {
+				return err
+			}
+		}
 	}
 	return tw.Close()
 }

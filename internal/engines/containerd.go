@@ -2,6 +2,7 @@ package engines
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -34,6 +35,11 @@ type ContainerdConfig struct {
 	// Env is added to containerd's environment, which its shims and the
 	// runtimes they call inherit (MOAT_GUEST, say).
 	Env []string
+	// Snapshotter is the CRI's snapshotter: "overlayfs" (the default,
+	// and containerd's) or "native" (plain directories, one full copy per
+	// container), for runtimes that id-map the rootfs, which an overlay
+	// mount does not support.
+	Snapshotter string
 	// Bridge names the host bridge the pods' network attaches to (at most
 	// 15 bytes); the CNI bridge plugin creates it, Stop deletes it.
 	Bridge string
@@ -44,10 +50,12 @@ type Containerd struct {
 	Dir    string
 	Socket string
 	bridge string
-	cmd    *exec.Cmd
-	done   chan struct{}
-	log    *bytes.Buffer
-	crictl string
+	// snapshotter images are unpacked for.
+	snapshotter string
+	cmd         *exec.Cmd
+	done        chan struct{}
+	log         *bytes.Buffer
+	crictl      string
 }
 
 // ConfigTOML is the config.toml of a private containerd (version 2, CRI
@@ -75,7 +83,11 @@ func (c ContainerdConfig) ConfigTOML() string {
 	if len(c.Runtimes) > 0 {
 		def = c.Runtimes[0].Handler
 	}
-	fmt.Fprintf(&b, "  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = \"overlayfs\"\n    default_runtime_name = %s\n", q(def))
+	snap := c.Snapshotter
+	if snap == "" {
+		snap = "overlayfs"
+	}
+	fmt.Fprintf(&b, "  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = %s\n    default_runtime_name = %s\n", q(snap), q(def))
 	for _, r := range c.Runtimes {
 		fmt.Fprintf(&b, "    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.%s]\n      runtime_type = \"io.containerd.runc.v2\"\n", r.Handler)
 		fmt.Fprintf(&b, "      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.%s.options]\n        BinaryName = %s\n        Root = %s\n",
@@ -113,7 +125,7 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig, crictl string) (
 	if err := os.WriteFile(conf, []byte(cfg.ConfigTOML()), 0o644); err != nil {
 		return nil, err
 	}
-	c := &Containerd{Dir: cfg.Dir, Socket: filepath.Join(cfg.Dir, "containerd.sock"), done: make(chan struct{}), log: &bytes.Buffer{}, crictl: crictl, bridge: cfg.Bridge}
+	c := &Containerd{Dir: cfg.Dir, Socket: filepath.Join(cfg.Dir, "containerd.sock"), done: make(chan struct{}), log: &bytes.Buffer{}, crictl: crictl, bridge: cfg.Bridge, snapshotter: cmp.Or(cfg.Snapshotter, "overlayfs")}
 	c.cmd = exec.Command("containerd", "--config", conf, "--log-level", "warn")
 	c.cmd.Env = append(os.Environ(), cfg.Env...)
 	c.cmd.Stdout, c.cmd.Stderr = &lockedWriter{b: c.log}, &lockedWriter{b: c.log}
@@ -181,7 +193,7 @@ func (c *Containerd) Import(ctx context.Context, archive string) error {
 		return err
 	}
 	defer f.Close()
-	_, err = c.Ctr(ctx, nil, "images", "import", "--no-unpack=false", "--snapshotter", "overlayfs", archive)
+	_, err = c.Ctr(ctx, nil, "images", "import", "--snapshotter", c.snapshotter, archive)
 	return err
 }
 

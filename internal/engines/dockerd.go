@@ -26,6 +26,17 @@ type DockerdConfig struct {
 	CgroupParent string
 	// Env is added to dockerd's environment (and its containerd's).
 	Env []string
+	// StorageDriver is "overlay2" (the default) or "vfs" (plain
+	// directories, a full copy per container), for runtimes that id-map
+	// the rootfs, which an overlay mount does not support.
+	StorageDriver string
+}
+
+func (cfg DockerdConfig) storageDriver() string {
+	if cfg.StorageDriver == "" {
+		return "overlay2"
+	}
+	return cfg.StorageDriver
 }
 
 // Dockerd is a running private dockerd.
@@ -48,7 +59,7 @@ func (cfg DockerdConfig) Args() []string {
 		"--config-file", filepath.Join(cfg.Dir, "daemon.json"),
 		"-H", "unix://" + filepath.Join(cfg.Dir, "docker.sock"),
 		"--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none", "--userland-proxy=false",
-		"--storage-driver", "overlay2", "--exec-opt", "native.cgroupdriver=cgroupfs",
+		"--storage-driver", cfg.storageDriver(), "--exec-opt", "native.cgroupdriver=cgroupfs",
 		"--log-level", "warn",
 	}
 	if cfg.CgroupParent != "" {

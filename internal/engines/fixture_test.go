@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,10 +20,12 @@ import (
 // python image's root file system (scripts/setup builds it), which has
 // sh and python3 for the workloads and the red-team corpus.
 const (
-	pauseImage  = "moat.local/pause:1"
-	pythonImage = "moat.local/python:1"
-	pythonRoot  = "/var/lib/moat/images/python/current/rootfs"
-	crictlPath  = "/var/cache/moat/crictl-v1.37.0/crictl"
+	pauseImage   = "moat.local/pause:1"
+	pythonImage  = "moat.local/python:1"
+	pythonRoot   = "/var/lib/moat/images/python/current/rootfs"
+	busyboxImage = "moat.local/busybox:1"
+	busyboxPath  = "/bin/busybox"
+	crictlPath   = "/var/cache/moat/crictl-v1.37.0/crictl"
 )
 
 // fixture is what every test of the package shares: the binaries, the
@@ -30,18 +33,21 @@ const (
 // Starting containerd and importing the python image takes seconds, so
 // it is done once; TestMain stops it and checks for residue.
 type fixture struct {
-	dir          string
-	moat         string // the moat binary built from this tree
-	moatRuntime  string // moat-runtime, a symlink to moat
-	guest        string
-	moatErr      error // why moat-runtime cannot serve as a runtime, or nil
-	pyLayer      string
-	pauseArchive string
-	pyArchive    string
-	cgroupParent string
-	cd           *engines.Containerd
-	dockerd      *engines.Dockerd
-	netnsBefore  map[string]bool
+	dir            string
+	moat           string // the moat binary built from this tree
+	moatRuntime    string // moat-runtime, a symlink to moat
+	guest          string
+	policy         string // moat-runtime's policy file (MOAT_RUNTIME_POLICY)
+	moatErr        error  // why moat-runtime cannot serve as a runtime, or nil
+	pyLayer        string
+	pauseArchive   string
+	pyArchive      string
+	busyboxArchive string
+	busyboxLayer   string
+	cgroupParent   string
+	cd             *engines.Containerd
+	dockerd        *engines.Dockerd
+	netnsBefore    map[string]bool
 	// hostPaths the engines create outside their directories whatever
 	// their configuration (containerd 1.6's shim socket directory, CNI's
 	// result cache, dockerd 20.10's trust key), mapped to whether each
@@ -158,19 +164,29 @@ func newFixture() (*fixture, error) {
 	if err := os.Mkdir(cdDir, 0o700); err != nil {
 		return nil, err
 	}
+	// The engines keep the per-container files they bind into every
+	// container (/etc/hosts, /etc/resolv.conf, the pod's /dev/shm) under
+	// their root and state, here below dir rather than /var/lib/containerd:
+	// the runtime policy names it, as an operator's would for k3s's
+	// /var/lib/rancher/k3s/agent/containerd (docs/ENGINES.md).
+	f.policy = filepath.Join(dir, "runtime.yaml")
+	if err := os.WriteFile(f.policy, []byte("bind_sources: ["+strconv.Quote(dir)+"]\n"), 0o644); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	f.cd, err = engines.StartContainerd(ctx, engines.ContainerdConfig{
 		Dir:          cdDir,
 		Runtimes:     []engines.Runtime{{Handler: "runc", Binary: "/usr/sbin/runc"}, {Handler: "moat", Binary: f.moatRuntime}},
 		SandboxImage: pauseImage,
-		Env:          []string{"MOAT_GUEST=" + f.guest},
+		Env:          []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + f.policy},
+		Snapshotter:  "native",
 		Bridge:       "moat" + strings.TrimPrefix(filepath.Base(dir), "moat-engines-"),
 	}, crictlPath)
 	if err != nil {
 		return nil, err
 	}
-	for _, a := range []string{f.pauseArchive, f.pyArchive} {
+	for _, a := range []string{f.pauseArchive, f.pyArchive, f.busyboxArchive} {
 		if err := f.cd.Import(ctx, a); err != nil {
 			return nil, err
 		}
@@ -192,12 +208,36 @@ func (f *fixture) images() error {
 		return err
 	}
 	layer := filepath.Join(f.dir, "pause-layer.tar")
-	if err := writeFile(layer, func(w *os.File) error { return engines.WriteFileLayer(w, "pause", b) }); err != nil {
+	if err := writeFile(layer, func(w *os.File) error {
+		return engines.WriteLayer(w, []engines.LayerEntry{{Name: "pause", Content: b}})
+	}); err != nil {
 		return err
 	}
 	f.pauseArchive = filepath.Join(f.dir, "pause.tar")
 	if err := writeFile(f.pauseArchive, func(w *os.File) error {
 		return engines.WriteDockerArchive(w, pauseImage, layer, engines.ImageConfig{Entrypoint: []string{"/pause"}})
+	}); err != nil {
+		return err
+	}
+	// busybox: a small image (one static binary) for the tests that
+	// start many containers, where the python image's 276 MB would be
+	// copied per container by the native snapshotter.
+	bb, err := os.ReadFile(busyboxPath)
+	if err != nil {
+		return fmt.Errorf("busybox image: %w (scripts/setup installs busybox-static)", err)
+	}
+	bbEntries := []engines.LayerEntry{{Name: "bin/busybox", Content: bb}}
+	for _, applet := range []string{"sh", "echo", "cat", "sleep", "true", "ls", "nc"} {
+		bbEntries = append(bbEntries, engines.LayerEntry{Name: "bin/" + applet, Link: "busybox"})
+	}
+	bbLayer := filepath.Join(f.dir, "busybox-layer.tar")
+	f.busyboxLayer = bbLayer
+	if err := writeFile(bbLayer, func(w *os.File) error { return engines.WriteLayer(w, bbEntries) }); err != nil {
+		return err
+	}
+	f.busyboxArchive = filepath.Join(f.dir, "busybox.tar")
+	if err := writeFile(f.busyboxArchive, func(w *os.File) error {
+		return engines.WriteDockerArchive(w, busyboxImage, bbLayer, engines.ImageConfig{Cmd: []string{"sh"}, Env: []string{"PATH=/bin"}})
 	}); err != nil {
 		return err
 	}
@@ -278,10 +318,14 @@ func (f *fixture) runPod(ctx context.Context, handler, name string, linux map[st
 	if err != nil {
 		return nil, err
 	}
-	lx := map[string]any{"cgroup_parent": f.cgroupParent}
+	// The namespaces the kubelet asks for by default: the pod's network
+	// and IPC, a PID namespace per container (shareProcessNamespace
+	// false). The CRI's zero value would be a pod-wide PID namespace.
+	lx := map[string]any{"cgroup_parent": f.cgroupParent, "security_context": map[string]any{"namespace_options": kubeletNamespaces}}
 	for k, v := range linux {
 		lx[k] = v
 	}
+	withKubeletNamespaces(map[string]any{"linux": lx})
 	cfg := map[string]any{
 		"metadata":      map[string]any{"name": name, "namespace": "moat-engines", "uid": filepath.Base(dir), "attempt": 0},
 		"log_directory": filepath.Join(dir, "logs"),
@@ -299,18 +343,25 @@ func (f *fixture) runPod(ctx context.Context, handler, name string, linux map[st
 	return p, nil
 }
 
+// kubeletNamespaces is the kubelet's default namespace_options: network
+// and IPC of the pod (0), PID of the container (1).
+var kubeletNamespaces = map[string]any{"network": 0, "pid": 1, "ipc": 0}
+
 // create creates a container in the pod; extra is merged into the
-// container config (a "linux" security context, say).
+// container config (a "linux" security context, say), whose default
+// namespace options are the kubelet's.
 func (p *pod) create(ctx context.Context, name string, argv []string, extra map[string]any) (string, error) {
 	cfg := map[string]any{
 		"metadata": map[string]any{"name": name},
 		"image":    map[string]any{"image": pythonImage},
 		"command":  argv,
 		"log_path": name + ".log",
+		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": kubeletNamespaces}},
 	}
 	for k, v := range extra {
 		cfg[k] = v
 	}
+	withKubeletNamespaces(cfg)
 	path := filepath.Join(p.dir, name+".json")
 	if err := writeJSON(path, cfg); err != nil {
 		return "", err
@@ -447,4 +498,29 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// withKubeletNamespaces fills in cfg's linux.security_context.
+// namespace_options with the kubelet's defaults where a test's own
+// linux object left them out.
+func withKubeletNamespaces(cfg map[string]any) {
+	lx, _ := cfg["linux"].(map[string]any)
+	if lx == nil {
+		lx = map[string]any{}
+		cfg["linux"] = lx
+	}
+	sc, _ := lx["security_context"].(map[string]any)
+	if sc == nil {
+		sc = map[string]any{}
+		lx["security_context"] = sc
+	}
+	ns, _ := sc["namespace_options"].(map[string]any)
+	merged := map[string]any{}
+	for k, v := range kubeletNamespaces {
+		merged[k] = v
+	}
+	for k, v := range ns {
+		merged[k] = v
+	}
+	sc["namespace_options"] = merged
 }

@@ -9,6 +9,9 @@ import (
 	"time"
 )
 
+// busybox selects the small image for a container.
+var busybox = map[string]any{"image": map[string]any{"image": busyboxImage}}
+
 // manyPods is how many pods TestCRIManyPods starts at once (§3 of the
 // scaling issue: 50 concurrent pods through CRI on one host).
 const manyPods = 50
@@ -41,7 +44,7 @@ func TestCRIManyPods(t *testing.T) {
 					}
 					netns, _ := p.netnsOf(ctx)
 					errs[i] = func() error {
-						id, err := p.start(ctx, "c", []string{"sh", "-c", "echo hello from " + name}, nil)
+						id, err := p.start(ctx, "c", []string{"sh", "-c", "echo hello from " + name}, busybox)
 						if err != nil {
 							return err
 						}
