@@ -22,7 +22,7 @@ var dockerShared struct {
 	err  error
 }
 
-func getDockerd(t *testing.T, f *fixture) *engines.Dockerd {
+func getDockerd(t testing.TB, f *fixture) *engines.Dockerd {
 	t.Helper()
 	preconditions(t, "dockerd", engines.DockerClient)
 	dockerShared.once.Do(func() {

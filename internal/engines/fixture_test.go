@@ -25,7 +25,10 @@ const (
 	pythonRoot   = "/var/lib/moat/images/python/current/rootfs"
 	busyboxImage = "moat.local/busybox:1"
 	busyboxPath  = "/bin/busybox"
-	crictlPath   = "/var/cache/moat/crictl-v1.37.0/crictl"
+	// runscPath is the gVisor tier's runsc (scripts/setup builds it),
+	// offered as a third handler for the start figures.
+	runscPath  = "/usr/local/lib/moat/runsc"
+	crictlPath = "/var/cache/moat/crictl-v1.37.0/crictl"
 )
 
 // fixture is what every test of the package shares: the binaries, the
@@ -281,6 +284,7 @@ func (f *fixture) teardown() []string {
 	for n := range engines.Netns() {
 		if !f.netnsBefore[n] && strings.HasPrefix(n, "cni-") {
 			left = append(left, "network namespace "+n)
+			exec.Command("ip", "netns", "delete", n).Run() // reported; now leave the host clean
 		}
 	}
 	left = append(left, engines.Residue(f.dir)...)
