@@ -47,9 +47,6 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if o.ConsoleSocket != "" {
-		return refuse("--console-socket", o.ConsoleSocket, "Moat's runtime does not give containers a terminal yet; run without a TTY")
-	}
 	bundle, err := filepath.Abs(o.Bundle)
 	if err != nil {
 		return err
@@ -64,6 +61,12 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	}
 	if err := r.checkHost(c); err != nil {
 		return err
+	}
+	switch {
+	case c.Terminal != nil && o.ConsoleSocket == "":
+		return refuse("process.terminal", "true", "a terminal needs --console-socket, where its master is sent; the engine gives it with a TTY")
+	case c.Terminal == nil && o.ConsoleSocket != "":
+		return refuse("process.terminal", "false", "--console-socket was given for a container without a terminal; set process.terminal or drop the flag")
 	}
 	for _, n := range c.Notes {
 		r.Log.Warnf("container %s: %s", id, n)
@@ -131,7 +134,21 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	}
 	defer ids.Release() // init holds its own reference to the slot's lock
 
-	pid, err := r.launch(c, cg, ids, fifoR, stage)
+	execL, err := listenExec(id)
+	if err != nil {
+		return err
+	}
+	defer execL.Close()
+	undo = append(undo, func() { os.Remove(execSocket(id)) })
+
+	// Where init leaves the program's final status, for the result.
+	exitFile, err := os.OpenFile(filepath.Join(dir, exitFileName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer exitFile.Close()
+
+	pid, err := r.launch(c, cg, ids, fifoR, execL, exitFile, stage, o.ConsoleSocket)
 	if err != nil {
 		return err
 	}
@@ -139,6 +156,7 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	rec := &record{
 		ID: id, Bundle: bundle, Rootfs: c.RootFS, Pid: pid, StartTime: start,
 		Created: time.Now().UTC(), Annotations: spec.Annotations, Hooks: c.Hooks, UIDBase: ids.Base(),
+		UID: c.UID, GID: c.GID, Command: c.Argv,
 	}
 	if c.OOMScoreAdj != nil {
 		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(*c.OOMScoreAdj)), 0); err != nil {
@@ -157,6 +175,28 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 		}
 	}
 	return writePidFile(o.PidFile, pid)
+}
+
+// listenExec binds the socket on which the container's init will take
+// execs: SOCK_SEQPACKET (one message per request), mode 0600 (root only).
+func listenExec(id string) (*os.File, error) {
+	path := execSocket(id)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("exec socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "exec-listener")
+	old := unix.Umask(0o177)
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: path})
+	unix.Umask(old)
+	if err == nil {
+		err = unix.Listen(fd, 16)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("exec socket %s: %w", path, err)
+	}
+	return f, nil
 }
 
 // checkHost makes the checks Map cannot: that a namespace to join is not
@@ -190,13 +230,7 @@ func (r *Runtime) checkHost(c *Container) error {
 		if err != nil {
 			return refuse("mounts "+m.Dest+".source", strconv.Quote(m.Source), fmt.Sprintf("cannot resolve it: %v", err))
 		}
-		dirs := EngineStateDirs
-		if r.Policy != nil && !slices.Contains(engineFiles, m.Dest) {
-			dirs = r.Policy.BindSources
-		} else if r.Policy != nil {
-			dirs = slices.Concat(EngineStateDirs, r.Policy.BindSources)
-		}
-		ok := slices.ContainsFunc(dirs, func(d string) bool {
+		ok := slices.ContainsFunc(r.Policy.bindDirs(m.Dest), func(d string) bool {
 			rd, err := filepath.EvalSymlinks(d)
 			return err == nil && under(real, rd)
 		})
@@ -210,7 +244,7 @@ func (r *Runtime) checkHost(c *Container) error {
 
 // launch starts the container's init and waits until it is confined and
 // waits for start. It returns init's host pid.
-func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo *os.File, rootDir string) (int, error) {
+func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL, exitFile *os.File, rootDir, consoleSocket string) (int, error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -218,6 +252,10 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	filter, err := seccomp.Default().Compile()
 	if err != nil {
 		return 0, fmt.Errorf("compile the seccomp policy: %w", err)
+	}
+	layers, err := rootLayers(c.RootFS)
+	if err != nil {
+		return 0, err
 	}
 	stdin, stdout, stderr := r.Stdin, r.Stdout, r.Stderr
 	if stdin == nil {
@@ -264,8 +302,13 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	}()
 	// fds 3-6 (nswire), 7 unused, the cgroup v1 tasks files from 8, and
 	// last the id range's lock, which init holds for its whole life.
-	extra := []*os.File{cfgR, statusW, sockInit, fifo, nil}
+	extra := []*os.File{cfgR, statusW, sockInit, fifo, execL}
 	extra = append(extra, joins...)
+	exitFD := 0
+	if exitFile != nil {
+		exitFD = 3 + len(extra)
+		extra = append(extra, exitFile)
+	}
 	extra = append(extra, ids.File())
 
 	flags := uintptr(unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID)
@@ -311,7 +354,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	statusW.Close()
 	sockInit.Close()
 
-	if err := sendTrees(sockHost, pid, c); err != nil {
+	if err := sendTrees(sockHost, pid, c, layers); err != nil {
 		return 0, err
 	}
 	setup := nswire.Setup{
@@ -331,6 +374,12 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 			NewNet:       c.Join["network"] == "",
 			NewUTS:       c.Join["uts"] == "",
 			Rlimits:      c.Rlimits,
+			Exec:         true,
+			RootLayers:   len(layers),
+			Terminal:     c.Terminal,
+
+			UnprivilegedPortStart: c.UnprivilegedPortStart,
+			ExitFD:                exitFD,
 		},
 	}
 	if setup.Hostname == "" {
@@ -364,11 +413,62 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	if err := <-werr; err != nil {
 		return 0, fmt.Errorf("send the container's configuration to its init: %w", err)
 	}
+	if c.Terminal != nil {
+		// Init sent the terminal's master before it was ready.
+		master, err := recvFD(sockHost)
+		if err != nil {
+			return 0, fmt.Errorf("the container's terminal: %w", err)
+		}
+		err = sendConsole(consoleSocket, master)
+		unix.Close(master)
+		if err != nil {
+			return 0, err
+		}
+	}
 	ok = true
 	// Not waited for: the engine's shim, which adopts it when we exit,
 	// reaps it and reads its exit status.
 	cmd.Process.Release()
 	return pid, nil
+}
+
+// recvFD receives one descriptor on sock.
+func recvFD(sock *os.File) (int, error) {
+	buf := make([]byte, 64)
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+	if err != nil {
+		return -1, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return -1, errors.New("no descriptor in init's message")
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, errors.New("not one descriptor in init's message")
+	}
+	return fds[0], nil
+}
+
+// sendConsole sends a terminal's master to the engine's console socket,
+// as runc does: one message whose SCM_RIGHTS is the master.
+func sendConsole(path string, master int) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("--console-socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return fmt.Errorf("--console-socket %s: %w", path, err)
+	}
+	if err := unix.Sendmsg(fd, []byte("/dev/ptmx"), unix.UnixRights(master), nil, 0); err != nil {
+		return fmt.Errorf("--console-socket %s: send the terminal: %w", path, err)
+	}
+	return nil
 }
 
 // startJoined starts cmd in the namespaces of join (a pod's network, IPC
@@ -404,7 +504,7 @@ func startJoined(cmd *exec.Cmd, join map[string]string, owner int) error {
 // sendTrees sends init its root tree and bind mounts: detached copies
 // (open_tree), id-mapped into init's user namespace so that the bundle's
 // owner (the host's root) is the container's root, nosuid and nodev.
-func sendTrees(sock *os.File, pid int, c *Container) error {
+func sendTrees(sock *os.File, pid int, c *Container, layers []string) error {
 	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open the container's user namespace: %w", err)
@@ -443,9 +543,12 @@ func sendTrees(sock *os.File, pid int, c *Container) error {
 		}
 		return nil
 	}
-	// The lower layer is never written, whatever the spec says.
-	if err := tree(c.RootFS, true, true, true); err != nil {
-		return fmt.Errorf("container root %s: %w", c.RootFS, err)
+	// The layers are never written, whatever the spec says: the
+	// container writes to its own tmpfs.
+	for _, l := range layers {
+		if err := tree(l, true, true, true); err != nil {
+			return fmt.Errorf("container root %s: %w", c.RootFS, err)
+		}
 	}
 	for _, m := range c.Mounts {
 		if m.Type != "bind" {

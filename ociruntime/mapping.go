@@ -52,6 +52,12 @@ type Container struct {
 	// join (a pod's); absent: a new one.
 	Join   map[string]string
 	Mounts []ContainerMount
+	// Terminal, when set, is the size of the terminal the program gets
+	// (process.terminal), whose master goes to the console socket.
+	Terminal *nswire.Winsize
+	// UnprivilegedPortStart, when set, is the container's own network
+	// namespace's net.ipv4.ip_unprivileged_port_start.
+	UnprivilegedPortStart *int
 	// OOMScoreAdj, when set, is written for the container's init.
 	OOMScoreAdj *int
 	Hooks       *Hooks
@@ -185,7 +191,10 @@ func Map(s *Spec, bundle string, pol *Policy) (*Container, error) {
 
 func mapProcess(c *Container, p *Process, privileged func(field, value, what string) error) error {
 	if p.Terminal {
-		return refuse("process.terminal", "true", "Moat's runtime does not give containers a terminal yet; run without a TTY (no -t, tty: false)")
+		c.Terminal = &nswire.Winsize{Rows: 24, Cols: 80}
+		if cs := p.ConsoleSize; cs != nil && cs.Height > 0 && cs.Width > 0 {
+			c.Terminal = &nswire.Winsize{Rows: cs.Height, Cols: cs.Width}
+		}
 	}
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return refuse("process.args", fmt.Sprintf("%q", p.Args), "name the program to run")
@@ -308,15 +317,13 @@ func mapMounts(c *Container, mounts []Mount, pol *Policy) error {
 		if owned {
 			// /dev/shm, /dev/termination-log from the engine's state:
 			// Moat's /dev is its own (its /dev/shm is the bounded /tmp).
-			if slices.ContainsFunc(EngineStateDirs, func(d string) bool { return under(src, d) }) {
+			if slices.ContainsFunc(pol.engineDirs(), func(d string) bool { return under(src, d) }) {
 				c.Notes = append(c.Notes, fmt.Sprintf("%s: bind of %s on %s replaced by Moat's own /dev", field, src, dest))
 				continue
 			}
 			return refuse(field, src+" on "+dest, "Moat makes /proc, /dev and /sys itself; host files are never bound there")
 		}
-		engine := slices.Contains(engineFiles, dest) && slices.ContainsFunc(EngineStateDirs, func(d string) bool { return under(src, d) })
-		allowed := slices.ContainsFunc(pol.BindSources, func(d string) bool { return under(src, d) })
-		if !engine && !allowed {
+		if !slices.ContainsFunc(pol.bindDirs(dest), func(d string) bool { return under(src, d) }) {
 			return refuse(field+".source", strconv.Quote(src)+" on "+dest, "host paths are not bound into containers; add the directory to bind_sources in the runtime policy ("+DefaultPolicyFile+") to allow it")
 		}
 		c.Mounts = append(c.Mounts, ContainerMount{
@@ -430,13 +437,35 @@ func mapLinux(c *Container, l *Linux, privileged func(field, value, what string)
 		}
 	}
 	if len(l.Sysctl) > 0 {
-		keys := make([]string, 0, len(l.Sysctl))
-		for k := range l.Sysctl {
-			keys = append(keys, k)
+		var refused []string
+		for k, v := range l.Sysctl {
+			switch k {
+			case "net.ipv4.ip_unprivileged_port_start":
+				// Docker sets it (0) on every container: a root
+				// without CAP_NET_BIND_SERVICE may then bind port 80.
+				// Per network namespace; set only in a new one.
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 0 || n > 65536 {
+					return refuse("linux.sysctl "+k, strconv.Quote(v), "a port number 0-65536")
+				}
+				if _, joined := c.Join["network"]; joined {
+					c.Notes = append(c.Notes, "linux.sysctl "+k+" not set: the network namespace is the pod's")
+				} else {
+					c.UnprivilegedPortStart = &n
+				}
+			case "net.ipv4.ping_group_range":
+				// Docker sets it on every container too; ICMP echo
+				// sockets for every group is not Moat's to grant.
+				c.Notes = append(c.Notes, "linux.sysctl "+k+" = "+v+" not set: Moat's containers keep the kernel's default (no ICMP echo sockets)")
+			default:
+				refused = append(refused, k)
+			}
 		}
-		slices.Sort(keys)
-		if err := privileged("linux.sysctl", strings.Join(keys, ","), "Moat does not set sysctls for containers"); err != nil {
-			return err
+		slices.Sort(refused)
+		if len(refused) > 0 {
+			if err := privileged("linux.sysctl", strings.Join(refused, ","), "Moat sets no sysctl for containers but net.ipv4.ip_unprivileged_port_start"); err != nil {
+				return err
+			}
 		}
 	}
 	if len(l.UIDMappings)+len(l.GIDMappings) > 0 {

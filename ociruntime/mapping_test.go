@@ -255,6 +255,26 @@ func TestMapRefusals(t *testing.T) {
 			},
 		},
 		{
+			name: "docker's two sysctls",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["sysctl"] = map[string]any{"net.ipv4.ip_unprivileged_port_start": "0", "net.ipv4.ping_group_range": "0 2147483647"}
+			},
+		},
+		{
+			name: "docker's port sysctl, bad value",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["sysctl"] = map[string]any{"net.ipv4.ip_unprivileged_port_start": "-1"}
+			},
+			field: "linux.sysctl net.ipv4.ip_unprivileged_port_start",
+		},
+		{
+			name: "sysctl beside docker's",
+			edit: func(m map[string]any) {
+				obj(m, "linux")["sysctl"] = map[string]any{"net.ipv4.ip_unprivileged_port_start": "0", "net.core.somaxconn": "1"}
+			},
+			field: "linux.sysctl", value: "net.core.somaxconn",
+		},
+		{
 			name:  "sysctl",
 			edit:  func(m map[string]any) { obj(m, "linux")["sysctl"] = map[string]any{"kernel.shm_rmid_forced": "1"} },
 			field: "linux.sysctl", value: "kernel.shm_rmid_forced",
@@ -274,9 +294,8 @@ func TestMapRefusals(t *testing.T) {
 			policy: &Policy{Hooks: true},
 		},
 		{
-			name:  "terminal",
-			edit:  func(m map[string]any) { obj(m, "process")["terminal"] = true },
-			field: "process.terminal",
+			name: "terminal accepted (the console socket is create's to check)",
+			edit: func(m map[string]any) { obj(m, "process")["terminal"] = true },
 		},
 		{
 			name:  "no args",
@@ -434,6 +453,33 @@ func TestMapCaps(t *testing.T) {
 	}
 }
 
+func TestMapTerminal(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(m map[string]any)
+		want *nswire.Winsize
+	}{
+		{"no terminal", nil, nil},
+		{"default size", func(m map[string]any) { obj(m, "process")["terminal"] = true }, &nswire.Winsize{Rows: 24, Cols: 80}},
+		{"console size", func(m map[string]any) {
+			obj(m, "process")["terminal"] = true
+			obj(m, "process")["consoleSize"] = map[string]any{"height": 50, "width": 132}
+		}, &nswire.Winsize{Rows: 50, Cols: 132}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := ParseSpec(specWith(t, tc.edit))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := Map(s, "/b", nil)
+			if err != nil || !reflect.DeepEqual(c.Terminal, tc.want) {
+				t.Errorf("Terminal = %+v, %v; want %+v", c.Terminal, err, tc.want)
+			}
+		})
+	}
+}
+
 func TestTmpfsData(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -470,6 +516,8 @@ func TestParsePolicy(t *testing.T) {
 		{"full", "bind_sources: [/srv/data]\naccept_privileged: true\nhooks: true\nroot_bytes: 1024\n", &Policy{BindSources: []string{"/srv/data"}, AcceptPrivileged: true, Hooks: true, RootBytes: 1024}, ""},
 		{"typo fails closed", "bind_source: [/srv]\n", nil, "bind_source"},
 		{"relative source", "bind_sources: [srv]\n", nil, "clean absolute"},
+		{"engine dirs", "engine_state_dirs: [/run/k3s/containerd]\n", &Policy{EngineStateDirs: []string{"/run/k3s/containerd"}}, ""},
+		{"relative engine dir", "engine_state_dirs: [run]\n", nil, "engine_state_dirs"},
 		{"root as source", "bind_sources: [/]\n", nil, "other than /"},
 		{"negative size", "root_bytes: -1\n", nil, "negative"},
 	}
@@ -527,7 +575,7 @@ func FuzzMap(f *testing.F) {
 	f.Add([]byte(baseSpec))
 	f.Add([]byte(`{"process":{"args":["sh"]},"root":{"path":"/r"},"linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"network"},{"type":"ipc"},{"type":"uts"}]}}`))
 	f.Add([]byte(`{"mounts":[{"destination":"/x","type":"bind","source":"/var/lib/docker/containers/../../etc"}]}`))
-	f.Add([]byte(`{"process":{"args":["a"],"terminal":true}}`))
+	f.Add([]byte(`{"process":{"args":["a"],"terminal":true,"consoleSize":{"height":0,"width":7}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := ParseSpec(b)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -21,6 +22,13 @@ type Policy struct {
 	// subdirectories any mount destination may bind from. Without them
 	// only the engines' per-container files are bound (EngineStateDirs).
 	BindSources []string `yaml:"bind_sources"`
+	// EngineStateDirs are more directories where an engine keeps the
+	// per-container files it binds into every container (/etc/hosts,
+	// /etc/resolv.conf, /etc/hostname, /dev/shm): a containerd or Docker
+	// with a root of its own (k3s: /var/lib/rancher/k3s/agent/containerd,
+	// /run/k3s/containerd; dockerd --data-root). Added to
+	// EngineStateDirs; binds from them go only to those destinations.
+	EngineStateDirs []string `yaml:"engine_state_dirs"`
 	// AcceptPrivileged makes the runtime run a spec that asks for more
 	// than Moat gives (capabilities beyond an engine's defaults, host
 	// namespaces, devices, sysctls, docker --privileged) instead of
@@ -35,6 +43,10 @@ type Policy struct {
 	// and TmpBytes its /tmp, in bytes. 0: the defaults.
 	RootBytes int64 `yaml:"root_bytes"`
 	TmpBytes  int64 `yaml:"tmp_bytes"`
+	// ResultDir is where delete writes the result (<id>.json) of a
+	// container annotated moat.sandbox/result: "true". Default
+	// DefaultResultDir.
+	ResultDir string `yaml:"result_dir"`
 }
 
 // Policy defaults.
@@ -42,6 +54,27 @@ const (
 	DefaultRootBytes = 1 << 30
 	DefaultTmpBytes  = 256 << 20
 )
+
+// engineDirs are the directories engines' per-container files may come
+// from: EngineStateDirs and the policy's own.
+func (p *Policy) engineDirs() []string {
+	if p == nil {
+		return EngineStateDirs
+	}
+	return slices.Concat(EngineStateDirs, p.EngineStateDirs)
+}
+
+// bindDirs are the directories a bind to dest may come from.
+func (p *Policy) bindDirs(dest string) []string {
+	var dirs []string
+	if slices.Contains(engineFiles, dest) {
+		dirs = p.engineDirs()
+	}
+	if p != nil {
+		dirs = slices.Concat(dirs, p.BindSources)
+	}
+	return dirs
+}
 
 // ParsePolicy decodes a policy file, refusing unknown fields: a typo must
 // not silently leave a default in place.
@@ -52,10 +85,18 @@ func ParsePolicy(b []byte) (*Policy, error) {
 	if err := d.Decode(p); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
-	for _, s := range p.BindSources {
-		if !filepath.IsAbs(s) || filepath.Clean(s) != s || s == "/" {
-			return nil, fmt.Errorf("bind_sources: %q must be a clean absolute directory other than /", s)
+	for _, l := range []struct {
+		name string
+		dirs []string
+	}{{"bind_sources", p.BindSources}, {"engine_state_dirs", p.EngineStateDirs}} {
+		for _, s := range l.dirs {
+			if !filepath.IsAbs(s) || filepath.Clean(s) != s || s == "/" {
+				return nil, fmt.Errorf("%s: %q must be a clean absolute directory other than /", l.name, s)
+			}
 		}
+	}
+	if p.ResultDir != "" && (!filepath.IsAbs(p.ResultDir) || filepath.Clean(p.ResultDir) != p.ResultDir) {
+		return nil, fmt.Errorf("result_dir: %q must be a clean absolute directory", p.ResultDir)
 	}
 	if p.RootBytes < 0 || p.TmpBytes < 0 {
 		return nil, errors.New("root_bytes and tmp_bytes must not be negative; 0 means the default")

@@ -95,6 +95,10 @@ func (r *Runtime) Start(id string) error {
 		return fmt.Errorf("start container %s: %w", id, werr)
 	}
 	os.Remove(fifo)
+	rec.Started = time.Now().UTC()
+	if err := r.save(rec); err != nil {
+		r.Log.Warnf("container %s: record its start: %v", id, err)
+	}
 	if rec.Hooks != nil {
 		for _, h := range rec.Hooks.Poststart {
 			if err := r.runHook("poststart", h, r.state(rec)); err != nil {
@@ -190,8 +194,16 @@ func (r *Runtime) Delete(id string, force bool) error {
 	var errs []error
 	if h, err := cgroup.Detect(); err != nil {
 		errs = append(errs, err)
-	} else if err := h.Remove(id); err != nil {
-		errs = append(errs, err)
+	} else {
+		if rec.Annotations[AnnotationResult] == "true" {
+			// Before the cgroup goes: its counters are the result's.
+			if err := r.writeResult(rec, h.Existing(id)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := h.Remove(id); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if rec.Hooks != nil {
 		st := r.state(rec)
@@ -204,8 +216,10 @@ func (r *Runtime) Delete(id string, force bool) error {
 	if len(errs) == 0 {
 		// Remove, not RemoveAll: the stage directory is a mount point
 		// only in the dead init's namespace, and must be empty here.
-		if err := os.Remove(filepath.Join(StageDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
+		for _, p := range []string{filepath.Join(StageDir, id), execSocket(id)} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 		if err := os.RemoveAll(r.dir(id)); err != nil {
 			errs = append(errs, err)

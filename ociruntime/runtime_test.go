@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -76,6 +77,8 @@ type shim struct {
 	root string
 	log  string
 	pol  string
+	// console, when set, is passed to create as --console-socket.
+	console string
 }
 
 func newShim(t *testing.T) *shim {
@@ -101,7 +104,7 @@ func (s *shim) run(args ...string) (string, error) {
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	if err := c.Run(); err != nil {
-		return out.String(), fmt.Errorf("%v: %v: %s", args, err, errb.String())
+		return out.String(), fmt.Errorf("%v: %w: %s", args, err, errb.String())
 	}
 	return out.String(), nil
 }
@@ -127,7 +130,11 @@ func (s *shim) create(id string, spec map[string]any) (*container, error) {
 	defer outW.Close()
 	defer errW.Close()
 	pidFile := filepath.Join(bundle, "init.pid")
-	c := s.cmd("create", "--bundle", bundle, "--pid-file", pidFile, id)
+	args := []string{"create", "--bundle", bundle, "--pid-file", pidFile}
+	if s.console != "" {
+		args = append(args, "--console-socket", s.console)
+	}
+	c := s.cmd(append(args, id)...)
 	c.Stdout, c.Stderr = outW, errW
 	if err := c.Run(); err != nil {
 		outR.Close()
@@ -155,6 +162,12 @@ func (s *shim) create(id string, spec map[string]any) (*container, error) {
 // output.
 func (s *shim) wait(c *container) (code int, stdout, stderr string) {
 	s.t.Helper()
+	// A container that never ends fails its test, not the whole run.
+	timer := time.AfterFunc(60*time.Second, func() {
+		s.t.Errorf("process %d did not end in 60s: killed", c.pid)
+		unix.Kill(c.pid, unix.SIGKILL)
+	})
+	defer timer.Stop()
 	var ws unix.WaitStatus
 	for {
 		_, err := unix.Wait4(c.pid, &ws, 0, nil)
@@ -299,6 +312,9 @@ func TestLifecycle(t *testing.T) {
 		{name: "tmpfs mount from the spec", args: []string{"sh", "-c", "echo y > /run/t && cat /run/t && grep ' /run ' /proc/mounts"}, edit: func(m map[string]any) {
 			m["mounts"] = append(m["mounts"].([]map[string]any), map[string]any{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{"size=1m"}})
 		}, stdout: "y\ntmpfs /run tmpfs"},
+		{name: "docker's port sysctl in the container's own network namespace", args: []string{"cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"}, edit: func(m map[string]any) {
+			set(m, map[string]any{"net.ipv4.ip_unprivileged_port_start": "0", "net.ipv4.ping_group_range": "0 2147483647"}, "linux", "sysctl")
+		}, stdout: "0\n"},
 		{name: "nothing runs before start", args: []string{"sh", "-c", "echo ran"}, beforeRuns: true, stdout: "ran"},
 	}
 	s := newShim(t)
@@ -493,7 +509,7 @@ func TestResources(t *testing.T) {
 	if cg == nil {
 		t.Fatal("no cgroup for the container")
 	}
-	checks := map[string]string{}
+	var checks map[string]string
 	if h.Version == cgroup.V1 {
 		checks = map[string]string{"memory/moat/" + id + "/memory.limit_in_bytes": "67108864", "pids/moat/" + id + "/pids.max": "32", "cpu/moat/" + id + "/cpu.cfs_quota_us": "50000"}
 	} else {
@@ -608,4 +624,504 @@ func TestPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.noResidue(p)
+}
+
+// TestExec: exec like the shim's (--process, --detach, --pid-file; the
+// proxy's pid is waited for and signalled directly), and without
+// --detach as a person would.
+func TestExec(t *testing.T) {
+	s := newShim(t)
+	id := newID("exec")
+	c, err := s.create(id, spec("sleep", "1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("exec", "--process", "/dev/null", id); err == nil || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("exec in a created container = %v, want refused (not running)", err)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		proc   map[string]any
+		signal unix.Signal // sent to the proxy's pid once started
+		code   int
+		stdout string
+		err    string // exec itself refused, containing this
+	}{
+		{name: "exit status and output", proc: map[string]any{"args": []string{"sh", "-c", "echo in-exec; id -u; exit 7"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, code: 7, stdout: "in-exec\n0\n"},
+		{name: "sees the container's processes", proc: map[string]any{"args": []string{"sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; ps -e 2>/dev/null | grep -c sleep || ls /proc"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, stdout: "moat-init"},
+		{name: "signal to the proxy reaches the process", proc: map[string]any{"args": []string{"sleep", "100"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, signal: unix.SIGTERM, code: 128 + 15},
+		{name: "SIGKILL of the proxy kills the process", proc: map[string]any{"args": []string{"sleep", "100"}, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}}, signal: unix.SIGKILL, code: 128 + 9},
+		{name: "not found", proc: map[string]any{"args": []string{"/nope"}, "cwd": "/"}, code: 127},
+		{name: "another user refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "user": map[string]any{"uid": 1000, "gid": 1000}}, err: "process.user"},
+		{name: "terminal without a console socket refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "terminal": true}, err: "console-socket"},
+		{name: "extra capability refused", proc: map[string]any{"args": []string{"id"}, "cwd": "/", "capabilities": map[string]any{"bounding": []string{"CAP_SYS_ADMIN"}}}, err: "CAP_SYS_ADMIN"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			dir := t.TempDir()
+			pf := filepath.Join(dir, "process.json")
+			b, _ := json.Marshal(tc.proc)
+			os.WriteFile(pf, b, 0o644)
+			outR, outW, _ := os.Pipe()
+			defer outR.Close()
+			pidFile := filepath.Join(dir, "exec.pid")
+			cmd := s.cmd("exec", "--process", pf, "--detach", "--pid-file", pidFile, id)
+			// Files, as the shim's: a Go buffer would make Run wait
+			// for the proxy, which inherits them, to end.
+			cmd.Stdout, cmd.Stderr = outW, outW
+			err := cmd.Run()
+			outW.Close()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(s.lastLog(), tc.err) {
+					t.Errorf("exec = %v (log %s), want refused with %q", err, s.lastLog(), tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("exec: %v: %s", err, s.lastLog())
+			}
+			p, _ := os.ReadFile(pidFile)
+			pid, err := strconv.Atoi(string(p))
+			if err != nil {
+				t.Fatalf("pid file %q", p)
+			}
+			if tc.signal != 0 {
+				time.Sleep(100 * time.Millisecond)
+				if err := unix.Kill(pid, tc.signal); err != nil {
+					t.Errorf("kill %d: %v", pid, err)
+				}
+			}
+			code, out, _ := s.wait(&container{pid: pid, stdout: outR, stderr: outR})
+			if code != tc.code || !strings.Contains(out, tc.stdout) {
+				t.Errorf("exec exit %d, output %q; want %d, %q", code, out, tc.code, tc.stdout)
+			}
+			// Whatever way the exec ended, it is gone from the
+			// container: only init and the program are left.
+			var pids []int
+			for range 100 {
+				o, err := s.run("ps", "--format", "json", id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				json.Unmarshal([]byte(o), &pids)
+				if len(pids) == 2 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if len(pids) != 2 {
+				t.Errorf("processes left in the container: %v, want init and the program", pids)
+			}
+		})
+	}
+	s.t = t
+	t.Run("attached", func(t *testing.T) {
+		s.t = t
+		out, err := s.run("exec", "--env", "X=42", "--cwd", "/usr", id, "sh", "-c", "echo $X; pwd")
+		if err != nil || out != "42\n/usr\n" {
+			t.Errorf("exec = %q, %v; want 42 and /usr", out, err)
+		}
+		_, err = s.run("exec", id, "sh", "-c", "exit 5")
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 5 {
+			t.Errorf("exec exit = %v, want status 5", err)
+		}
+	})
+	s.t = t
+	if _, err := s.run("delete", "--force", id); err != nil {
+		t.Fatal(err)
+	}
+	s.wait(c)
+	s.noResidue(c)
+}
+
+// TestOverlayRootfs: containerd's overlayfs snapshotter and Docker's
+// overlay2 hand the runtime a rootfs that is an overlay mount, which
+// cannot be id-mapped; its layers are, one by one.
+func TestOverlayRootfs(t *testing.T) {
+	s := newShim(t)
+	dir := t.TempDir()
+	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+	for _, d := range []string{upper, work, rootfs} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(upper, "from-upper"), []byte("upper layer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", imageRoot, upper, work)
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		t.Skipf("cannot mount an overlay here: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
+	m := spec("sh", "-c", "cat /from-upper; stat -c %U /etc; python3 -c 'print(6*7)'; echo w > /from-upper && cat /from-upper")
+	set(m, rootfs, "root", "path")
+	id := newID("overlay")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := s.wait(c)
+	if code != 0 || out != "upper layer\nroot\n42\nw\n" {
+		t.Errorf("exit %d, output %q (%s); want the upper layer's file, root-owned /etc, python, a writable root", code, out, errs)
+	}
+	if b, _ := os.ReadFile(filepath.Join(upper, "from-upper")); string(b) != "upper layer\n" {
+		t.Errorf("the engine's upper layer was written: %q", b)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
+
+// consoleSocket listens like the shim's console socket and returns its
+// path and a channel that gets the terminal master the runtime sends.
+func consoleSocket(t *testing.T) (string, <-chan *os.File) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "console.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Listen(fd, 1)
+	ch := make(chan *os.File, 1)
+	go func() {
+		defer unix.Close(fd)
+		c, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
+		if err != nil {
+			close(ch)
+			return
+		}
+		defer unix.Close(c)
+		buf := make([]byte, 256)
+		oob := make([]byte, unix.CmsgSpace(4))
+		_, oobn, _, _, err := unix.Recvmsg(c, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != nil {
+			close(ch)
+			return
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		if len(msgs) != 1 {
+			close(ch)
+			return
+		}
+		fds, _ := unix.ParseUnixRights(&msgs[0])
+		if len(fds) != 1 {
+			close(ch)
+			return
+		}
+		ch <- os.NewFile(uintptr(fds[0]), "master")
+	}()
+	return path, ch
+}
+
+// readAll reads a terminal master until the slave side is gone (EIO).
+func readTerminal(m *os.File) string {
+	var out bytes.Buffer
+	buf := make([]byte, 4096)
+	for {
+		n, err := m.Read(buf)
+		out.Write(buf[:n])
+		if err != nil {
+			return out.String()
+		}
+	}
+}
+
+// TestTerminal: process.terminal with --console-socket, for the
+// container's program and for an exec, as `docker run -t` and `crictl
+// exec -it` ask: the master reaches the console socket, the process has
+// the terminal as its stdio and controlling terminal.
+func TestTerminal(t *testing.T) {
+	s := newShim(t)
+	path, masters := consoleSocket(t)
+	m := spec("sh", "-c", "tty; stty size; read line; echo got $line; sleep 100")
+	set(m, true, "process", "terminal")
+	set(m, map[string]any{"height": 30, "width": 100}, "process", "consoleSize")
+	id := newID("tty")
+	if _, err := s.create(id, m); err == nil {
+		t.Fatal("a terminal without --console-socket was accepted")
+	}
+	s.console = path
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.console = ""
+	master := <-masters
+	if master == nil {
+		t.Fatal("no terminal master on the console socket")
+	}
+	defer master.Close()
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	master.Write([]byte("hello\n"))
+
+	// An exec with a terminal of its own.
+	epath, emasters := consoleSocket(t)
+	pf := filepath.Join(t.TempDir(), "p.json")
+	b, _ := json.Marshal(map[string]any{"args": []string{"sh", "-c", "tty; test -t 0 && echo interactive"}, "cwd": "/", "terminal": true, "consoleSize": map[string]any{"height": 10, "width": 40}})
+	os.WriteFile(pf, b, 0o644)
+	epidFile := filepath.Join(t.TempDir(), "e.pid")
+	if _, err := s.run("exec", "--process", pf, "--detach", "--console-socket", epath, "--pid-file", epidFile, id); err != nil {
+		t.Fatal(err)
+	}
+	em := <-emasters
+	if em == nil {
+		t.Fatal("no terminal master for the exec")
+	}
+	eout := readTerminal(em)
+	em.Close()
+	p, _ := os.ReadFile(epidFile)
+	epid, _ := strconv.Atoi(string(p))
+	if code, _, _ := s.wait(&container{pid: epid, stdout: devNull(t), stderr: devNull(t)}); code != 0 {
+		t.Errorf("exec exit %d", code)
+	}
+	if !strings.Contains(eout, "/dev/pts/") || !strings.Contains(eout, "interactive") {
+		t.Errorf("exec's terminal output %q, want a /dev/pts terminal as stdin", eout)
+	}
+
+	if _, err := s.run("kill", id, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	out := readTerminal(master)
+	c.stdout, c.stderr = devNull(t), devNull(t)
+	s.wait(c)
+	for _, w := range []string{"/dev/pts/0", "30 100", "got hello"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("terminal output %q lacks %q", out, w)
+		}
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
+
+func devNull(t *testing.T) *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// TestResult: a container annotated moat.sandbox/result gets its Moat
+// result written to the policy's result_dir when it is deleted.
+func TestResult(t *testing.T) {
+	s := newShim(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(s.pol, []byte("result_dir: "+dir+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name        string
+		args        []string
+		annotate    bool
+		memory      int64
+		termination string
+		code        int
+	}{
+		{name: "exit status", args: []string{"sh", "-c", "exit 3"}, annotate: true, termination: "exited", code: 3},
+		{name: "OOM", args: []string{"python3", "-c", "x = bytearray(400 << 20)"}, annotate: true, memory: 64 << 20, termination: "oom", code: 137},
+		{name: "not annotated: no result", args: []string{"true"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			m := spec(tc.args...)
+			if tc.annotate {
+				m["annotations"] = map[string]string{ociruntime.AnnotationResult: "true"}
+			}
+			if tc.memory > 0 {
+				set(m, map[string]any{"memory": map[string]any{"limit": tc.memory}}, "linux", "resources")
+			}
+			id := newID("result")
+			c, err := s.create(id, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			s.wait(c)
+			if _, err := s.run("delete", id); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(filepath.Join(dir, id+".json"))
+			if !tc.annotate {
+				if err == nil {
+					t.Errorf("a result was written without the annotation")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res struct {
+				ID          string   `json:"id"`
+				Termination string   `json:"termination"`
+				ExitCode    int      `json:"exit_code"`
+				Command     []string `json:"command"`
+				PeakMemory  int64    `json:"peak_memory_bytes"`
+			}
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
+			if res.ID != id || res.Termination != tc.termination || res.ExitCode != tc.code || len(res.Command) == 0 || res.PeakMemory <= 0 {
+				t.Errorf("result %s; want %s, exit %d", b, tc.termination, tc.code)
+			}
+			s.noResidue(c)
+		})
+	}
+}
+
+// TestHooks: with hooks: true in the policy, the spec's hooks run on the
+// host with the container's state on stdin (Docker's network hook reads
+// the init's pid from it): prestart at create, poststart after start,
+// poststop at delete.
+func TestHooks(t *testing.T) {
+	s := newShim(t)
+	if err := os.WriteFile(s.pol, []byte("hooks: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	hook := func(name string) map[string]any {
+		return map[string]any{"path": "/bin/sh", "args": []string{"sh", "-c", "cat > " + filepath.Join(dir, name)}}
+	}
+	m := spec("true")
+	m["hooks"] = map[string]any{"prestart": []any{hook("prestart")}, "poststart": []any{hook("poststart")}, "poststop": []any{hook("poststop")}}
+	id := newID("hooks")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ociruntime.State
+	b, _ := os.ReadFile(filepath.Join(dir, "prestart"))
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid != c.pid || st.ID != id {
+		t.Errorf("prestart hook's state %s (%v); want the init's pid %d", b, err, c.pid)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	s.wait(c)
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"poststart", "poststop"} {
+		if b, err := os.ReadFile(filepath.Join(dir, h)); err != nil || !bytes.Contains(b, []byte(id)) {
+			t.Errorf("%s hook: %q, %v", h, b, err)
+		}
+	}
+	s.noResidue(c)
+}
+
+// TestKillCreated: a terminating signal to a container that was never
+// started ends it, as it ends runc's init waiting on its FIFO.
+func TestKillCreated(t *testing.T) {
+	s := newShim(t)
+	id := newID("killcreated")
+	c, err := s.create(id, spec("sh", "-c", "echo never"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("kill", id, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := s.wait(c); code != 128+15 || out != "" {
+		t.Errorf("exit %d, output %q; want 143 and nothing run", code, out)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
+}
+
+// TestCLI: what engines call besides the lifecycle (runc --version,
+// features), and the refusals of the command line, each in the log.
+func TestCLI(t *testing.T) {
+	s := newShim(t)
+	tests := []struct {
+		name   string
+		policy string
+		args   []string
+		ok     bool
+		stdout string // contained in stdout
+		log    string // contained in the log's last line
+	}{
+		{name: "version as docker parses it", args: []string{"--version"}, ok: true, stdout: "moat-runtime version "},
+		{name: "features", args: []string{"features"}, ok: true, stdout: `"ociVersionMax": "1.1.0"`},
+		{name: "unknown command", args: []string{"frob", "x"}, log: "unknown command"},
+		{name: "pause refused", args: []string{"pause", "x"}, log: "pause: not supported"},
+		{name: "systemd cgroup refused", args: []string{"--systemd-cgroup", "state", "x"}, log: "SystemdCgroup = false"},
+		{name: "unknown container", args: []string{"state", "nope"}, log: "does not exist"},
+		{name: "bad id", args: []string{"state", "../etc"}, log: "container id"},
+		{name: "bad policy fails closed", policy: "bind_sourcez: [/]\n", args: []string{"state", "x"}, log: "bind_sourcez"},
+		{name: "force-delete of an unknown container", args: []string{"delete", "--force", "nope"}, ok: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			if err := os.WriteFile(s.pol, []byte(tc.policy), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := s.run(tc.args...)
+			if (err == nil) != tc.ok || !strings.Contains(out, tc.stdout) {
+				t.Errorf("%v = %q, %v; want ok %v and %q", tc.args, out, err, tc.ok, tc.stdout)
+			}
+			if tc.log != "" && !strings.Contains(s.lastLog(), tc.log) {
+				t.Errorf("log %q lacks %q", s.lastLog(), tc.log)
+			}
+		})
+	}
+}
+
+// TestNamedNetns: containerd's CRI gives the pause container the network
+// namespace CNI set up, by its /var/run/netns path.
+func TestNamedNetns(t *testing.T) {
+	s := newShim(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip to make a named network namespace")
+	}
+	name := fmt.Sprintf("moat-oci-test-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", name).Run() })
+	path := "/var/run/netns/" + name
+	var want unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		t.Fatal(err)
+	}
+	m := spec("sh", "-c", "stat -L -c %i /proc/self/ns/net")
+	set(m, []map[string]any{{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network", "path": path}}, "linux", "namespaces")
+	id := newID("cni")
+	c, err := s.create(id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run("start", id); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := s.wait(c)
+	if code != 0 || strings.TrimSpace(out) != strconv.FormatUint(want.Ino, 10) {
+		t.Errorf("exit %d, netns inode %q (%s); want %d", code, out, errs, want.Ino)
+	}
+	if _, err := s.run("delete", id); err != nil {
+		t.Fatal(err)
+	}
+	s.noResidue(c)
 }

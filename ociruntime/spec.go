@@ -24,6 +24,7 @@ type Spec struct {
 // Process is the container's program.
 type Process struct {
 	Terminal        bool          `json:"terminal"`
+	ConsoleSize     *ConsoleSize  `json:"consoleSize"`
 	User            User          `json:"user"`
 	Args            []string      `json:"args"`
 	Env             []string      `json:"env"`
@@ -34,6 +35,12 @@ type Process struct {
 	ApparmorProfile string        `json:"apparmorProfile"`
 	SelinuxLabel    string        `json:"selinuxLabel"`
 	OOMScoreAdj     *int          `json:"oomScoreAdj"`
+}
+
+// ConsoleSize is a terminal's size.
+type ConsoleSize struct {
+	Height uint16 `json:"height"`
+	Width  uint16 `json:"width"`
 }
 
 // User is the program's identity inside the container.

@@ -39,6 +39,13 @@ type record struct {
 	Annotations map[string]string `json:"annotations,omitempty"`
 	Hooks       *Hooks            `json:"hooks,omitempty"`
 	UIDBase     int               `json:"uid_base"`
+	// UID and GID are the container's user: every exec runs as it.
+	UID int `json:"uid"`
+	GID int `json:"gid"`
+	// Command is the program, for the result.
+	Command []string `json:"command"`
+	// Started is when start let the program run (zero: never).
+	Started time.Time `json:"started,omitzero"`
 }
 
 // State is the runtime-spec state, with runc's extra fields that
@@ -56,9 +63,14 @@ type State struct {
 }
 
 const (
-	recordFile = "state.json"
-	fifoFile   = "start.fifo"
+	recordFile   = "state.json"
+	fifoFile     = "start.fifo"
+	exitFileName = "exit.json"
 )
+
+// execSocket is where a container's init takes its execs: in StageDir, a
+// short path (a socket's is at most 107 bytes), root's only.
+func execSocket(id string) string { return filepath.Join(StageDir, id+".sock") }
 
 // StageDir holds one empty directory per container, on which its init
 // mounts the container's root in its own mount namespace (the host sees

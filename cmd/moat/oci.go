@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/ociruntime"
 )
 
@@ -43,6 +44,9 @@ type ociGlobals struct {
 }
 
 func cmdOCI(args []string) int {
+	if len(args) == 1 && args[0] == ociruntime.ProxyArg {
+		return ociruntime.ProxyMain()
+	}
 	fs := flag.NewFlagSet("oci", flag.ContinueOnError)
 	fs.SetOutput(helpOutput(args))
 	fs.Usage = func() { fmt.Fprint(fs.Output(), ociUsage); fs.PrintDefaults() }
@@ -107,7 +111,11 @@ func cmdOCI(args []string) int {
 	if err != nil {
 		return failed(err)
 	}
-	rt := &ociruntime.Runtime{Root: g.root, Policy: pol, Log: logger}
+	// The container's init is moat-guest where it matches this moat (a
+	// smaller binary, a faster start), as for every native-tier run.
+	exe, why := engine.GuestBinary()
+	logger.Debugf("container init: %s", why)
+	rt := &ociruntime.Runtime{Root: g.root, Policy: pol, Log: logger, Exe: exe}
 	if err := ociCommand(rt, cmd, cargs); err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
@@ -210,7 +218,11 @@ func ociCommand(rt *ociruntime.Runtime, cmd string, args []string) error {
 		}
 		return nil
 	case "exec":
-		return ociExec(rt, fs, args)
+		code, err := ociExec(rt, fs, args)
+		if err == nil && code != 0 {
+			os.Exit(code)
+		}
+		return err
 	case "pause", "resume", "update", "checkpoint", "restore", "events":
 		return fmt.Errorf("%s: not supported by Moat's runtime (see docs/RUNTIME.md); the container is unaffected", cmd)
 	}
@@ -238,6 +250,49 @@ func ociPrintJSON(v any) int {
 	return 0
 }
 
-func ociExec(rt *ociruntime.Runtime, fs *flag.FlagSet, args []string) error {
-	return errors.New("exec: not supported by Moat's runtime yet")
+// stringList is a repeatable string flag (exec --env).
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// ociExec runs exec: flags, then the id, then the command's arguments.
+func ociExec(rt *ociruntime.Runtime, fs *flag.FlagSet, args []string) (int, error) {
+	var o ociruntime.ExecOptions
+	var env stringList
+	fs.StringVar(&o.ProcessFile, "process", "", "process.json of the process to run")
+	fs.StringVar(&o.ProcessFile, "p", "", "process.json of the process to run")
+	fs.BoolVar(&o.Detach, "detach", false, "return once the process started")
+	fs.BoolVar(&o.Detach, "d", false, "return once the process started")
+	fs.StringVar(&o.PidFile, "pid-file", "", "write the process's pid here")
+	fs.StringVar(&o.ConsoleSocket, "console-socket", "", "refused: no terminals yet")
+	fs.BoolVar(&o.TTY, "tty", false, "refused: no terminals yet")
+	fs.BoolVar(&o.TTY, "t", false, "refused: no terminals yet")
+	fs.StringVar(&o.Cwd, "cwd", "", "working directory")
+	fs.Var(&env, "env", "KEY=VALUE to add (repeatable)")
+	fs.Var(&env, "e", "KEY=VALUE to add (repeatable)")
+	user := fs.String("user", "", "refused unless the container's user")
+	fs.StringVar(user, "u", "", "refused unless the container's user")
+	var caps stringList
+	fs.Var(&caps, "cap", "refused: no capability is added")
+	fs.Var(&caps, "c", "refused: no capability is added")
+	fs.Bool("no-new-privs", false, "ignored: always set")
+	fs.String("process-label", "", "ignored")
+	fs.String("apparmor", "", "ignored")
+	preserve := fs.Int("preserve-fds", 0, "refused when not 0")
+	if err := fs.Parse(args); err != nil {
+		return 0, usageError{fmt.Errorf("exec: %w", err)}
+	}
+	if fs.NArg() < 1 {
+		return 0, usageError{errors.New("exec: give the container id")}
+	}
+	if *preserve != 0 || *user != "" || len(caps) > 0 {
+		return 0, errors.New("exec: --preserve-fds, --user and --cap are not supported: every process of a Moat container runs as its user, with its stdio only")
+	}
+	o.Env = env
+	o.Args = fs.Args()[1:]
+	if o.ProcessFile == "" && len(o.Args) == 0 {
+		return 0, usageError{errors.New("exec: give --process FILE or the command to run after the id")}
+	}
+	return rt.Exec(fs.Arg(0), o)
 }

@@ -131,9 +131,19 @@ func run(st *reporter) (int, error) {
 		return 1, fmt.Errorf("setup: root %q is not absolute", cfg.Root)
 	}
 	oci := cfg.OCI
+	ttySlave := -1
 	if oci != nil {
+		ociSignals(true, 0)
 		if err := ociBuildRoot(cfg); err != nil {
 			return 1, err
+		}
+		if oci.Terminal != nil {
+			var err error
+			if ttySlave, err = ociTerminal(*oci.Terminal, cfg.UID, cfg.GID); err != nil {
+				return 1, err
+			}
+		} else {
+			unix.Close(nswire.OCIFDSocket)
 		}
 	} else if err := buildRoot(cfg); err != nil {
 		return 1, err
@@ -235,21 +245,34 @@ func run(st *reporter) (int, error) {
 		var nf *notFoundError
 		if errors.As(lookErr, &nf) && nf.exists {
 			st.send(nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
+			ociRecordExit(oci, nswire.Status{Exited: true, Exit: 126, NotExecutable: true})
 			return ociCode(oci, 126), nil
 		}
 		st.send(nswire.Status{Exited: true, Exit: 127, NotFound: true})
+		ociRecordExit(oci, nswire.Status{Exited: true, Exit: 127, NotFound: true})
 		return ociCode(oci, 127), nil
 	}
 
-	forked := time.Now()
-	pid, err := syscall.ForkExec(path, cfg.Argv, &syscall.ProcAttr{
+	attr := &syscall.ProcAttr{
 		Dir:   cfg.Dir,
 		Env:   cfg.Env,
 		Files: []uintptr{0, 1, 2},
 		// Its own process group, so signals we forward reach every
 		// process it starts in the foreground.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
-	})
+	}
+	if ttySlave >= 0 {
+		// An OCI container's terminal: its own session, the terminal
+		// its controlling one, so that job control and ^C work.
+		t := uintptr(ttySlave)
+		attr.Files = []uintptr{t, t, t}
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	forked := time.Now()
+	pid, err := syscall.ForkExec(path, cfg.Argv, attr)
+	if ttySlave >= 0 {
+		unix.Close(ttySlave)
+	}
 	if err != nil {
 		st.send(nswire.Status{Started: true, Degraded: degraded})
 		fmt.Fprintf(os.Stderr, "moat: cannot execute %s: %v\n", cfg.Argv[0], err)
@@ -257,20 +280,27 @@ func run(st *reporter) (int, error) {
 		return ociCode(oci, 126), nil
 	}
 	if oci != nil {
-		forwardTo.Store(int64(pid))
+		ociSignals(false, pid)
 	}
 	st.send(nswire.Status{Started: true, Degraded: degraded})
 
-	// The program is running; nothing needs this thread's namespaces any
-	// more. Unlocking lets the few goroutines below share it instead of
-	// each needing a new OS thread (which the pids limit counts).
-	runtime.UnlockOSThread()
-	// The host's signals for the program come as frames on the config
-	// pipe (Signal), queued there until read: none is lost to the
-	// program's first instants, and this goroutine's thread is started
-	// while the program already runs.
-	go forwardSignals(cfgPipe, pid)
-	ws := reap(pid)
+	var ws unix.WaitStatus
+	if oci != nil {
+		// This thread stays locked: an OCI container's execs are forked
+		// from it, inside the cgroup and with its emptied bounding set.
+		ws = ociServe(pid, oci.Exec)
+	} else {
+		// The program is running; nothing needs this thread's namespaces any
+		// more. Unlocking lets the few goroutines below share it instead of
+		// each needing a new OS thread (which the pids limit counts).
+		runtime.UnlockOSThread()
+		// The host's signals for the program come as frames on the config
+		// pipe (Signal), queued there until read: none is lost to the
+		// program's first instants, and this goroutine's thread is started
+		// while the program already runs.
+		go forwardSignals(cfgPipe, pid)
+		ws = reap(pid)
+	}
 	s := nswire.Status{Exited: true, DurationNS: time.Since(forked).Nanoseconds()}
 	switch {
 	case ws.Exited():
@@ -280,6 +310,7 @@ func run(st *reporter) (int, error) {
 		s.Exit = 128 + s.Signal
 	}
 	st.send(s)
+	ociRecordExit(oci, s)
 	// Returning ends PID 1: the kernel kills every process left in the
 	// namespace, including daemons that escaped the process group.
 	return ociCode(oci, s.Exit), nil

@@ -271,14 +271,21 @@ func ReadFrame(r io.Reader, v any) error {
 const (
 	// OCIFDSocket is a unix socket on which the host sends, once init is
 	// started, one message whose SCM_RIGHTS are the detached mounts init
-	// attaches: the container's root tree first, then one per OCIMount
-	// of type "bind", in order. Init needs its user namespace to exist
+	// attaches: the container's root layers first (OCI.RootLayers), then
+	// one per OCIMount of type "bind", in order. Init needs its user namespace to exist
 	// before the host can id-map a tree for it, hence a message rather
 	// than descriptors inherited at clone.
 	OCIFDSocket = 5
 	// OCIStartFD is the read end of the container's start FIFO: init
 	// starts the program only once `start` writes to it.
 	OCIStartFD = 6
+	// OCIExecFD, with OCI.Exec, is a listening SOCK_SEQPACKET socket
+	// (bound by the host at a root-only path): each connection is one
+	// exec, an OpExec Request with the command's stdin, stdout and
+	// stderr as SCM_RIGHTS, then OpSignal Requests; init answers with a
+	// Started Status and, when the command ends, an Exited one. A
+	// connection closed before that kills the command.
+	OCIExecFD = 7
 )
 
 // OCI is the container's shape in OCI mode: what differs from a Moat run.
@@ -298,6 +305,26 @@ type OCI struct {
 	Mounts []OCIMount `json:"mounts,omitempty"`
 	// Rlimits replace Moat's backstop limits (Setup.Rlimits).
 	Rlimits []Rlimit `json:"rlimits,omitempty"`
+	// Exec: OCIExecFD is there; init serves execs while the program runs.
+	Exec bool `json:"exec,omitempty"`
+	// RootLayers is how many trees on OCIFDSocket make the root, top
+	// first (the layers of an engine's overlay rootfs; 0 or 1: the rootfs
+	// itself); the bind mounts' follow.
+	RootLayers int `json:"root_layers,omitempty"`
+	// Terminal, when set, gives the program a new terminal of the
+	// container's devpts, of this size, as its stdio and controlling
+	// terminal; init sends the terminal's master back on OCIFDSocket
+	// (SCM_RIGHTS) before it reports Ready, for the engine's console
+	// socket.
+	Terminal *Winsize `json:"terminal,omitempty"`
+	// UnprivilegedPortStart, when set, is written to the new network
+	// namespace's net.ipv4.ip_unprivileged_port_start (Docker asks 0).
+	UnprivilegedPortStart *int `json:"unprivileged_port_start,omitempty"`
+	// ExitFD, when not 0, is a file of the runtime's state that init
+	// writes the program's final Status to (one JSON line) before it
+	// exits: the runtime's delete reads it for the container's result,
+	// since the exit status itself goes to the engine's shim.
+	ExitFD int `json:"exit_fd,omitempty"`
 }
 
 // OCIMount is one mount of the container.
