@@ -28,6 +28,10 @@ type ContainerdConfig struct {
 	// Dir holds everything the instance writes: root, state, socket,
 	// CNI configuration, logs. It must exist and be empty.
 	Dir string
+	// StateDir, if set, is the state directory instead of Dir/state
+	// (created, and removed by Stop): where the CRI keeps each pod's
+	// /dev/shm, which a runtime may accept only from known places.
+	StateDir string
 	// Runtimes are the CRI handlers; the first is the default.
 	Runtimes []Runtime
 	// SandboxImage is the pause image (imported locally, never pulled).
@@ -49,6 +53,7 @@ type ContainerdConfig struct {
 type Containerd struct {
 	Dir    string
 	Socket string
+	state  string // the state directory, Dir/state or outside Dir
 	bridge string
 	// snapshotter images are unpacked for.
 	snapshotter string
@@ -64,7 +69,7 @@ type Containerd struct {
 func (c ContainerdConfig) ConfigTOML() string {
 	var b strings.Builder
 	q := strconv.Quote
-	fmt.Fprintf(&b, "version = 2\nroot = %s\nstate = %s\n", q(filepath.Join(c.Dir, "root")), q(filepath.Join(c.Dir, "state")))
+	fmt.Fprintf(&b, "version = 2\nroot = %s\nstate = %s\n", q(filepath.Join(c.Dir, "root")), q(c.stateDir()))
 	// Plugins that would write outside Dir (opt: /opt/containerd) or are
 	// unused here are off; the snapshotter is overlayfs.
 	b.WriteString(`disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]` + "\n")
@@ -96,6 +101,13 @@ func (c ContainerdConfig) ConfigTOML() string {
 	return b.String()
 }
 
+func (c ContainerdConfig) stateDir() string {
+	if c.StateDir != "" {
+		return c.StateDir
+	}
+	return filepath.Join(c.Dir, "state")
+}
+
 // cniConfig is the pods' network: a bridge of their own (Bridge) with no
 // address on the host, no gateway and no masquerading, so that a pod has
 // its own network namespace with an eth0 (containerd 1.6's CRI requires
@@ -125,7 +137,7 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig, crictl string) (
 	if err := os.WriteFile(conf, []byte(cfg.ConfigTOML()), 0o644); err != nil {
 		return nil, err
 	}
-	c := &Containerd{Dir: cfg.Dir, Socket: filepath.Join(cfg.Dir, "containerd.sock"), done: make(chan struct{}), log: &bytes.Buffer{}, crictl: crictl, bridge: cfg.Bridge, snapshotter: cmp.Or(cfg.Snapshotter, "overlayfs")}
+	c := &Containerd{Dir: cfg.Dir, Socket: filepath.Join(cfg.Dir, "containerd.sock"), done: make(chan struct{}), log: &bytes.Buffer{}, crictl: crictl, bridge: cfg.Bridge, state: cfg.stateDir(), snapshotter: cmp.Or(cfg.Snapshotter, "overlayfs")}
 	c.cmd = exec.Command("containerd", "--config", conf, "--log-level", "warn")
 	c.cmd.Env = append(os.Environ(), cfg.Env...)
 	c.cmd.Stdout, c.cmd.Stderr = &lockedWriter{b: c.log}, &lockedWriter{b: c.log}
@@ -225,6 +237,10 @@ func (c *Containerd) Stop() []string {
 	}
 	left = append(left, Residue(c.Dir)...)
 	cleanupDir(c.Dir)
+	if !strings.HasPrefix(c.state, c.Dir+"/") {
+		left = append(left, Residue(c.state)...)
+		cleanupDir(c.state)
+	}
 	if c.bridge != "" {
 		if _, err := os.Stat("/sys/class/net/" + c.bridge); err == nil {
 			if out, err := exec.Command("ip", "link", "del", c.bridge).CombinedOutput(); err != nil {

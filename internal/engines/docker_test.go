@@ -43,6 +43,10 @@ func getDockerd(t testing.TB, f *fixture) *engines.Dockerd {
 			Dir:          dir,
 			Runtimes:     []engines.Runtime{{Handler: "moat", Binary: f.moatRuntime}},
 			CgroupParent: f.cgroupParent,
+			// Under /var/lib/docker/containers, where moat-runtime
+			// accepts Docker's per-container /dev/shm from
+			// (ociruntime.EngineStateDirs), as for containerd's state.
+			DataRoot: filepath.Join("/var/lib/docker/containers", filepath.Base(f.dir)),
 			// vfs: see the containerd fixture's snapshotter.
 			StorageDriver: "vfs",
 			Env:           []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + policy},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -20,6 +21,10 @@ const DockerClient = "/usr/bin/docker"
 type DockerdConfig struct {
 	// Dir holds its data root, exec root, socket and logs.
 	Dir string
+	// DataRoot, if set, is the data root instead of Dir/data (removed by
+	// Stop): where Docker keeps each container's /dev/shm, which a
+	// runtime may accept only from known places.
+	DataRoot string
 	// Runtimes are added with --add-runtime HANDLER=BINARY.
 	Runtimes []Runtime
 	// CgroupParent is the parent cgroup of its containers (cgroupfs).
@@ -32,6 +37,13 @@ type DockerdConfig struct {
 	StorageDriver string
 }
 
+func (cfg DockerdConfig) dataRoot() string {
+	if cfg.DataRoot != "" {
+		return cfg.DataRoot
+	}
+	return filepath.Join(cfg.Dir, "data")
+}
+
 func (cfg DockerdConfig) storageDriver() string {
 	if cfg.StorageDriver == "" {
 		return "overlay2"
@@ -41,11 +53,12 @@ func (cfg DockerdConfig) storageDriver() string {
 
 // Dockerd is a running private dockerd.
 type Dockerd struct {
-	Dir    string
-	Socket string
-	cmd    *exec.Cmd
-	done   chan struct{}
-	log    *bytes.Buffer
+	Dir      string
+	Socket   string
+	dataRoot string
+	cmd      *exec.Cmd
+	done     chan struct{}
+	log      *bytes.Buffer
 }
 
 // Args are dockerd's arguments for cfg: no iptables, no bridge (the
@@ -53,7 +66,7 @@ type Dockerd struct {
 // /etc/docker/daemon.json is not read, and the cgroupfs driver.
 func (cfg DockerdConfig) Args() []string {
 	args := []string{
-		"--data-root", filepath.Join(cfg.Dir, "data"),
+		"--data-root", cfg.dataRoot(),
 		"--exec-root", filepath.Join(cfg.Dir, "exec"),
 		"--pidfile", filepath.Join(cfg.Dir, "docker.pid"),
 		"--config-file", filepath.Join(cfg.Dir, "daemon.json"),
@@ -77,7 +90,7 @@ func StartDockerd(ctx context.Context, cfg DockerdConfig) (*Dockerd, error) {
 	if err := os.WriteFile(filepath.Join(cfg.Dir, "daemon.json"), []byte("{}\n"), 0o644); err != nil {
 		return nil, err
 	}
-	d := &Dockerd{Dir: cfg.Dir, Socket: filepath.Join(cfg.Dir, "docker.sock"), done: make(chan struct{}), log: &bytes.Buffer{}}
+	d := &Dockerd{Dir: cfg.Dir, dataRoot: cfg.dataRoot(), Socket: filepath.Join(cfg.Dir, "docker.sock"), done: make(chan struct{}), log: &bytes.Buffer{}}
 	d.cmd = exec.Command("dockerd", cfg.Args()...)
 	d.cmd.Env = append(os.Environ(), cfg.Env...)
 	d.cmd.Stdout, d.cmd.Stderr = &lockedWriter{b: d.log}, &lockedWriter{b: d.log}
@@ -143,5 +156,9 @@ func (d *Dockerd) Stop() []string {
 	}
 	left = append(left, Residue(d.Dir)...)
 	cleanupDir(d.Dir)
+	if !strings.HasPrefix(d.dataRoot, d.Dir+"/") {
+		left = append(left, Residue(d.dataRoot)...)
+		cleanupDir(d.dataRoot)
+	}
 	return left
 }

@@ -58,7 +58,7 @@ type fixture struct {
 	hostPaths map[string]bool
 }
 
-var engineHostPaths = []string{"/etc/docker/key.json", "/etc/docker", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"}
+var engineHostPaths = []string{"/var/lib/docker/containers", "/var/lib/docker", "/etc/docker/key.json", "/etc/docker", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"}
 
 var shared struct {
 	once sync.Once
@@ -157,6 +157,9 @@ func newFixture() (*fixture, error) {
 			f.teardown()
 		}
 	}()
+	if err := engines.SharedNetnsDir(); err != nil {
+		return nil, err
+	}
 	if err := f.binaries(); err != nil {
 		return nil, err
 	}
@@ -184,7 +187,11 @@ func newFixture() (*fixture, error) {
 		SandboxImage: pauseImage,
 		Env:          []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + f.policy},
 		Snapshotter:  "native",
-		Bridge:       "moat" + strings.TrimPrefix(filepath.Base(dir), "moat-engines-"),
+		// Under /run/containerd, where moat-runtime accepts the CRI's
+		// per-pod /dev/shm from (ociruntime.EngineStateDirs); a
+		// runtime.yaml field for other state directories is pending.
+		StateDir: filepath.Join("/run/containerd", filepath.Base(dir)),
+		Bridge:   "moat" + strings.TrimPrefix(filepath.Base(dir), "moat-engines-"),
 	}, crictlPath)
 	if err != nil {
 		return nil, err

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 type criEngine struct {
 	f       *fixture
 	handler string
+	prefix  string // of the pods' names, one per concurrent engine
 	n       int
 }
 
@@ -24,7 +28,7 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 	e.n++
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	p, err := e.f.runPod(ctx, e.handler, fmt.Sprintf("redteam-%d", e.n), nil)
+	p, err := e.f.runPod(ctx, e.handler, fmt.Sprintf("redteam-%s%d", e.prefix, e.n), nil)
 	if err != nil {
 		return redteam.ContainerRun{}, err
 	}
@@ -102,21 +106,37 @@ func pidNamespaceLister(ctx context.Context, p *pod, id string) func() ([]int, e
 // each as the only container of its own pod, judged from the host. Moat
 // must contain every one (no escape, no error; not-applicable cases say
 // why). runc, the engine's default, runs the same cases first as the
-// peer: judged by Moat's standard (an unprivileged host uid, seccomp,
-// refused mounts and namespaces) it escapes many, which proves that the
-// path through the engine can see an escape.
+// peer on a few cases: judged by Moat's standard (an unprivileged host
+// uid, no capabilities, seccomp, refused mounts and namespaces) it
+// escapes each, which proves that the path through the engine can see an
+// escape (on the whole corpus it escapes 30 of the 41 cases that apply).
 func TestRedTeamCRI(t *testing.T) {
 	f := getFixture(t)
 	cases, err := redteam.Cases()
 	if err != nil {
 		t.Fatal(err)
 	}
+	// MOAT_ENGINES_CASES=id,id narrows the corpus for a manual run.
+	if only := os.Getenv("MOAT_ENGINES_CASES"); only != "" {
+		var sel []redteam.Case
+		for _, c := range cases {
+			if slices.Contains(strings.Split(only, ","), c.ID) {
+				sel = append(sel, c)
+			}
+		}
+		cases = sel
+	}
+	// runc, the peer, runs only cases it is known to fail by Moat's
+	// standard (root on the host, capabilities, no seccomp): enough to
+	// show that the path through the engine sees an escape, in seconds.
+	peer := []string{"det-host-pid", "fs-mknod", "priv-unshare-user", "sc-io-uring"}
 	tests := []struct {
 		handler    string
-		minEscaped int // at least this many escapes
-		maxEscaped int // at most
+		only       []string // cases, or all
+		minEscaped int      // at least this many escapes
+		maxEscaped int      // at most
 	}{
-		{handler: "runc", minEscaped: 10, maxEscaped: len(cases)},
+		{handler: "runc", only: peer, minEscaped: len(peer), maxEscaped: len(peer)},
 		{handler: "moat", minEscaped: 0, maxEscaped: 0},
 	}
 	for _, tc := range tests {
@@ -124,7 +144,28 @@ func TestRedTeamCRI(t *testing.T) {
 			f.needMoat(t, tc.handler)
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			defer cancel()
-			vs := redteam.RunContainers(ctx, &criEngine{f: f, handler: tc.handler}, "cri-"+tc.handler, cases)
+			sel := cases
+			if tc.only != nil {
+				sel = slices.DeleteFunc(slices.Clone(cases), func(c redteam.Case) bool { return !slices.Contains(tc.only, c.ID) })
+			}
+			// Four pods at a time: most of a case's time is the native
+			// snapshotter copying the python image.
+			const workers = 4
+			chunks := make([][]redteam.Verdict, workers)
+			var wg sync.WaitGroup
+			for w := range workers {
+				var part []redteam.Case
+				for i := w; i < len(sel); i += workers {
+					part = append(part, sel[i])
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					chunks[w] = redteam.RunContainers(ctx, &criEngine{f: f, handler: tc.handler, prefix: fmt.Sprintf("w%d-", w)}, "cri-"+tc.handler, part)
+				}()
+			}
+			wg.Wait()
+			vs := slices.Concat(chunks...)
 			escaped := 0
 			for _, v := range vs {
 				switch v.Verdict {

@@ -3,11 +3,14 @@ package engines
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // procsUnder returns "PID COMMAND" of every process whose command line
@@ -73,6 +76,30 @@ func unescapeMount(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// SharedNetnsDir makes /run/netns a shared mount point, as containerd
+// and ip netns do on first use, before any engine pins a namespace there.
+// If it became one only later (bind-mounted onto itself, recursively),
+// the namespaces pinned before would stay under the bind, unmountable by
+// path: containerd's pod removal then fails with "unlinkat /run/netns/
+// cni-…: device or resource busy".
+func SharedNetnsDir() error {
+	const dir = "/run/netns"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if err == unix.EINVAL { // not a mount point yet
+		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", dir, err)
+		}
+		err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
 }
 
 // Netns lists the named network namespaces (/run/netns), where
