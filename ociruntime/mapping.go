@@ -171,10 +171,13 @@ func Map(s *Spec, bundle string, pol *Policy) (*Container, error) {
 	}
 	if s.Hooks != nil {
 		if n := countHooks(s.Hooks); n > 0 {
-			if !pol.Hooks {
-				return nil, refuse("hooks", fmt.Sprintf("%d hooks (first: %s)", n, firstHook(s.Hooks)), "hooks run on the host as root; set hooks: true in the runtime policy ("+DefaultPolicyFile+") if this engine's hooks are trusted")
+			if !pol.hooksAllowed() {
+				return nil, refuse("hooks", fmt.Sprintf("%d hooks (first: %s)", n, firstHook(s.Hooks)), "the runtime policy ("+DefaultPolicyFile+") has hooks: false; remove the hooks from the engine's configuration, or the policy line (Docker puts a network hook in every container)")
 			}
 			c.Hooks = s.Hooks
+			if n := len(s.Hooks.CreateContainer) + len(s.Hooks.StartContainer); n > 0 {
+				c.Notes = append(c.Notes, fmt.Sprintf("%d createContainer/startContainer hooks not run: they would run inside the container", n))
+			}
 		}
 	}
 	if err := mapMounts(c, s.Mounts, pol); err != nil {

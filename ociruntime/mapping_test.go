@@ -125,6 +125,8 @@ func TestMapBase(t *testing.T) {
 	}
 }
 
+var yes, no = true, false
+
 func TestMapRefusals(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -280,18 +282,25 @@ func TestMapRefusals(t *testing.T) {
 			field: "linux.sysctl", value: "kernel.shm_rmid_forced",
 		},
 		{
-			name: "hooks",
+			name: "hooks refused by the policy",
 			edit: func(m map[string]any) {
 				m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/evil"}}}
 			},
-			field: "hooks", value: "/usr/bin/evil",
+			policy: &Policy{Hooks: &no},
+			field:  "hooks", value: "/usr/bin/evil",
 		},
 		{
-			name: "hooks allowed by policy",
+			name: "hooks run by default (they are the engine's)",
 			edit: func(m map[string]any) {
 				m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/setkey"}}}
 			},
-			policy: &Policy{Hooks: true},
+		},
+		{
+			name: "hooks: true",
+			edit: func(m map[string]any) {
+				m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/usr/bin/setkey"}}}
+			},
+			policy: &Policy{Hooks: &yes},
 		},
 		{
 			name: "terminal accepted (the console socket is create's to check)",
@@ -385,6 +394,13 @@ func TestMapNotes(t *testing.T) {
 		want   string
 	}{
 		{name: "seccomp replaced", want: "linux.seccomp replaced"},
+		{
+			name: "in-container hooks not run",
+			edit: func(m map[string]any) {
+				m["hooks"] = map[string]any{"startContainer": []any{map[string]any{"path": "/bin/x"}}}
+			},
+			want: "startContainer hooks not run",
+		},
 		{name: "groups not set", want: "additionalGids"},
 		{name: "cpu shares", want: "shares"},
 		{name: "shm replaced by Moat's /dev", want: "/dev/shm"},
@@ -513,7 +529,8 @@ func TestParsePolicy(t *testing.T) {
 		err  string
 	}{
 		{"empty", "", &Policy{}, ""},
-		{"full", "bind_sources: [/srv/data]\naccept_privileged: true\nhooks: true\nroot_bytes: 1024\n", &Policy{BindSources: []string{"/srv/data"}, AcceptPrivileged: true, Hooks: true, RootBytes: 1024}, ""},
+		{"hooks refused", "hooks: false\n", &Policy{Hooks: &no}, ""},
+		{"full", "bind_sources: [/srv/data]\naccept_privileged: true\nhooks: true\nroot_bytes: 1024\n", &Policy{BindSources: []string{"/srv/data"}, AcceptPrivileged: true, Hooks: &yes, RootBytes: 1024}, ""},
 		{"typo fails closed", "bind_source: [/srv]\n", nil, "bind_source"},
 		{"relative source", "bind_sources: [srv]\n", nil, "clean absolute"},
 		{"engine dirs", "engine_state_dirs: [/run/k3s/containerd]\n", &Policy{EngineStateDirs: []string{"/run/k3s/containerd"}}, ""},

@@ -35,10 +35,12 @@ type Policy struct {
 	// refusing it. Nothing asked for is granted: the container runs with
 	// Moat's isolation, and each thing not granted is logged.
 	AcceptPrivileged bool `yaml:"accept_privileged"`
-	// Hooks lets a spec's hooks run: on the host, as root, before and
-	// after the container (Docker's network setup is one). The engine
-	// writes them; refused by default because a hook is host code.
-	Hooks bool `yaml:"hooks"`
+	// Hooks: false refuses every spec with hooks. Absent or true, a
+	// spec's hooks run as the engine asked: on the host, as root, never
+	// in the container (Docker's network set-up is one, in every spec).
+	// Hooks come from the engine and its configuration, never from its
+	// users (neither the CRI nor docker run can set one).
+	Hooks *bool `yaml:"hooks"`
 	// RootBytes bounds a container's writable root (its tmpfs overlay),
 	// and TmpBytes its /tmp, in bytes. 0: the defaults.
 	RootBytes int64 `yaml:"root_bytes"`
@@ -54,6 +56,9 @@ const (
 	DefaultRootBytes = 1 << 30
 	DefaultTmpBytes  = 256 << 20
 )
+
+// hooksAllowed says whether a spec's hooks may run (see Hooks).
+func (p *Policy) hooksAllowed() bool { return p == nil || p.Hooks == nil || *p.Hooks }
 
 // engineDirs are the directories engines' per-container files may come
 // from: EngineStateDirs and the policy's own.

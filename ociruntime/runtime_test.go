@@ -989,22 +989,28 @@ func TestResult(t *testing.T) {
 	}
 }
 
-// TestHooks: with hooks: true in the policy, the spec's hooks run on the
-// host with the container's state on stdin (Docker's network hook reads
-// the init's pid from it): prestart at create, poststart after start,
-// poststop at delete.
+// TestHooks: the spec's hooks run on the host (by default: they are the
+// engine's) with the container's state on stdin (Docker's network hook
+// reads the init's pid from it): prestart at create, poststart after
+// start, poststop at delete. hooks: false refuses them.
 func TestHooks(t *testing.T) {
 	s := newShim(t)
-	if err := os.WriteFile(s.pol, []byte("hooks: true\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	hook := func(name string) map[string]any {
 		return map[string]any{"path": "/bin/sh", "args": []string{"sh", "-c", "cat > " + filepath.Join(dir, name)}}
 	}
 	m := spec("true")
 	m["hooks"] = map[string]any{"prestart": []any{hook("prestart")}, "poststart": []any{hook("poststart")}, "poststop": []any{hook("poststop")}}
+	if err := os.WriteFile(s.pol, []byte("hooks: false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	id := newID("hooks")
+	if _, err := s.create(id, m); err == nil || !strings.Contains(s.lastLog(), "hooks: false") {
+		t.Errorf("create with hooks: false in the policy = %v (log %s), want refused", err, s.lastLog())
+	}
+	if err := os.WriteFile(s.pol, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c, err := s.create(id, m)
 	if err != nil {
 		t.Fatal(err)
@@ -1124,4 +1130,73 @@ func TestNamedNetns(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.noResidue(c)
+}
+
+// TestIsolation: what a container's root program tries against the host
+// fails, through the runtime as through the native tier.
+func TestIsolation(t *testing.T) {
+	s := newShim(t)
+	tests := []struct {
+		name string
+		cmd  string // must fail (exit non-zero)
+	}{
+		{"mount", "mount -t tmpfs x /mnt"},
+		{"write a sysctl", "echo '|/bin/sh' > /proc/sys/kernel/core_pattern"},
+		{"read init's environment", "cat /proc/1/environ"},
+		{"reach init's root", "ls /proc/1/root/"},
+		{"new user namespace", "unshare -U true"},
+		{"make a device", "mknod /tmp/sda b 8 0"},
+		{"keyring", "python3 -c 'import ctypes,sys; sys.exit(0 if ctypes.CDLL(None).syscall(248, b\"user\", b\"k\", b\"v\", 1, -3) >= 0 else 1)'"},
+		{"host files", "test -e /var/lib/moat"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			id := newID("iso")
+			c, err := s.create(id, spec("sh", "-c", tc.cmd))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			if code, out, errs := s.wait(c); code == 0 {
+				t.Errorf("%q succeeded in the container: %s %s", tc.cmd, out, errs)
+			}
+			if _, err := s.run("delete", id); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+
+	// A symlink in the image cannot aim a spec mount at the host: the
+	// mount point is resolved inside the root, without symlinks.
+	t.Run("mount through an image symlink", func(t *testing.T) {
+		s.t = t
+		dir := t.TempDir()
+		upper, work, rootfs, victim := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs"), filepath.Join(dir, "victim")
+		for _, d := range []string{upper, work, rootfs, victim} {
+			os.Mkdir(d, 0o755)
+		}
+		if err := os.Symlink(victim, filepath.Join(upper, "lnk")); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("overlay", rootfs, "overlay", 0, fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", imageRoot, upper, work)); err != nil {
+			t.Skipf("overlay: %v", err)
+		}
+		t.Cleanup(func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
+		m := spec("true")
+		set(m, rootfs, "root", "path")
+		m["mounts"] = append(m["mounts"].([]map[string]any), map[string]any{"destination": "/lnk/sub", "type": "tmpfs", "source": "tmpfs"})
+		id := newID("iso")
+		if _, err := s.create(id, m); err == nil {
+			t.Error("a mount through an image symlink was made")
+		} else if !strings.Contains(s.lastLog(), "/lnk/sub") {
+			t.Errorf("refused for another reason: %s", s.lastLog())
+		}
+		if ents, _ := os.ReadDir(victim); len(ents) != 0 {
+			t.Errorf("the host directory the symlink names was written: %v", ents)
+		}
+		s.noResidue(&container{id: id})
+	})
 }
