@@ -31,8 +31,8 @@ func getDockerd(t testing.TB, f *fixture) *engines.Dockerd {
 			return
 		}
 		// Docker puts a prestart hook (libnetwork-setkey: dockerd itself,
-		// on the host) in every container's spec, --network none too, so
-		// a Docker host's runtime policy trusts its engine's hooks.
+		// on the host) in every container's spec, --network none too; the
+		// policy says explicitly that this engine's hooks are trusted.
 		policy := filepath.Join(f.dir, "runtime-docker.yaml")
 		if dockerShared.err = os.WriteFile(policy, []byte("hooks: true\nbind_sources: ["+strconv.Quote(f.dir)+"]\n"), 0o644); dockerShared.err != nil {
 			return
