@@ -198,7 +198,11 @@ func TestCRIRefusals(t *testing.T) {
 						return err
 					}
 					defer p.remove(context.Background())
-					id, err := p.start(ctx, "c", []string{"sh", "-c", "echo ran"}, tc.container)
+					extra := map[string]any{"image": busybox["image"]}
+					for k, v := range tc.container {
+						extra[k] = v
+					}
+					id, err := p.start(ctx, "c", []string{"sh", "-c", "echo ran"}, extra)
 					if err != nil {
 						return err
 					}

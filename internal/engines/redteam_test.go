@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +34,19 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 		return redteam.ContainerRun{}, err
 	}
 	defer p.remove(context.Background())
-	id, err := p.start(ctx, "attack", argv, nil)
+	// As on the native tier: the image read-only and a writable
+	// /workspace, in Kubernetes terms readOnlyRootFilesystem and a volume
+	// (a directory of the pod's, bound in).
+	ws := filepath.Join(p.dir, "workspace")
+	if err := os.Mkdir(ws, 0o777); err != nil {
+		return redteam.ContainerRun{}, err
+	}
+	os.Chmod(ws, 0o777) // the container's ids are not the host's
+	extra := map[string]any{
+		"linux":  map[string]any{"security_context": map[string]any{"readonly_rootfs": true}},
+		"mounts": []map[string]any{{"container_path": "/workspace", "host_path": ws}},
+	}
+	id, err := p.start(ctx, "attack", argv, extra)
 	if err != nil {
 		return redteam.ContainerRun{}, err
 	}
