@@ -34,7 +34,7 @@ func getDockerd(t testing.TB, f *fixture) *engines.Dockerd {
 		// on the host) in every container's spec, --network none too; the
 		// policy says explicitly that this engine's hooks are trusted.
 		policy := filepath.Join(f.dir, "runtime-docker.yaml")
-		if dockerShared.err = os.WriteFile(policy, []byte("hooks: true\nbind_sources: ["+strconv.Quote(f.dir)+"]\n"), 0o644); dockerShared.err != nil {
+		if dockerShared.err = os.WriteFile(policy, []byte("hooks: true\nengine_state_dirs: ["+strconv.Quote(f.dir)+"]\n"), 0o644); dockerShared.err != nil {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -43,13 +43,7 @@ func getDockerd(t testing.TB, f *fixture) *engines.Dockerd {
 			Dir:          dir,
 			Runtimes:     []engines.Runtime{{Handler: "moat", Binary: f.moatRuntime}},
 			CgroupParent: f.cgroupParent,
-			// Under /var/lib/docker/containers, where moat-runtime
-			// accepts Docker's per-container /dev/shm from
-			// (ociruntime.EngineStateDirs), as for containerd's state.
-			DataRoot: filepath.Join("/var/lib/docker/containers", filepath.Base(f.dir)),
-			// vfs: see the containerd fixture's snapshotter.
-			StorageDriver: "vfs",
-			Env:           []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + policy},
+			Env:          []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + policy},
 		})
 		if err != nil {
 			dockerShared.err = err

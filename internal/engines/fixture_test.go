@@ -58,7 +58,7 @@ type fixture struct {
 	hostPaths map[string]bool
 }
 
-var engineHostPaths = []string{"/var/lib/docker/containers", "/var/lib/docker", "/etc/docker/key.json", "/etc/docker", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"}
+var engineHostPaths = []string{"/etc/docker/key.json", "/etc/docker", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"}
 
 var shared struct {
 	once sync.Once
@@ -173,10 +173,11 @@ func newFixture() (*fixture, error) {
 	// The engines keep the per-container files they bind into every
 	// container (/etc/hosts, /etc/resolv.conf, the pod's /dev/shm) under
 	// their root and state, here below dir rather than /var/lib/containerd:
-	// the runtime policy names it, as an operator's would for k3s's
-	// /var/lib/rancher/k3s/agent/containerd (docs/ENGINES.md).
+	// the runtime policy names it (engine_state_dirs), as an operator's
+	// would for k3s's /var/lib/rancher/k3s/agent/containerd; and allows
+	// binds from it (bind_sources: the red team's /workspace volumes).
 	f.policy = filepath.Join(dir, "runtime.yaml")
-	if err := os.WriteFile(f.policy, []byte("bind_sources: ["+strconv.Quote(dir)+"]\n"), 0o644); err != nil {
+	if err := os.WriteFile(f.policy, []byte("engine_state_dirs: ["+strconv.Quote(dir)+"]\nbind_sources: ["+strconv.Quote(dir)+"]\n"), 0o644); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -186,12 +187,7 @@ func newFixture() (*fixture, error) {
 		Runtimes:     []engines.Runtime{{Handler: "runc", Binary: "/usr/sbin/runc"}, {Handler: "moat", Binary: f.moatRuntime}},
 		SandboxImage: pauseImage,
 		Env:          []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + f.policy},
-		Snapshotter:  "native",
-		// Under /run/containerd, where moat-runtime accepts the CRI's
-		// per-pod /dev/shm from (ociruntime.EngineStateDirs); a
-		// runtime.yaml field for other state directories is pending.
-		StateDir: filepath.Join("/run/containerd", filepath.Base(dir)),
-		Bridge:   "moat" + strings.TrimPrefix(filepath.Base(dir), "moat-engines-"),
+		Bridge:       "moat" + strings.TrimPrefix(filepath.Base(dir), "moat-engines-"),
 	}, crictlPath)
 	if err != nil {
 		return nil, err

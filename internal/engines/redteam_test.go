@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-sandbox/moat/internal/engines"
 	"github.com/moat-sandbox/moat/redteam"
 )
 
@@ -48,7 +49,12 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 	}
 	id, err := p.start(ctx, "attack", argv, extra)
 	if err != nil {
-		return redteam.ContainerRun{}, err
+		// The CRI's message (the runtime's refusal) is at the end.
+		msg := err.Error()
+		if ce, ok := err.(*engines.CmdError); ok {
+			msg = lastLines(ce.Stderr, 1)
+		}
+		return redteam.ContainerRun{}, fmt.Errorf("crictl start: %s", msg)
 	}
 	onStart(pidNamespaceLister(ctx, p, id))
 	// The corpus's programs end by themselves; one that does not within
