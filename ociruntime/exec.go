@@ -68,7 +68,7 @@ func (r *Runtime) Exec(id string, o ExecOptions) (int, error) {
 	}
 	// Checked like the container's process: the same refusals.
 	c := &Container{}
-	if err := mapProcess(c, p, func(field, value, what string) error {
+	if err := mapProcess(c, p, r.Policy, func(field, value, what string) error {
 		if r.Policy != nil && r.Policy.AcceptPrivileged {
 			r.Log.Warnf("exec in %s: %s = %s not granted: %s", id, field, value, what)
 			return nil

@@ -97,7 +97,8 @@ var engineFiles = []string{"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}
 var moatOwnedDirs = []string{"/proc", "/dev", "/sys"}
 
 // engineCaps are the capabilities Docker and containerd's CRI give every
-// container by default. A spec may ask for them (it always does); a uid-0
+// container by default. A spec may ask for them (it always does) and gets
+// none of them; with the policy's namespaced_capabilities a uid-0
 // program keeps those of them that are nswire.BuildCaps, inside its user
 // namespace only. Any other is "more than an engine's default": refused.
 var engineCaps = []string{
@@ -166,7 +167,7 @@ func Map(s *Spec, bundle string, pol *Policy) (*Container, error) {
 	if s.Process == nil {
 		return nil, refuse("process", "null", "a container needs a process to run")
 	}
-	if err := mapProcess(c, s.Process, privileged); err != nil {
+	if err := mapProcess(c, s.Process, pol, privileged); err != nil {
 		return nil, err
 	}
 	if s.Hooks != nil {
@@ -192,7 +193,7 @@ func Map(s *Spec, bundle string, pol *Policy) (*Container, error) {
 	return c, nil
 }
 
-func mapProcess(c *Container, p *Process, privileged func(field, value, what string) error) error {
+func mapProcess(c *Container, p *Process, pol *Policy, privileged func(field, value, what string) error) error {
 	if p.Terminal {
 		c.Terminal = &nswire.Winsize{Rows: 24, Cols: 80}
 		if cs := p.ConsoleSize; cs != nil && cs.Height > 0 && cs.Width > 0 {
@@ -229,7 +230,11 @@ func mapProcess(c *Container, p *Process, privileged func(field, value, what str
 				}
 			}
 		}
-		if c.UID == 0 {
+		keep := pol != nil && pol.NamespacedCapabilities
+		if c.UID == 0 && !keep && len(p.Capabilities.Effective) > 0 {
+			c.Notes = append(c.Notes, fmt.Sprintf("process.capabilities.effective %v not kept: a container's program has no capability (namespaced_capabilities: true in the runtime policy keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETUID, SETGID and KILL inside its user namespace)", p.Capabilities.Effective))
+		}
+		if c.UID == 0 && keep {
 			for _, name := range p.Capabilities.Permitted {
 				if n, ok := capNumbers[name]; ok && slices.Contains(p.Capabilities.Effective, name) && !slices.Contains(c.KeepCaps, n) {
 					c.KeepCaps = append(c.KeepCaps, n)

@@ -105,13 +105,12 @@ func TestMapBase(t *testing.T) {
 	want := &Container{
 		RootFS: "/bundles/x/rootfs", RootBytes: DefaultRootBytes, TmpBytes: DefaultTmpBytes,
 		Hostname: "pod1", UID: 0, GID: 0,
-		KeepCaps: []int{unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_KILL},
-		Argv:     []string{"python3", "-c", "print(1)"},
-		Env:      []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
-		Cwd:      "/work",
-		Rlimits:  []nswire.Rlimit{{Resource: unix.RLIMIT_NOFILE, Soft: 1048576, Hard: 1048576}},
-		Limits:   cgroup.Limits{MemoryBytes: 256 << 20, Pids: 64, CPUs: 0.5},
-		Join:     map[string]string{"network": "/proc/42/ns/net", "ipc": "/proc/42/ns/ipc", "uts": "/proc/42/ns/uts"},
+		Argv:    []string{"python3", "-c", "print(1)"},
+		Env:     []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
+		Cwd:     "/work",
+		Rlimits: []nswire.Rlimit{{Resource: unix.RLIMIT_NOFILE, Soft: 1048576, Hard: 1048576}},
+		Limits:  cgroup.Limits{MemoryBytes: 256 << 20, Pids: 64, CPUs: 0.5},
+		Join:    map[string]string{"network": "/proc/42/ns/net", "ipc": "/proc/42/ns/ipc", "uts": "/proc/42/ns/uts"},
 		Mounts: []ContainerMount{
 			{Dest: "/etc/hosts", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/abc/hosts", Recursive: true},
 			{Dest: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/abc/resolv.conf", ReadOnly: true, Recursive: true},
@@ -433,11 +432,13 @@ func TestMapCaps(t *testing.T) {
 		name string
 		uid  int
 		caps []any
+		pol  *Policy
 		want []int
 	}{
-		{"root keeps the build caps it asks for", 0, []any{"CAP_CHOWN", "CAP_NET_RAW", "CAP_SETUID"}, []int{unix.CAP_CHOWN, unix.CAP_SETUID}},
-		{"non-root keeps none", 1000, []any{"CAP_CHOWN"}, nil},
-		{"none asked none kept", 0, []any{}, nil},
+		{"by default root keeps none", 0, []any{"CAP_CHOWN", "CAP_NET_RAW", "CAP_SETUID"}, nil, nil},
+		{"namespaced_capabilities: root keeps the build caps it asks for", 0, []any{"CAP_CHOWN", "CAP_NET_RAW", "CAP_SETUID"}, &Policy{NamespacedCapabilities: true}, []int{unix.CAP_CHOWN, unix.CAP_SETUID}},
+		{"non-root keeps none", 1000, []any{"CAP_CHOWN"}, &Policy{NamespacedCapabilities: true}, nil},
+		{"none asked none kept", 0, []any{}, &Policy{NamespacedCapabilities: true}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -449,7 +450,7 @@ func TestMapCaps(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := Map(s, "/b", nil)
+			c, err := Map(s, "/b", tc.pol)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -35,6 +35,12 @@ type Policy struct {
 	// refusing it. Nothing asked for is granted: the container runs with
 	// Moat's isolation, and each thing not granted is logged.
 	AcceptPrivileged bool `yaml:"accept_privileged"`
+	// NamespacedCapabilities lets a uid-0 program keep those of CHOWN,
+	// DAC_OVERRIDE, FOWNER, FSETID, SETUID, SETGID and KILL its spec
+	// asks for, inside its own user namespace only (what package
+	// managers run as root expect). Default false: a container's program
+	// has no capability at all, as every Moat sandbox.
+	NamespacedCapabilities bool `yaml:"namespaced_capabilities"`
 	// Hooks: false refuses every spec with hooks. Absent or true, a
 	// spec's hooks run as the engine asked: on the host, as root, never
 	// in the container (Docker's network set-up is one, in every spec).

@@ -35,16 +35,22 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 		return redteam.ContainerRun{}, err
 	}
 	defer p.remove(context.Background())
-	// As on the native tier: the image read-only and a writable
-	// /workspace, in Kubernetes terms readOnlyRootFilesystem and a volume
-	// (a directory of the pod's, bound in).
+	// As on the native tier: the program as an unprivileged user (uid
+	// and gid 1000, the native tier's sandbox user; in Kubernetes terms
+	// runAsUser/runAsGroup), the image read-only and a writable
+	// /workspace (readOnlyRootFilesystem and a volume: a directory of
+	// the pod's, bound in).
 	ws := filepath.Join(p.dir, "workspace")
 	if err := os.Mkdir(ws, 0o777); err != nil {
 		return redteam.ContainerRun{}, err
 	}
 	os.Chmod(ws, 0o777) // the container's ids are not the host's
 	extra := map[string]any{
-		"linux":  map[string]any{"security_context": map[string]any{"readonly_rootfs": true}},
+		"linux": map[string]any{"security_context": map[string]any{
+			"readonly_rootfs": true,
+			"run_as_user":     map[string]any{"value": 1000},
+			"run_as_group":    map[string]any{"value": 1000},
+		}},
 		"mounts": []map[string]any{{"container_path": "/workspace", "host_path": ws}},
 	}
 	id, err := p.start(ctx, "attack", argv, extra)
