@@ -211,22 +211,8 @@ func ociBuildRoot(cfg *nswire.Config) error {
 			return fmt.Errorf("set net.ipv4.ip_unprivileged_port_start: %w", err)
 		}
 	}
-	for _, p := range maskedPaths {
-		if err := mask(root, p); err != nil {
-			return err
-		}
-	}
-	for _, p := range readonlyPaths {
-		if err := readonly(filepath.Join(root, p)); err != nil {
-			return err
-		}
-	}
-	if err := buildDev(filepath.Join(root, "dev")); err != nil {
+	if err := confineProcDevTmp(root, cfg); err != nil {
 		return err
-	}
-	tmpOpts := fmt.Sprintf("mode=1777,size=%d,nr_inodes=%d", cfg.TmpBytes, cfg.TmpFiles)
-	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
-		return fmt.Errorf("mount /tmp: %w", err)
 	}
 
 	next := nlayers

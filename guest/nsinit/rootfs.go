@@ -119,26 +119,8 @@ func buildRoot(cfg *nswire.Config) error {
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	for _, p := range maskedPaths {
-		if err := mask(root, p); err != nil {
-			return err
-		}
-	}
-	for _, p := range readonlyPaths {
-		if err := readonly(filepath.Join(root, p)); err != nil {
-			return err
-		}
-	}
-
-	if err := buildDev(filepath.Join(root, "dev")); err != nil {
+	if err := confineProcDevTmp(root, cfg); err != nil {
 		return err
-	}
-
-	// /tmp: small, memory-backed, world-writable with the sticky bit,
-	// bounded in bytes and inodes so it cannot be used to exhaust memory.
-	tmpOpts := fmt.Sprintf("mode=1777,size=%d,nr_inodes=%d", cfg.TmpBytes, cfg.TmpFiles)
-	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
-		return fmt.Errorf("mount /tmp: %w", err)
 	}
 
 	// /workspace is a tmpfs the host created with fsmount and holds by fd,
@@ -233,6 +215,32 @@ func rootAttr(writable bool) uint64 {
 // mountPoints creates the directories buildRoot mounts on where a
 // writable root lacks them. Mkdir does not follow a final symlink, and
 // a symlink already there makes the mount below fail, never land outside.
+// confineProcDevTmp masks and write-protects the mounted /proc under root,
+// builds the sandbox's /dev and mounts its bounded /tmp: the same for a
+// run's root and an OCI container's.
+func confineProcDevTmp(root string, cfg *nswire.Config) error {
+	for _, p := range maskedPaths {
+		if err := mask(root, p); err != nil {
+			return err
+		}
+	}
+	for _, p := range readonlyPaths {
+		if err := readonly(filepath.Join(root, p)); err != nil {
+			return err
+		}
+	}
+	if err := buildDev(filepath.Join(root, "dev")); err != nil {
+		return err
+	}
+	// /tmp: small, memory-backed, world-writable with the sticky bit,
+	// bounded in bytes and inodes so it cannot be used to exhaust memory.
+	tmpOpts := fmt.Sprintf("mode=1777,size=%d,nr_inodes=%d", cfg.TmpBytes, cfg.TmpFiles)
+	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
+		return fmt.Errorf("mount /tmp: %w", err)
+	}
+	return nil
+}
+
 func mountPoints(root string) error {
 	for _, d := range []struct {
 		name string
