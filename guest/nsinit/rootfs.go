@@ -212,9 +212,6 @@ func rootAttr(writable bool) uint64 {
 	return attr
 }
 
-// mountPoints creates the directories buildRoot mounts on where a
-// writable root lacks them. Mkdir does not follow a final symlink, and
-// a symlink already there makes the mount below fail, never land outside.
 // confineProcDevTmp masks and write-protects the mounted /proc under root,
 // builds the sandbox's /dev and mounts its bounded /tmp: the same for a
 // run's root and an OCI container's.
@@ -241,6 +238,9 @@ func confineProcDevTmp(root string, cfg *nswire.Config) error {
 	return nil
 }
 
+// mountPoints creates the directories buildRoot mounts on where a
+// writable root lacks them. Mkdir does not follow a final symlink, and
+// a symlink already there makes the mount below fail, never land outside.
 func mountPoints(root string) error {
 	for _, d := range []struct {
 		name string

@@ -15,6 +15,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/engines"
 	"github.com/moat-sandbox/moat/redteam"
+	"golang.org/x/sys/unix"
 )
 
 // criEngine runs each red-team attack as the only container of a fresh
@@ -62,7 +63,9 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 		}
 		return redteam.ContainerRun{}, fmt.Errorf("crictl start: %s", msg)
 	}
-	onStart(pidNamespaceLister(ctx, p, id))
+	list, release := pidNamespaceLister(ctx, p, id)
+	defer release()
+	onStart(list)
 	// The corpus's programs end by themselves; one that does not within
 	// a minute is stopped, and its exit status says so (137).
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
@@ -85,8 +88,13 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 
 // pidNamespaceLister lists the host pids in the container's PID
 // namespace (the container's init as the CRI reports it, and everything
-// it started), read from the host's /proc.
-func pidNamespaceLister(ctx context.Context, p *pod, id string) func() ([]int, error) {
+// it started), read from the host's /proc. It holds the namespace open
+// until release: the kernel hands a freed namespace's inode number to
+// the next namespace made anywhere (the lowest free one), so a name read
+// once would, after the container ends, match the namespace of another
+// pod's init still being created (host root until it takes its ids) and
+// judge that as this container's.
+func pidNamespaceLister(ctx context.Context, p *pod, id string) (list func() ([]int, error), release func()) {
 	out, err := p.f.cd.Crictl(ctx, "inspect", "-o", "json", id)
 	var info struct {
 		Info struct {
@@ -96,19 +104,42 @@ func pidNamespaceLister(ctx context.Context, p *pod, id string) func() ([]int, e
 	if err == nil {
 		err = json.Unmarshal([]byte(out), &info)
 	}
-	ns := ""
+	var (
+		mu     sync.Mutex
+		ns     *os.File // nil: exited before the host could look
+		nsStat unix.Stat_t
+	)
 	if err == nil && info.Info.Pid > 0 {
-		ns, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", info.Info.Pid))
+		if f, oerr := os.Open(fmt.Sprintf("/proc/%d/ns/pid", info.Info.Pid)); oerr == nil {
+			if err = unix.Fstat(int(f.Fd()), &nsStat); err != nil {
+				f.Close()
+			} else {
+				ns = f
+			}
+		}
 	}
-	return func() ([]int, error) {
+	release = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ns != nil {
+			ns.Close()
+			ns = nil
+		}
+	}
+	list = func() ([]int, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		if err != nil {
 			return nil, fmt.Errorf("crictl inspect %s: %w", id, err)
 		}
-		if ns == "" {
-			return nil, nil // exited before the host could look
+		if ns == nil {
+			return nil, nil
 		}
-		self, _ := os.Readlink("/proc/self/ns/pid")
-		if ns == self {
+		same := func(path string) bool {
+			var st unix.Stat_t
+			return unix.Stat(path, &st) == nil && st.Dev == nsStat.Dev && st.Ino == nsStat.Ino
+		}
+		if same("/proc/self/ns/pid") {
 			return nil, fmt.Errorf("container %s shares the host's PID namespace", id)
 		}
 		ents, _ := os.ReadDir("/proc")
@@ -118,12 +149,13 @@ func pidNamespaceLister(ctx context.Context, p *pod, id string) func() ([]int, e
 			if perr != nil {
 				continue
 			}
-			if l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid"); l == ns {
+			if same("/proc/" + e.Name() + "/ns/pid") {
 				pids = append(pids, pid)
 			}
 		}
 		return pids, nil
 	}
+	return list, release
 }
 
 // TestRedTeamCRI runs the red-team corpus through containerd's CRI with
