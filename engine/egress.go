@@ -67,37 +67,12 @@ func (r *egressRun) stop() ([]result.NetworkAttempt, *result.NetworkSummary, []r
 }
 
 // networkSummary is the result's form of the proxy's Summary.
-func networkSummary(s egress.Summary) *result.NetworkSummary {
-	out := &result.NetworkSummary{
-		Attempts: s.Attempts, Allowed: s.Allowed, Denied: s.Attempts - s.Allowed,
-		BytesOut: s.BytesOut, BytesIn: s.BytesIn, Lookups: s.Lookups, LookupBytes: s.LookupBytes,
-		Omitted: s.Unlogged, OmittedReasons: map[string]int{}, OmittedElsewhere: s.UnloggedElsewhere,
-		OmittedDestinations: []result.NetworkDestination{},
-	}
-	for r, n := range s.UnloggedReasons {
-		out.OmittedReasons[r] = n
-	}
-	for _, d := range s.UnloggedDestinations {
-		out.OmittedDestinations = append(out.OmittedDestinations, result.NetworkDestination{Host: d.Host, Port: d.Port, Reason: d.Reason, Count: d.Count})
-	}
-	return out
-}
+func networkSummary(s egress.Summary) *result.NetworkSummary { return egress.ResultSummary(s) }
 
 // attempts returns the proxy's log from entry n on.
 func (r *egressRun) attempts(n int) []result.NetworkAttempt {
-	out := []result.NetworkAttempt{}
 	all := r.proxy.Attempts()
-	if n > len(all) {
-		n = len(all)
-	}
-	for _, a := range all[n:] {
-		out = append(out, result.NetworkAttempt{
-			Time: a.Time, Method: a.Method, Host: a.Host, Port: a.Port, Address: a.Address,
-			Allowed: a.Allowed, Reason: a.Reason, BytesOut: a.BytesOut, BytesIn: a.BytesIn,
-			Package: a.Package, Resembles: a.Resembles,
-		})
-	}
-	return out
+	return egress.ResultAttempts(all[min(n, len(all)):])
 }
 
 func egressPolicy(n manifest.Network) (egress.Policy, error) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/guest/nsinit/nswire"
 	"github.com/moat-sandbox/moat/seccomp"
+	"github.com/moat-sandbox/moat/tier"
 	"github.com/moat-sandbox/moat/tier/native"
 )
 
@@ -148,7 +150,23 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	}
 	defer exitFile.Close()
 
-	pid, err := r.launch(c, cg, ids, fifoR, execL, exitFile, stage, o.ConsoleSocket)
+	// Moat's network (AnnotationEgress): the proxy's socket, served by
+	// the container's monitor, reached by init through an O_PATH
+	// descriptor.
+	var egressL, egressPath *os.File
+	if c.Egress.Proxied() {
+		if egressL, egressPath, err = listenEgress(id); err != nil {
+			return err
+		}
+		defer egressL.Close()
+		defer egressPath.Close()
+		undo = append(undo, func() { os.Remove(egressSocket(id)) })
+	}
+	// The diff of a writable root: init sends its overlay's upper
+	// directory, which the monitor keeps.
+	sendUpper := spec.Annotations[AnnotationResult] == "true" && !c.ReadonlyRoot
+
+	pid, upper, err := r.launch(c, cg, ids, fifoR, execL, exitFile, egressPath, sendUpper, stage, o.ConsoleSocket)
 	if err != nil {
 		return err
 	}
@@ -156,7 +174,21 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 	rec := &record{
 		ID: id, Bundle: bundle, Rootfs: c.RootFS, Pid: pid, StartTime: start,
 		Created: time.Now().UTC(), Annotations: spec.Annotations, Hooks: c.Hooks, UIDBase: ids.Base(),
-		UID: c.UID, GID: c.GID, Command: c.Argv,
+		UID: c.UID, GID: c.GID, Command: c.Argv, Egress: c.Egress,
+	}
+	if egressL != nil || upper != nil {
+		layers, err := rootLayers(c.RootFS)
+		if err == nil {
+			rec.Monitor, rec.MonitorStart, err = startMonitor(monitorConfig{ID: id, Dir: dir, Egress: c.Egress, Upper: upper != nil, Layers: layers}, pid, egressL, upper)
+		}
+		if upper != nil {
+			upper.Close()
+		}
+		if err != nil {
+			unix.Kill(pid, unix.SIGKILL)
+			return err
+		}
+		undo = append(undo, func() { unix.Kill(pid, unix.SIGKILL); waitMonitor(rec.Monitor, rec.MonitorStart, 10*time.Second) })
 	}
 	if c.OOMScoreAdj != nil {
 		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(*c.OOMScoreAdj)), 0); err != nil {
@@ -175,6 +207,37 @@ func (r *Runtime) Create(id string, o CreateOptions) (err error) {
 		}
 	}
 	return writePidFile(o.PidFile, pid)
+}
+
+// listenEgress binds the socket of the container's egress proxy (served
+// by its monitor) and returns it with an O_PATH descriptor of it for
+// init. Mode 0666: init, the container's unprivileged ids, connects
+// through that descriptor; the directory is root's.
+func listenEgress(id string) (l, opath *os.File, err error) {
+	path := egressSocket(id)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress socket %s: %w", path, err)
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the listener's file goes to the monitor
+	f, err := ul.File()
+	ln.Close()
+	if err == nil {
+		err = os.Chmod(path, 0o666)
+	}
+	var fd int
+	if err == nil {
+		fd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		os.Remove(path)
+		return nil, nil, fmt.Errorf("egress socket %s: %w", path, err)
+	}
+	return f, os.NewFile(uintptr(fd), "egress"), nil
 }
 
 // listenExec binds the socket on which the container's init will take
@@ -244,18 +307,18 @@ func (r *Runtime) checkHost(c *Container) error {
 
 // launch starts the container's init and waits until it is confined and
 // waits for start. It returns init's host pid.
-func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL, exitFile *os.File, rootDir, consoleSocket string) (int, error) {
+func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, fifo, execL, exitFile, egressPath *os.File, sendUpper bool, rootDir, consoleSocket string) (pid int, upper *os.File, err error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
 	}
 	filter, err := seccomp.Default().Compile()
 	if err != nil {
-		return 0, fmt.Errorf("compile the seccomp policy: %w", err)
+		return 0, nil, fmt.Errorf("compile the seccomp policy: %w", err)
 	}
 	layers, err := rootLayers(c.RootFS)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	stdin, stdout, stderr := r.Stdin, r.Stdout, r.Stderr
 	if stdin == nil {
@@ -273,19 +336,19 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer cfgR.Close()
 	defer cfgW.Close()
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer statusR.Close()
 	defer statusW.Close()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return 0, fmt.Errorf("socketpair: %w", err)
+		return 0, nil, fmt.Errorf("socketpair: %w", err)
 	}
 	sockHost, sockInit := os.NewFile(uintptr(sp[0]), "trees"), os.NewFile(uintptr(sp[1]), "trees-init")
 	defer sockHost.Close()
@@ -293,7 +356,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 
 	joins, err := cg.JoinFiles()
 	if err != nil {
-		return 0, fmt.Errorf("cgroup: %w", err)
+		return 0, nil, fmt.Errorf("cgroup: %w", err)
 	}
 	defer func() {
 		for _, f := range joins {
@@ -308,6 +371,11 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	if exitFile != nil {
 		exitFD = 3 + len(extra)
 		extra = append(extra, exitFile)
+	}
+	egressFD := 0
+	if egressPath != nil {
+		egressFD = 3 + len(extra)
+		extra = append(extra, egressPath)
 	}
 	extra = append(extra, ids.File())
 
@@ -340,9 +408,9 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 		cmd.SysProcAttr.CgroupFD = fd
 	}
 	if err := startJoined(cmd, c.Join, ids.Base()); err != nil {
-		return 0, fmt.Errorf("start the container's init %s: %w", exe, err)
+		return 0, nil, fmt.Errorf("start the container's init %s: %w", exe, err)
 	}
-	pid := cmd.Process.Pid
+	pid = cmd.Process.Pid
 	ok := false
 	defer func() {
 		if !ok {
@@ -355,7 +423,7 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 	sockInit.Close()
 
 	if err := sendTrees(sockHost, pid, c, layers); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	setup := nswire.Setup{
 		Root:            rootDir,
@@ -380,7 +448,12 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 
 			UnprivilegedPortStart: c.UnprivilegedPortStart,
 			ExitFD:                exitFD,
+			EgressFD:              egressFD,
+			SendUpper:             sendUpper,
 		},
+	}
+	if egressPath != nil {
+		setup.EgressPort = tier.EgressPort
 	}
 	if setup.Hostname == "" {
 		setup.Hostname = "moat"
@@ -408,28 +481,41 @@ func (r *Runtime) launch(c *Container, cg *cgroup.Cgroup, ids *native.IDRange, f
 		werr <- err
 	}()
 	if err := waitReady(statusR, setupTimeout); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if err := <-werr; err != nil {
-		return 0, fmt.Errorf("send the container's configuration to its init: %w", err)
+		return 0, nil, fmt.Errorf("send the container's configuration to its init: %w", err)
+	}
+	if sendUpper {
+		// Init sent its upper directory first, before it was ready.
+		fd, err := recvFD(sockHost)
+		if err != nil {
+			return 0, nil, fmt.Errorf("the container's root overlay: %w", err)
+		}
+		upper = os.NewFile(uintptr(fd), "upper")
+		defer func() {
+			if !ok {
+				upper.Close()
+			}
+		}()
 	}
 	if c.Terminal != nil {
 		// Init sent the terminal's master before it was ready.
 		master, err := recvFD(sockHost)
 		if err != nil {
-			return 0, fmt.Errorf("the container's terminal: %w", err)
+			return 0, nil, fmt.Errorf("the container's terminal: %w", err)
 		}
 		err = sendConsole(consoleSocket, master)
 		unix.Close(master)
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
 	ok = true
 	// Not waited for: the engine's shim, which adopts it when we exit,
 	// reaps it and reads its exit status.
 	cmd.Process.Release()
-	return pid, nil
+	return pid, upper, nil
 }
 
 // recvFD receives one descriptor on sock.

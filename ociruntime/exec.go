@@ -80,6 +80,11 @@ func (r *Runtime) Exec(id string, o ExecOptions) (int, error) {
 	if c.UID != rec.UID || c.GID != rec.GID {
 		return 0, refuse("process.user", fmt.Sprintf("uid %d gid %d", c.UID, c.GID), fmt.Sprintf("every process of a Moat container runs as its user (uid %d gid %d); exec as that user", rec.UID, rec.GID))
 	}
+	if rec.Egress.Proxied() {
+		// As the container's process: the engine's exec carries the
+		// spec's environment, without the proxy's.
+		c.Env = withProxyEnv(c.Env)
+	}
 	req := execRequest{Socket: execSocket(id), Console: o.ConsoleSocket, Request: nswire.Request{Op: nswire.OpExec, Argv: c.Argv, Env: c.Env, Dir: c.Cwd, TTY: c.Terminal}}
 	for _, f := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
 		var st unix.Stat_t

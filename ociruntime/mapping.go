@@ -61,6 +61,9 @@ type Container struct {
 	// OOMScoreAdj, when set, is written for the container's init.
 	OOMScoreAdj *int
 	Hooks       *Hooks
+	// Egress, when set, gives the container Moat's network instead of
+	// the engine's (AnnotationEgress).
+	Egress *Egress
 	// Notes say what the spec asked for and Moat did not give, for the
 	// log.
 	Notes []string
@@ -188,6 +191,9 @@ func Map(s *Spec, bundle string, pol *Policy) (*Container, error) {
 		return nil, refuse("linux", "null", "Moat needs the linux section's namespaces: a spec without it shares every host namespace")
 	}
 	if err := mapLinux(c, s.Linux, privileged); err != nil {
+		return nil, err
+	}
+	if err := mapEgress(c, s.Annotations, pol); err != nil {
 		return nil, err
 	}
 	return c, nil

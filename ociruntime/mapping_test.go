@@ -594,6 +594,7 @@ func FuzzMap(f *testing.F) {
 	f.Add([]byte(`{"process":{"args":["sh"]},"root":{"path":"/r"},"linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"network"},{"type":"ipc"},{"type":"uts"}]}}`))
 	f.Add([]byte(`{"mounts":[{"destination":"/x","type":"bind","source":"/var/lib/docker/containers/../../etc"}]}`))
 	f.Add([]byte(`{"process":{"args":["a"],"terminal":true,"consoleSize":{"height":0,"width":7}}}`))
+	f.Add([]byte(`{"process":{"args":["sh"],"env":["HTTP_PROXY=x"]},"root":{"path":"/r"},"annotations":{"moat.sandbox/egress":"pypi.org, *.pythonhosted.org:443","moat.sandbox/egress-addresses":"10.0.0.1"},"linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"network","path":"/proc/1/ns/net"},{"type":"ipc"},{"type":"uts"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := ParseSpec(b)
 		if err != nil {
@@ -623,6 +624,17 @@ func FuzzMap(f *testing.F) {
 			}
 			if m.Type == "bind" && slices.Contains(strings.Split(m.Source, "/"), "..") {
 				t.Fatalf("bind source %q with ..", m.Source)
+			}
+		}
+		if c.Egress != nil {
+			// Moat's network: never the pod's, never a private address
+			// without the operator's policy (nil here), every rule
+			// one the proxy parses.
+			if _, joined := c.Join["network"]; joined || len(c.Egress.Addresses) > 0 {
+				t.Fatalf("egress %+v with the network joined (%v) or addresses granted", c.Egress, c.Join)
+			}
+			if _, err := c.Egress.Policy(); err != nil {
+				t.Fatalf("egress %+v accepted, but its policy: %v", c.Egress, err)
 			}
 		}
 		if c.UID > maxContainerID || c.GID > maxContainerID || len(c.Argv) == 0 {

@@ -10,6 +10,8 @@ import (
 	"slices"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/moat-sandbox/moat/egress"
 )
 
 // DefaultPolicyFile is where the operator's runtime policy lives.
@@ -59,6 +61,10 @@ type Policy struct {
 	// which delete adds the record of a container annotated
 	// moat.sandbox/result: "true". Default DefaultAuditDB; "off": none.
 	AuditDB string `yaml:"audit_db"`
+	// Egress is the operator's say over the moat.sandbox/egress
+	// annotations: a default for containers without one, the ceiling
+	// of what one may allow, the private addresses one may reach.
+	Egress EgressPolicy `yaml:"egress"`
 }
 
 // Policy defaults.
@@ -115,6 +121,22 @@ func ParsePolicy(b []byte) (*Policy, error) {
 	}
 	if p.AuditDB != "" && p.AuditDB != "off" && (!filepath.IsAbs(p.AuditDB) || filepath.Clean(p.AuditDB) != p.AuditDB) {
 		return nil, fmt.Errorf("audit_db: %q must be a clean absolute file name, or off", p.AuditDB)
+	}
+	for _, r := range p.Egress.Ceiling {
+		if _, err := egress.ParseRule(r); err != nil {
+			return nil, fmt.Errorf("egress.ceiling: %w", err)
+		}
+	}
+	for _, a := range p.Egress.Addresses {
+		if _, err := parsePrefix(a); err != nil {
+			return nil, fmt.Errorf("egress.addresses: %q %w", a, err)
+		}
+	}
+	if d := p.Egress.Default; d != "" {
+		// The default is checked as an annotation would be.
+		if err := mapEgress(&Container{Join: map[string]string{}}, nil, p); err != nil {
+			return nil, fmt.Errorf("egress.default: %w", err)
+		}
 	}
 	if p.RootBytes < 0 || p.TmpBytes < 0 {
 		return nil, errors.New("root_bytes and tmp_bytes must not be negative; 0 means the default")

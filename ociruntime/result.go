@@ -38,6 +38,7 @@ const DefaultAuditDB = "/var/lib/moat/audit.db"
 // database.
 func (r *Runtime) writeResult(rec *record, cg *cgroup.Cgroup) error {
 	res := buildResult(rec, readExit(filepath.Join(r.dir(rec.ID), exitFileName)), cgStats(cg), time.Now())
+	addObserved(res, readObserved(r.dir(rec.ID)), rec)
 	if err := r.audit(rec, res); err != nil {
 		// The result file below still holds it; a busy or broken
 		// database must not keep the container from going.
@@ -99,6 +100,27 @@ func (r *Runtime) audit(rec *record, res *result.Result) error {
 		return err
 	}
 	return st.Finish(id, res, nil)
+}
+
+// addObserved adds what the container's monitor observed (nil: it had
+// none, or left nothing) to its result: the network log of its egress
+// proxy, the diff of its writable root.
+func addObserved(res *result.Result, obs *observed, rec *record) {
+	if obs == nil {
+		if rec.Monitor != 0 {
+			res.Degradations = append(res.Degradations, "the container's monitor left no record: no file diff or network log")
+		}
+		return
+	}
+	if obs.Files != nil {
+		res.Files = obs.Files
+	}
+	if obs.Network != nil {
+		res.Network = obs.Network
+	}
+	res.NetworkSummary = obs.NetworkSummary
+	res.Violations = append(res.Violations, obs.Violations...)
+	res.Degradations = append(res.Degradations, obs.Degradations...)
 }
 
 func cgStats(cg *cgroup.Cgroup) *cgroup.Stats {

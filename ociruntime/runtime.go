@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -82,6 +83,14 @@ func (r *Runtime) Start(id string) error {
 		return fmt.Errorf("container %s is already running", id)
 	case StatusStopped:
 		return fmt.Errorf("cannot start container %s: %w", id, ErrNotRunning)
+	}
+	if rec.Egress != nil {
+		// Fail closed: the engine's hooks (Docker's network set-up) ran
+		// on the container's own network namespace at create; whatever
+		// they put there would be a way out around the proxy.
+		if err := loopbackOnly(rec.Pid); err != nil {
+			return fmt.Errorf("cannot start container %s: %w", id, err)
+		}
 	}
 	fifo := filepath.Join(r.dir(id), fifoFile)
 	// Non-blocking: ENXIO when no init holds the read end any more.
@@ -191,6 +200,8 @@ func (r *Runtime) Delete(id string, force bool) error {
 			return fmt.Errorf("delete container %s: its init (pid %d) outlived SIGKILL for 10s", id, rec.Pid)
 		}
 	}
+	// The monitor ends once init is gone, leaving what it observed.
+	waitMonitor(rec.Monitor, rec.MonitorStart, 10*time.Second)
 	var errs []error
 	if h, err := cgroup.Detect(); err != nil {
 		errs = append(errs, err)
@@ -216,7 +227,7 @@ func (r *Runtime) Delete(id string, force bool) error {
 	if len(errs) == 0 {
 		// Remove, not RemoveAll: the stage directory is a mount point
 		// only in the dead init's namespace, and must be empty here.
-		for _, p := range []string{filepath.Join(StageDir, id), execSocket(id)} {
+		for _, p := range []string{filepath.Join(StageDir, id), execSocket(id), egressSocket(id)} {
 			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}
@@ -226,6 +237,29 @@ func (r *Runtime) Delete(id string, force bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// loopbackOnly checks that the network namespace of pid has no interface
+// but loopback (its /proc/<pid>/net/dev, the namespace's own list).
+func loopbackOnly(pid int) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", pid))
+	if err != nil {
+		return fmt.Errorf("%s: read the container's interfaces: %w", AnnotationEgress, err)
+	}
+	var others []string
+	for i, line := range strings.Split(string(b), "\n") {
+		name, _, ok := strings.Cut(line, ":")
+		if i < 2 || !ok {
+			continue // the two header lines
+		}
+		if name = strings.TrimSpace(name); name != "lo" {
+			others = append(others, name)
+		}
+	}
+	if len(others) > 0 {
+		return fmt.Errorf("%s: the container's own network namespace has interfaces %v besides loopback, added by the engine (Docker's network hook): they would bypass Moat's egress proxy; run it without the engine's network (docker run --network none)", AnnotationEgress, others)
+	}
+	return nil
 }
 
 // List returns the ids of the containers under Root.

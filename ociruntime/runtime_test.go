@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/moat-sandbox/moat/audit"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,9 +20,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/cgroup"
 	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/ociruntime"
+	"github.com/moat-sandbox/moat/result"
 )
 
 // imageRoot is the python image's rootfs that scripts/setup builds: the
@@ -1233,5 +1237,204 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("the host directory the symlink names was written: %v", ents)
 		}
 		s.noResidue(&container{id: id})
+	})
+}
+
+// monitorOf returns the pid of a container's monitor from its record (0:
+// none), so that the test, the monitor's subreaper as a shim is, can
+// reap it.
+func (s *shim) monitorOf(id string) int {
+	s.t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.root, id, "state.json"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var rec struct {
+		Monitor int `json:"monitor"`
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		s.t.Fatal(err)
+	}
+	return rec.Monitor
+}
+
+// reapMonitor checks that delete left the monitor ended, and reaps it.
+func (s *shim) reapMonitor(pid int) {
+	s.t.Helper()
+	var ws unix.WaitStatus
+	got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	if err != nil || got != pid {
+		s.t.Errorf("the monitor %d is still running after delete (wait4 = %d, %v)", pid, got, err)
+		unix.Kill(pid, unix.SIGKILL)
+		unix.Wait4(pid, &ws, 0, nil)
+	}
+}
+
+// TestEgressAndDiff: moat.sandbox/egress gives the container its own
+// network namespace whose only way out is Moat's egress proxy, which
+// lets through the allowlist and logs every attempt; with
+// moat.sandbox/result the result has that network log and the diff of
+// the container's root (added, modified, deleted), and its monitor
+// leaves nothing behind.
+func TestEgressAndDiff(t *testing.T) {
+	s := newShim(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "audit.db")
+	if err := os.WriteFile(s.pol, []byte("result_dir: "+dir+"\naudit_db: "+db+"\negress:\n  addresses: [127.0.0.0/8]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serve := func(body string) (int, func()) {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) })}
+		go srv.Serve(l)
+		return l.Addr().(*net.TCPAddr).Port, func() { srv.Close() }
+	}
+	granted, stop1 := serve("granted-body")
+	defer stop1()
+	other, stop2 := serve("other-body")
+	defer stop2()
+	prog := fmt.Sprintf(`
+import os, socket, urllib.request
+names = [l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]]
+print('interfaces', names)
+print('proxy', os.environ.get('HTTP_PROXY', 'unset'))
+for port in (%d, %d):
+    try:
+        print('fetch', port, urllib.request.urlopen('http://localhost:%%d/' %% port, timeout=10).read().decode())
+    except Exception as e:
+        print('fetch', port, 'refused', type(e).__name__)
+try:
+    socket.create_connection(('127.0.0.1', %d), timeout=3)
+    print('direct reached')
+except OSError as e:
+    print('direct refused', e.errno)
+open('/etc/moat-added', 'w').write('hello')
+open('/etc/debian_version', 'a').write('changed')
+os.remove('/etc/issue')
+os.makedirs('/opt/moat-dir/sub')
+`, granted, other, granted)
+	tests := []struct {
+		name     string
+		egress   string
+		wantOut  []string
+		network  map[int]string // port -> reason
+		readonly bool
+	}{
+		{name: "allowlist", egress: fmt.Sprintf("localhost:%d", granted),
+			wantOut: []string{"interfaces ['lo']", "proxy http://127.0.0.1:3128", fmt.Sprintf("fetch %d granted-body", granted), fmt.Sprintf("fetch %d refused", other), "direct refused"},
+			network: map[int]string{granted: "allowed", other: "not-allowlisted"}},
+		{name: "none", egress: "none",
+			wantOut: []string{"interfaces ['lo']", "proxy unset", fmt.Sprintf("fetch %d refused", granted), "direct refused"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.t = t
+			m := spec("python3", "-c", prog)
+			m["annotations"] = map[string]string{
+				ociruntime.AnnotationResult: "true", ociruntime.AnnotationEgress: tc.egress,
+			}
+			if tc.egress != "none" {
+				m["annotations"].(map[string]string)[ociruntime.AnnotationEgressAddresses] = "127.0.0.1"
+			}
+			id := newID("egress")
+			c, err := s.create(id, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mon := s.monitorOf(id)
+			if mon == 0 {
+				t.Fatal("no monitor recorded")
+			}
+			if _, err := s.run("start", id); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errOut := s.wait(c)
+			if code != 0 {
+				t.Fatalf("exit %d: %s %s", code, out, errOut)
+			}
+			for _, w := range tc.wantOut {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			if _, err := s.run("delete", id); err != nil {
+				t.Fatal(err)
+			}
+			s.reapMonitor(mon)
+			b, err := os.ReadFile(filepath.Join(dir, id+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res result.Result
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
+			if os.Getenv("MOAT_TEST_SHOW") != "" {
+				t.Logf("output:\n%s\nresult: %s", out, b)
+			}
+			files := map[string]result.Change{}
+			for _, f := range res.Files {
+				files[f.Path] = f.Change
+			}
+			for p, want := range map[string]result.Change{
+				"etc/moat-added": result.Added, "etc/debian_version": result.Modified, "etc/issue": result.Deleted,
+				"opt/moat-dir": result.Added, "opt/moat-dir/sub": result.Added,
+			} {
+				if files[p] != want {
+					t.Errorf("files[%s] = %q, want %q (files %+v)", p, files[p], want, res.Files)
+				}
+			}
+			for _, p := range []string{"etc", "proc", "dev", "tmp"} {
+				if _, ok := files[p]; ok {
+					t.Errorf("files has %s, which the program did not change: %+v", p, res.Files)
+				}
+			}
+			got := map[int]string{}
+			for _, a := range res.Network {
+				got[a.Port] = a.Reason
+			}
+			if tc.network == nil {
+				if len(res.Network) != 0 || res.NetworkSummary != nil {
+					t.Errorf("network %+v, summary %+v; want none (no proxy)", res.Network, res.NetworkSummary)
+				}
+			} else {
+				if !reflect.DeepEqual(got, tc.network) {
+					t.Errorf("network %+v; want reasons %v", res.Network, tc.network)
+				}
+				if res.NetworkSummary == nil || res.NetworkSummary.Attempts != 2 || res.NetworkSummary.Allowed != 1 {
+					t.Errorf("network_summary %+v; want 2 attempts, 1 allowed", res.NetworkSummary)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(ociruntime.StageDir, id+".egress")); !os.IsNotExist(err) {
+				t.Errorf("the egress socket is left: %v", err)
+			}
+			s.noResidue(c)
+		})
+	}
+
+	// Fail closed: an interface that the engine's hook put into the
+	// container's namespace (Docker's bridge) would bypass the proxy.
+	t.Run("an engine's interface refuses start", func(t *testing.T) {
+		s.t = t
+		m := spec("true")
+		m["annotations"] = map[string]string{ociruntime.AnnotationEgress: "none"}
+		m["hooks"] = map[string]any{"prestart": []any{map[string]any{"path": "/bin/sh", "args": []string{"sh", "-c",
+			`pid=$(sed -n 's/.*"pid":\([0-9]*\).*/\1/p'); nsenter -t "$pid" -n ip link add moat-t0 type veth peer name moat-t1`}}}}
+		id := newID("egress-veth")
+		c, err := s.create(id, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.run("start", id); err == nil || !strings.Contains(err.Error(), "moat-t0") {
+			t.Errorf("start = %v, want refused naming the interface", err)
+		}
+		if _, err := s.run("delete", "--force", id); err != nil {
+			t.Fatal(err)
+		}
+		s.wait(c)
+		s.noResidue(c)
 	})
 }

@@ -46,6 +46,12 @@ type record struct {
 	Command []string `json:"command"`
 	// Started is when start let the program run (zero: never).
 	Started time.Time `json:"started,omitzero"`
+	// Egress is the container's network through Moat (AnnotationEgress).
+	Egress *Egress `json:"egress,omitempty"`
+	// Monitor and MonitorStart are the container's monitor (its pid and
+	// /proc start time), when it has one.
+	Monitor      int    `json:"monitor,omitempty"`
+	MonitorStart uint64 `json:"monitor_start,omitempty"`
 }
 
 // State is the runtime-spec state, with runc's extra fields that
@@ -71,6 +77,9 @@ const (
 // execSocket is where a container's init takes its execs: in StageDir, a
 // short path (a socket's is at most 107 bytes), root's only.
 func execSocket(id string) string { return filepath.Join(StageDir, id+".sock") }
+
+// egressSocket is where a container's egress proxy listens.
+func egressSocket(id string) string { return filepath.Join(StageDir, id+".egress") }
 
 // StageDir holds one empty directory per container, on which its init
 // mounts the container's root in its own mount namespace (the host sees

@@ -18,6 +18,7 @@ import (
 
 	"github.com/moat-sandbox/moat/guest"
 	"github.com/moat-sandbox/moat/internal/suggest"
+	"github.com/moat-sandbox/moat/ociruntime"
 	"github.com/moat-sandbox/moat/tier/microvm/jail"
 )
 
@@ -67,6 +68,11 @@ func main() {
 	// never part of moat-guest).
 	if jail.IsJailer() {
 		jail.Main()
+	}
+	// An OCI container's monitor (its egress proxy, its diff), started
+	// by the runtime's create.
+	if len(os.Args) > 1 && os.Args[1] == ociruntime.MonitorArg {
+		os.Exit(ociruntime.RunMonitor())
 	}
 	// Descriptors moat inherited from its caller must never travel on to
 	// anything moat starts (init, mmdebstrap): mark them close-on-exec.

@@ -213,7 +213,11 @@ func run(st *reporter) (int, error) {
 		return 1, fmt.Errorf("install seccomp filter: %w", err)
 	}
 	if egress != nil {
-		go relay.Serve(egress, fmt.Sprintf("/proc/self/fd/%d", nswire.EgressFD), bridgeLimit(cfg.Rlimits.NoFile))
+		fd, nofile := nswire.EgressFD, cfg.Rlimits.NoFile
+		if oci != nil {
+			fd, nofile = oci.EgressFD, ociNoFile(oci.Rlimits)
+		}
+		go relay.Serve(egress, fmt.Sprintf("/proc/self/fd/%d", fd), bridgeLimit(nofile))
 	}
 	if start.Serve {
 		// From here on init is exactly as confined as the commands it

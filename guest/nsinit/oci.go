@@ -91,6 +91,22 @@ func receiveTrees(want int) ([]int, error) {
 	return fds, nil
 }
 
+// sendUpper sends the host a detached copy of the overlay's upper
+// directory (relative to the stage, our working directory): the
+// container's writes to its root, kept by the runtime's monitor for the
+// result's diff after this mount namespace is gone.
+func sendUpper() error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, "upper", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree the root's upper directory: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Sendmsg(nswire.OCIFDSocket, []byte("upper"), unix.UnixRights(fd), nil, 0); err != nil {
+		return fmt.Errorf("send the root's upper directory: %w", err)
+	}
+	return nil
+}
+
 // ociTerminal opens the container's terminal (after pivot_root: on the
 // container's own devpts), sends its master to the host on OCIFDSocket,
 // blocking, as the engine's console socket expects it, and returns the
@@ -185,6 +201,11 @@ func ociBuildRoot(cfg *nswire.Config) error {
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=upper,workdir=work,userxattr", strings.Join(lowers, ":"))
 	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount the container's root overlay: %w", err)
+	}
+	if o.SendUpper {
+		if err := sendUpper(); err != nil {
+			return err
+		}
 	}
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -360,6 +381,17 @@ func setOCIRlimits(rl []nswire.Rlimit) error {
 		}
 	}
 	return nil
+}
+
+// ociNoFile is the descriptor limit init lives under in OCI mode: the
+// spec's RLIMIT_NOFILE, else the kernel's default soft limit.
+func ociNoFile(rl []nswire.Rlimit) uint64 {
+	for _, r := range rl {
+		if r.Resource == unix.RLIMIT_NOFILE {
+			return r.Soft
+		}
+	}
+	return 1024
 }
 
 // waitStart blocks until the runtime's `start` writes to the start FIFO.

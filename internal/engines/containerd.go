@@ -21,6 +21,11 @@ import (
 type Runtime struct {
 	Handler string
 	Binary  string
+	// Annotations are the annotation patterns ("moat.sandbox/*") the CRI
+	// passes from a pod (pod_annotations) and a container
+	// (container_annotations) to the runtime's config.json; others are
+	// dropped.
+	Annotations []string
 }
 
 // ContainerdConfig describes a private containerd.
@@ -95,6 +100,15 @@ func (c ContainerdConfig) ConfigTOML() string {
 	fmt.Fprintf(&b, "  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = %s\n    default_runtime_name = %s\n", q(snap), q(def))
 	for _, r := range c.Runtimes {
 		fmt.Fprintf(&b, "    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.%s]\n      runtime_type = \"io.containerd.runc.v2\"\n", r.Handler)
+		if len(r.Annotations) > 0 {
+			// Keys of the runtime's table: before its options table.
+			var qs []string
+			for _, a := range r.Annotations {
+				qs = append(qs, q(a))
+			}
+			l := "[" + strings.Join(qs, ", ") + "]"
+			fmt.Fprintf(&b, "      pod_annotations = %s\n      container_annotations = %s\n", l, l)
+		}
 		fmt.Fprintf(&b, "      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.%s.options]\n        BinaryName = %s\n        Root = %s\n",
 			r.Handler, q(r.Binary), q(filepath.Join(c.Dir, "runtime-"+r.Handler)))
 	}

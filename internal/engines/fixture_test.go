@@ -41,6 +41,8 @@ type fixture struct {
 	moatRuntime    string // moat-runtime, a symlink to moat
 	guest          string
 	policy         string // moat-runtime's policy file (MOAT_RUNTIME_POLICY)
+	results        string // its result_dir
+	auditDB        string // its audit_db
 	moatErr        error  // why moat-runtime cannot serve as a runtime, or nil
 	pyLayer        string
 	pauseArchive   string
@@ -177,14 +179,20 @@ func newFixture() (*fixture, error) {
 	// would for k3s's /var/lib/rancher/k3s/agent/containerd; and allows
 	// binds from it (bind_sources: the red team's /workspace volumes).
 	f.policy = filepath.Join(dir, "runtime.yaml")
-	if err := os.WriteFile(f.policy, []byte("engine_state_dirs: ["+strconv.Quote(dir)+"]\nbind_sources: ["+strconv.Quote(dir)+"]\n"), 0o644); err != nil {
+	// Results and audit records of annotated containers stay here too;
+	// their proxies may reach this host's loopback (TestCRIAnnotations).
+	f.results = filepath.Join(dir, "results")
+	f.auditDB = filepath.Join(dir, "audit.db")
+	pol := "engine_state_dirs: [" + strconv.Quote(dir) + "]\nbind_sources: [" + strconv.Quote(dir) + "]\n" +
+		"result_dir: " + strconv.Quote(f.results) + "\naudit_db: " + strconv.Quote(f.auditDB) + "\negress:\n  addresses: [127.0.0.0/8]\n"
+	if err := os.WriteFile(f.policy, []byte(pol), 0o644); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	f.cd, err = engines.StartContainerd(ctx, engines.ContainerdConfig{
 		Dir:          cdDir,
-		Runtimes:     []engines.Runtime{{Handler: "runc", Binary: "/usr/sbin/runc"}, {Handler: "moat", Binary: f.moatRuntime}},
+		Runtimes:     []engines.Runtime{{Handler: "runc", Binary: "/usr/sbin/runc"}, {Handler: "moat", Binary: f.moatRuntime, Annotations: []string{"moat.sandbox/*"}}},
 		SandboxImage: pauseImage,
 		Env:          []string{"MOAT_GUEST=" + f.guest, "MOAT_RUNTIME_POLICY=" + f.policy},
 		Bridge:       "moat" + strings.TrimPrefix(filepath.Base(dir), "moat-engines-"),
@@ -321,6 +329,12 @@ type pod struct {
 // --runtime, what the kubelet does for a RuntimeClass's handler). linux
 // is merged into the pod config's "linux" object.
 func (f *fixture) runPod(ctx context.Context, handler, name string, linux map[string]any) (*pod, error) {
+	return f.runPodAnnotated(ctx, handler, name, linux, nil)
+}
+
+// runPodAnnotated is runPod with the pod's annotations (metadata.annotations
+// of a Kubernetes pod).
+func (f *fixture) runPodAnnotated(ctx context.Context, handler, name string, linux map[string]any, annotations map[string]string) (*pod, error) {
 	dir, err := os.MkdirTemp(f.dir, "pod-")
 	if err != nil {
 		return nil, err
@@ -337,6 +351,9 @@ func (f *fixture) runPod(ctx context.Context, handler, name string, linux map[st
 		"metadata":      map[string]any{"name": name, "namespace": "moat-engines", "uid": filepath.Base(dir), "attempt": 0},
 		"log_directory": filepath.Join(dir, "logs"),
 		"linux":         lx,
+	}
+	if annotations != nil {
+		cfg["annotations"] = annotations
 	}
 	p := &pod{f: f, dir: dir, cfgPath: filepath.Join(dir, "pod.json")}
 	if err := writeJSON(p.cfgPath, cfg); err != nil {

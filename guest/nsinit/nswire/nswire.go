@@ -325,6 +325,16 @@ type OCI struct {
 	// exits: the runtime's delete reads it for the container's result,
 	// since the exit status itself goes to the engine's shim.
 	ExitFD int `json:"exit_fd,omitempty"`
+	// EgressFD, when not 0, is an O_PATH descriptor of the socket of
+	// the container's egress proxy (the runtime's monitor), which init's
+	// listener on 127.0.0.1:Setup.EgressPort relays to, as a Moat run's
+	// EgressFD. Only with NewNet: the container's own network namespace.
+	EgressFD int `json:"egress_fd,omitempty"`
+	// SendUpper makes init send the host, on OCIFDSocket before anything
+	// else, a detached copy (open_tree) of its root overlay's upper
+	// directory: the container's writes to its root, which the runtime's
+	// monitor keeps after init is gone and turns into the result's diff.
+	SendUpper bool `json:"send_upper,omitempty"`
 }
 
 // OCIMount is one mount of the container.
