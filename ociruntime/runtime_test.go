@@ -1408,6 +1408,29 @@ os.makedirs('/opt/moat-dir/sub')
 					t.Errorf("network_summary %+v; want 2 attempts, 1 allowed", res.NetworkSummary)
 				}
 			}
+			// The audit log has the same: the network attempts, how many
+			// files changed.
+			st, err := audit.Open(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs, err := st.Query(audit.Filter{})
+			st.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, r := range recs {
+				if strings.HasPrefix(r.ID, "oci-"+id+"-") {
+					found = true
+					if len(r.Network) != len(tc.network) || r.Files != len(res.Files) {
+						t.Errorf("audit record: network %+v, files %d; want %d attempts, %d files", r.Network, r.Files, len(tc.network), len(res.Files))
+					}
+				}
+			}
+			if !found {
+				t.Errorf("no audit record oci-%s-*", id)
+			}
 			if _, err := os.Stat(filepath.Join(ociruntime.StageDir, id+".egress")); !os.IsNotExist(err) {
 				t.Errorf("the egress socket is left: %v", err)
 			}
