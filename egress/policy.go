@@ -247,3 +247,16 @@ func (c *policy) allowsLiteralPort(port int) bool {
 	}
 	return false
 }
+
+// ParsePrefix reads an IP address or prefix (an allow_addresses entry): an
+// address is the prefix of that one address.
+func ParsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("is not an IP address or prefix (e.g. 127.0.0.1 or 10.0.0.0/24)")
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}

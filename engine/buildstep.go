@@ -255,7 +255,7 @@ func checkBuildStep(step *BuildStep) error {
 		return fmt.Errorf("%w: build step AllowAddresses %q: grants addresses to Hosts, and the step has none", ErrUsage, step.AllowAddresses)
 	}
 	for i, a := range step.AllowAddresses {
-		if _, err := parsePrefix(a); err != nil {
+		if _, err := egress.ParsePrefix(a); err != nil {
 			return fmt.Errorf("%w: build step AllowAddresses[%d] %q: %v", ErrUsage, i, a, err)
 		}
 	}

@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -91,24 +90,13 @@ func egressPolicy(n manifest.Network) (egress.Policy, error) {
 		pol.Allow = append(pol.Allow, r)
 	}
 	for i, s := range n.AllowAddresses {
-		p, err := parsePrefix(s)
+		p, err := egress.ParsePrefix(s)
 		if err != nil {
 			return pol, &manifest.FieldError{Field: fmt.Sprintf("network.allow_addresses[%d]", i), Value: s, Problem: err.Error()}
 		}
 		pol.AllowAddresses = append(pol.AllowAddresses, p)
 	}
 	return pol, nil
-}
-
-func parsePrefix(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("is not an IP address or prefix (e.g. 127.0.0.1 or 10.0.0.0/24)")
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // proxyEnv points every common client at the in-sandbox end of the proxy.

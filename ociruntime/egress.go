@@ -72,7 +72,7 @@ func (e *Egress) Policy() (egress.Policy, error) {
 		pol.Allow = append(pol.Allow, r)
 	}
 	for _, s := range e.Addresses {
-		p, err := parsePrefix(s)
+		p, err := egress.ParsePrefix(s)
 		if err != nil {
 			return pol, err
 		}
@@ -149,7 +149,7 @@ func mapEgress(c *Container, ann map[string]string, pol *Policy) error {
 		}
 		var allowed []netip.Prefix
 		for _, s := range pol.Egress.Addresses {
-			p, err := parsePrefix(s)
+			p, err := egress.ParsePrefix(s)
 			if err != nil {
 				return refuse("the runtime policy's egress.addresses", strconv.Quote(s), err.Error())
 			}
@@ -157,7 +157,7 @@ func mapEgress(c *Container, ann map[string]string, pol *Policy) error {
 		}
 		for _, s := range strings.Split(addrs, ",") {
 			s = strings.TrimSpace(s)
-			p, err := parsePrefix(s)
+			p, err := egress.ParsePrefix(s)
 			if err != nil {
 				return refuse(afield, strconv.Quote(s), err.Error())
 			}
@@ -190,16 +190,4 @@ func withProxyEnv(env []string) []string {
 		return slices.ContainsFunc(px, func(p string) bool { return strings.HasPrefix(p, k+"=") })
 	})
 	return append(keep, px...)
-}
-
-// parsePrefix reads an IP address or prefix.
-func parsePrefix(s string) (netip.Prefix, error) {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("is not an IP address or prefix (e.g. 10.96.0.10 or 10.96.0.0/12)")
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
 }

@@ -128,7 +128,7 @@ func ParsePolicy(b []byte) (*Policy, error) {
 		}
 	}
 	for _, a := range p.Egress.Addresses {
-		if _, err := parsePrefix(a); err != nil {
+		if _, err := egress.ParsePrefix(a); err != nil {
 			return nil, fmt.Errorf("egress.addresses: %q %w", a, err)
 		}
 	}

@@ -1002,30 +1002,36 @@ func TestResult(t *testing.T) {
 				t.Errorf("result %s; want %s, exit %d", b, tc.termination, tc.code)
 			}
 			// The same result is a finished run in the audit log.
-			st, err := audit.Open(db)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			recs, err := st.Query(audit.Filter{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			found := false
-			for _, r := range recs {
-				if strings.HasPrefix(r.ID, "oci-"+id+"-") {
-					found = true
-					if r.Status != audit.Done || string(r.Termination) != tc.termination || r.ExitCode != tc.code || r.Kind != audit.KindRun || len(r.Command) == 0 {
-						t.Errorf("audit record %+v; want done, %s, exit %d", r, tc.termination, tc.code)
-					}
+			if r := auditRecord(t, db, id); r != nil {
+				if r.Status != audit.Done || string(r.Termination) != tc.termination || r.ExitCode != tc.code || r.Kind != audit.KindRun || len(r.Command) == 0 {
+					t.Errorf("audit record %+v; want done, %s, exit %d", r, tc.termination, tc.code)
 				}
-			}
-			if !found {
-				t.Errorf("no audit record oci-%s-* in %s (%d records)", id, db, len(recs))
 			}
 			s.noResidue(c)
 		})
 	}
+}
+
+// auditRecord returns the audit record of container id in db (an error
+// and nil when there is none).
+func auditRecord(t *testing.T, db, id string) *audit.Record {
+	t.Helper()
+	st, err := audit.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	recs, err := st.Query(audit.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range recs {
+		if strings.HasPrefix(recs[i].ID, "oci-"+id+"-") {
+			return &recs[i]
+		}
+	}
+	t.Errorf("no audit record oci-%s-* in %s (%d records)", id, db, len(recs))
+	return nil
 }
 
 // TestHooks: the spec's hooks run on the host (by default: they are the
@@ -1410,26 +1416,8 @@ os.makedirs('/opt/moat-dir/sub')
 			}
 			// The audit log has the same: the network attempts, how many
 			// files changed.
-			st, err := audit.Open(db)
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs, err := st.Query(audit.Filter{})
-			st.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			found := false
-			for _, r := range recs {
-				if strings.HasPrefix(r.ID, "oci-"+id+"-") {
-					found = true
-					if len(r.Network) != len(tc.network) || r.Files != len(res.Files) {
-						t.Errorf("audit record: network %+v, files %d; want %d attempts, %d files", r.Network, r.Files, len(tc.network), len(res.Files))
-					}
-				}
-			}
-			if !found {
-				t.Errorf("no audit record oci-%s-*", id)
+			if r := auditRecord(t, db, id); r != nil && (len(r.Network) != len(tc.network) || r.Files != len(res.Files)) {
+				t.Errorf("audit record: network %+v, files %d; want %d attempts, %d files", r.Network, r.Files, len(tc.network), len(res.Files))
 			}
 			if _, err := os.Stat(filepath.Join(ociruntime.StageDir, id+".egress")); !os.IsNotExist(err) {
 				t.Errorf("the egress socket is left: %v", err)
