@@ -217,7 +217,7 @@ func (s *session) forward(req *http.Request) {
 	}
 	s.p.countSecretUse(append(sub.used, bodyRep.replacedIn(sub.body)...), s.att.Host)
 	if len(bound) > 0 {
-		scrub := scrubPatterns(bound)
+		scrub := append(scrubPatterns(bound), sub.scrub...)
 		scrubHeader(resp.Header, scrub)
 		// Trailers come after the body, unscrubbed: dropped.
 		resp.Trailer = nil

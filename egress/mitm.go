@@ -371,7 +371,7 @@ func (s *session) serveIntercepted(srv *tls.Conn, up *tls.Conn, ubr *bufio.Reade
 	}
 	p.countSecretUse(append(sub.used, bodyRep.replacedIn(sub.body)...), host)
 	stripHopByHop(resp.Header)
-	scrub := scrubPatterns(bound)
+	scrub := append(scrubPatterns(bound), sub.scrub...)
 	scrubHeader(resp.Header, scrub)
 	// Trailers arrive after the body; net/http fills resp.Trailer as it
 	// reads it, and resp.Write writes them from there.

@@ -182,6 +182,9 @@ func TestSecretSubstitution(t *testing.T) {
 			reason: ReasonSecretExfiltration, noReach: true},
 		{name: "Host header differs from SNI", method: "GET", url: "https://example.com/v1/echo", host: "allowed.test",
 			header: http.Header{"Authorization": {"Bearer " + testPH}}, status: http.StatusMisdirectedRequest, reason: ReasonSNIMismatch, noReach: true},
+		{name: "plain HTTP basic credential replaced", method: "GET", url: "http://example.com/v1/x",
+			header: http.Header{"Authorization": {"Basic " + base64.StdEncoding.EncodeToString([]byte("me:"+testPH))}}, status: 200,
+			seen: "GET /v1/x | Basic " + base64.StdEncoding.EncodeToString([]byte("me:"+testValue)) + " |  | ", reason: ReasonAllowed},
 		{name: "plain HTTP header replaced", method: "GET", url: "http://example.com/v1/echo",
 			header: http.Header{"Authorization": {"Bearer " + testPH}}, status: 200,
 			seen: "GET /v1/echo | Bearer " + testValue + " |  | ", reason: ReasonAllowed},
@@ -227,18 +230,26 @@ func TestSecretSubstitution(t *testing.T) {
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d; body %q", resp.StatusCode, tc.status, got)
 			}
-			if strings.Contains(string(got), testValue) || strings.Contains(string(got), testValue2) ||
-				strings.Contains(resp.Header.Get("X-Echo"), testValue) {
-				t.Fatalf("the sandbox saw a real value: %q %v", got, resp.Header)
+			// The Basic credential the proxy encoded holds the value
+			// in base64: an echo of it must not reach the sandbox.
+			basicValue := base64.StdEncoding.EncodeToString([]byte("me:" + testValue))
+			basicPH := base64.StdEncoding.EncodeToString([]byte("me:" + testPH))
+			for _, v := range []string{testValue, testValue2, basicValue} {
+				if strings.Contains(string(got), v) || strings.Contains(resp.Header.Get("X-Echo"), v) {
+					t.Fatalf("the sandbox saw a real value: %q %v", got, resp.Header)
+				}
 			}
 			if tc.seen != "" {
 				if h.e.last() != tc.seen {
 					t.Fatalf("destination saw %q, want %q", h.e.last(), tc.seen)
 				}
 				// The echo comes back with the placeholder.
-				want := strings.NewReplacer(testValue, testPH, testValue2, testPH2).Replace("echo: " + tc.seen)
-				if !strings.Contains(tc.seen, "Basic") && string(got) != want {
+				echo := strings.NewReplacer(testValue, testPH, testValue2, testPH2, basicValue, basicPH)
+				if want := echo.Replace("echo: " + tc.seen); string(got) != want {
 					t.Fatalf("sandbox got %q, want %q", got, want)
+				}
+				if want := echo.Replace(tc.header.Get("Authorization")); resp.StatusCode == 200 && resp.Header.Get("X-Echo") != want {
+					t.Fatalf("sandbox got the header echo %q, want %q", resp.Header.Get("X-Echo"), want)
 				}
 			}
 			if tc.noReach && h.e.count() != before {
@@ -262,11 +273,11 @@ func TestSecretSubstitution(t *testing.T) {
 			}
 		}
 		got := h.p.Summary().SecretsUsed
-		want := []SecretUse{{Name: "api", Host: "example.com", Requests: 3}, {Name: "tok", Host: "example.com", Requests: 4}}
+		want := []SecretUse{{Name: "api", Host: "example.com", Requests: 4}, {Name: "tok", Host: "example.com", Requests: 4}}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("SecretsUsed %+v, want %+v", got, want)
 		}
-		if !bytes.Contains(j, []byte(`"secrets_used":[{"name":"api","host":"example.com","requests":3}`)) {
+		if !bytes.Contains(j, []byte(`"secrets_used":[{"name":"api","host":"example.com","requests":4}`)) {
 			t.Fatalf("summary JSON %s", j)
 		}
 	})

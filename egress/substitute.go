@@ -192,6 +192,11 @@ type substitution struct {
 	// body is true when the body must go through a replacer (some
 	// binding in scope has Body set).
 	body []*secretBinding
+	// scrub are the credentials the proxy itself encoded with a value
+	// (Basic), each mapped back to what the program sent: an answer that
+	// echoes the header gets the program's own credential back, not the
+	// value in base64.
+	scrub []replacement
 }
 
 // rewriteRequest replaces placeholders in req by their values where the
@@ -218,10 +223,13 @@ func (s *secretSet) rewriteRequest(req *http.Request, bs []*secretBinding) (subs
 				continue
 			}
 			for i, v := range vs {
-				nv := replaceHeaderValue(v, ph, b.Value)
+				nv, back := replaceHeaderValue(v, ph, b.Value)
 				if nv != v {
 					vs[i] = nv
 					used[b.Name] = true
+				}
+				if back != nil {
+					sub.scrub = append(sub.scrub, *back)
 				}
 			}
 		}
@@ -260,20 +268,34 @@ func (s *secretSet) rewriteRequest(req *http.Request, bs []*secretBinding) (subs
 	return sub, nil
 }
 
+// maxScrubCredential bounds a Basic credential the proxy maps back in
+// answers (the stream replacer holds back as many bytes).
+const maxScrubCredential = 8 << 10
+
 // replaceHeaderValue replaces ph by val in a header value, and inside the
 // credentials of "Basic <base64>" (RFC 7617), where the placeholder is
-// the user or the password of an HTTP basic credential.
-func replaceHeaderValue(v, ph, val string) string {
+// the user or the password of an HTTP basic credential. For a Basic
+// credential it also returns the replacement that turns the encoded
+// credential it made back into the one the program sent: the value is in
+// it, base64-encoded, and a destination that echoes the header must not
+// hand it to the sandbox.
+func replaceHeaderValue(v, ph, val string) (string, *replacement) {
 	v = strings.ReplaceAll(v, ph, val)
 	scheme, cred, ok := strings.Cut(v, " ")
 	if !ok || !strings.EqualFold(scheme, "basic") {
-		return v
+		return v, nil
 	}
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	cred = strings.TrimSpace(cred)
+	raw, err := base64.StdEncoding.DecodeString(cred)
 	if err != nil || !bytes.Contains(raw, []byte(ph)) {
-		return v
+		return v, nil
 	}
-	return scheme + " " + base64.StdEncoding.EncodeToString(bytes.ReplaceAll(raw, []byte(ph), []byte(val)))
+	enc := base64.StdEncoding.EncodeToString(bytes.ReplaceAll(raw, []byte(ph), []byte(val)))
+	var back *replacement
+	if len(enc) <= maxScrubCredential {
+		back = &replacement{old: []byte(enc), new: []byte(cred)}
+	}
+	return scheme + " " + enc, back
 }
 
 // basicContains reports whether a Basic credential decodes to bytes that

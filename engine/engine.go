@@ -295,9 +295,12 @@ func (e *Engine) Run(ctx context.Context, req *Request) (*result.Result, error) 
 	if err := p.plantCanaries(ws.Dir, owner, wsLim); err != nil {
 		return nil, err
 	}
-	if p.canaries != nil && len(req.Files) == 0 {
-		// The decoys are part of the baseline: the diff shows them
-		// only when the program changed them.
+	if err := p.plantSecretFiles(ws.Dir, owner, wsLim); err != nil {
+		return nil, err
+	}
+	if (p.canaries != nil || len(p.secretFiles) > 0) && len(req.Files) == 0 {
+		// The decoys and placeholder files are part of the baseline:
+		// the diff shows them only when the program changed them.
 		if snap, err = workspace.Scan(ws.Dir, workspace.DiffLimits{MaxEntries: wsLim.Files + 1, MaxHashBytes: wsLim.Bytes}); err != nil {
 			return nil, fmt.Errorf("%w: canaries: %w", ErrUsage, err)
 		}

@@ -47,6 +47,9 @@ type prepared struct {
 	// The values go to the proxy, and to redactValues for the
 	// output-channel guard; never into the sandbox.
 	secretEnv map[string]string
+	// secretFiles holds the same placeholders by workspace path, for the
+	// secrets whose manifest entry names a file (plantSecretFiles).
+	secretFiles map[string]string
 	// redactValues are the secrets' real values, which the guard
 	// removes from the captured output (guard.go).
 	redactValues []output.Secret
@@ -133,6 +136,14 @@ func (e *Engine) prepare(ctx context.Context, t tier.Tier, img *image.Image, m *
 			return nil, err
 		}
 		p.secretEnv = env
+		for _, s := range m.Secrets {
+			if s.File != "" {
+				if p.secretFiles == nil {
+					p.secretFiles = map[string]string{}
+				}
+				p.secretFiles[s.File] = env[s.Env]
+			}
+		}
 		for _, b := range bindings {
 			p.redactValues = append(p.redactValues, output.Secret{Name: b.Name, Value: b.Value})
 		}

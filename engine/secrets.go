@@ -3,10 +3,12 @@ package engine
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/moat-sandbox/moat/egress"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
+	"github.com/moat-sandbox/moat/workspace"
 )
 
 // SecretSource gives the real value of a secret a manifest names (the
@@ -106,4 +108,27 @@ func exfiltrationViolation(log []result.NetworkAttempt, sum *result.NetworkSumma
 		d += " (first: " + first + ")"
 	}
 	return &result.Violation{Kind: result.ViolationSecretExfiltration, Detail: d}
+}
+
+// plantSecretFiles writes each placeholder a manifest asks for in a file
+// (secrets[].file) into the workspace, 0600 and owned by the program, as
+// inputs are written (no symlink followed, the workspace's limits
+// counted). One-shot runs write them before the diff's baseline is
+// taken, so they are in the diff only if the program changes them. The
+// file holds the placeholder only, never the value.
+func (p *prepared) plantSecretFiles(wsDir string, owner workspace.Owner, lim workspace.Limits) error {
+	if len(p.secretFiles) == 0 {
+		return nil
+	}
+	fs, err := workspace.OpenFiles(wsDir, owner, lim)
+	if err != nil {
+		return err
+	}
+	defer fs.Close()
+	for path, ph := range p.secretFiles {
+		if _, err := fs.WriteFile(path, strings.NewReader(ph), 0o600); err != nil {
+			return fmt.Errorf("write the placeholder file %s: %w", path, err)
+		}
+	}
+	return nil
 }

@@ -477,3 +477,74 @@ func localhostCert(t *testing.T) (tls.Certificate, *x509.Certificate) {
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, leaf
 }
+
+// TestSecretFilePlaceholder: secrets[].file puts the run's placeholder
+// (the one in the variable too) in a workspace file of the program's,
+// 0600, outside the diff unless the program changes it; a session's
+// commands read the same one. The value is in neither.
+func TestSecretFilePlaceholder(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	m := secretManifest(t, manifest.Secret{Name: "api-key", Hosts: []string{"api.example.com"}, Env: "API_KEY", File: ".secrets/api-key"})
+	// stat's mode and owner, the file, the variable: one line each.
+	const show = `stat -c '%a %u' .secrets/api-key; cat .secrets/api-key; echo; printf %s "$API_KEY"`
+	check := func(t *testing.T, out string) string {
+		t.Helper()
+		lines := strings.Split(out, "\n")
+		if len(lines) != 3 || lines[0] != "600 1000" || !egress.IsPlaceholder(lines[1]) || lines[1] != lines[2] || strings.Contains(out, secretValue) {
+			t.Fatalf("the program saw %q, want mode 600 owner 1000, and the file's placeholder equal to API_KEY's", out)
+		}
+		return lines[1]
+	}
+
+	t.Run("run", func(t *testing.T) {
+		res, err := e.Run(context.Background(), &Request{Manifest: m, Argv: []string{"sh", "-c", show + "; echo changed > .secrets/api-key"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 0 {
+			t.Fatalf("exit %d: %s %s", res.ExitCode, res.Stdout.Data, res.Stderr.Data)
+		}
+		check(t, res.Stdout.Data)
+		// Planted before the baseline: in the diff only as modified.
+		if len(res.Files) != 1 || res.Files[0].Path != ".secrets/api-key" || res.Files[0].Change != result.Modified {
+			t.Errorf("diff %+v, want only .secrets/api-key modified", res.Files)
+		}
+		if js, _ := json.Marshal(res); strings.Contains(string(js), secretValue) {
+			t.Errorf("the result holds the value")
+		}
+	})
+	t.Run("session", func(t *testing.T) {
+		s, err := e.NewSession(context.Background(), &SessionRequest{Manifest: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		var seen []string
+		for range 2 {
+			p, err := s.Start(context.Background(), &ExecRequest{Argv: []string{"sh", "-c", show}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-p.Done()
+			seen = append(seen, check(t, p.Result().Stdout.Data))
+		}
+		if seen[0] != seen[1] {
+			t.Errorf("a session's commands read different placeholders: %q", seen)
+		}
+	})
+}

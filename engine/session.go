@@ -162,6 +162,9 @@ func (e *Engine) NewSession(ctx context.Context, req *SessionRequest) (_ *Sessio
 	if _, err := workspace.CopyIn(ws.Dir, m.Inputs, owner, wsLim); err != nil {
 		return nil, fmt.Errorf("%w: copy inputs: %w", ErrUsage, err)
 	}
+	if err := p.plantSecretFiles(ws.Dir, owner, wsLim); err != nil {
+		return nil, err
+	}
 	if len(req.Files) > 0 {
 		if _, err := writeFiles(ws.Dir, owner, wsLim, req.Files); err != nil {
 			return nil, err

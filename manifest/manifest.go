@@ -191,6 +191,12 @@ type Secret struct {
 	// Default: the name upper-cased, '-' turned into '_' (github-token:
 	// GITHUB_TOKEN).
 	Env string `json:"env" yaml:"env"`
+	// File, when set, is a path under /workspace (relative, like
+	// inputs[].dst) where the placeholder is also written (0600, the
+	// program's own, no newline), for programs that read a token from a
+	// file. It is part of the workspace's baseline: the diff shows it
+	// only if the program changes it.
+	File string `json:"file,omitempty" yaml:"file,omitempty"`
 }
 
 // Security holds explicit, audited acceptances of a weaker sandbox. The

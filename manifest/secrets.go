@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"path"
 	"strings"
 	"unicode/utf8"
 
@@ -50,6 +51,7 @@ func (m *Manifest) validateSecrets(errs *errorList) {
 	}
 	names := map[string]int{}
 	envs := map[string]int{}
+	files := map[string]int{}
 	for i, s := range m.Secrets {
 		f := func(field string) string { return fmt.Sprintf("secrets[%d].%s", i, field) }
 		switch {
@@ -85,7 +87,33 @@ func (m *Manifest) validateSecrets(errs *errorList) {
 		default:
 			envs[s.Env] = i + 1
 		}
+		m.validateSecretFile(errs, i, s.File, files)
 	}
+}
+
+// validateSecretFile checks secrets[i].file: a path under /workspace as
+// inputs[].dst are written, where no input lands and no other secret's
+// file is.
+func (m *Manifest) validateSecretFile(errs *errorList, i int, file string, files map[string]int) {
+	if file == "" {
+		return
+	}
+	field := fmt.Sprintf("secrets[%d].file", i)
+	if problem := dstProblem(file); problem != "" {
+		errs.add(field, file, strings.Replace(problem, `such as "task"`, `such as ".secrets/api-token"`, 1))
+		return
+	}
+	for j, in := range m.Inputs {
+		if in.Dst == file || strings.HasPrefix(file, in.Dst+"/") || strings.HasPrefix(in.Dst, file+"/") {
+			errs.add(field, file, fmt.Sprintf("is where inputs[%d] (dst %q) is copied; choose a path no input uses, e.g. .secrets/%s", j, in.Dst, path.Base(file)))
+			return
+		}
+	}
+	if j := files[file]; j > 0 {
+		errs.add(field, file, fmt.Sprintf("is also the file of secrets[%d]; give each secret its own file", j-1))
+		return
+	}
+	files[file] = i + 1
 }
 
 func (m *Manifest) validateSecretHosts(errs *errorList, i int, s Secret, allow []egress.Rule) {

@@ -92,6 +92,12 @@ func TestSecretsInvalid(t *testing.T) {
 		{"env twice", net + "secrets: [{name: a, hosts: [api.github.com], env: K}, {name: b, hosts: [api.github.com], env: K}]", "secrets[1].env", "K", "is also the env of secrets[0]"},
 		{"query not a bool", net + "secrets: [{name: gh, hosts: [api.github.com], query: yes}]", "secrets[0].query", "yes", "true or false"},
 		{"unknown key", net + "secrets: [{name: gh, hosts: [api.github.com], value: hunter2}]", "secrets[0].value", "", "is not a known key"},
+		{"absolute file", net + "secrets: [{name: gh, hosts: [api.github.com], file: /etc/token}]", "secrets[0].file", "/etc/token", "is absolute; give a path relative to /workspace"},
+		{"file escapes", net + "secrets: [{name: gh, hosts: [api.github.com], file: ../token}]", "secrets[0].file", "../token", `has a ".." component`},
+		{"file not clean", net + "secrets: [{name: gh, hosts: [api.github.com], file: a//token}]", "secrets[0].file", "a//token", "is not a clean path"},
+		{"file is the workspace", net + "secrets: [{name: gh, hosts: [api.github.com], file: .}]", "secrets[0].file", ".", "names /workspace itself"},
+		{"file inside an input", net + "inputs: [{src: /etc/hostname, dst: conf}]\nsecrets: [{name: gh, hosts: [api.github.com], file: conf/token}]", "secrets[0].file", "conf/token", "is where inputs[0] (dst \"conf\") is copied"},
+		{"file twice", net + "secrets: [{name: a, hosts: [api.github.com], env: A, file: t}, {name: b, hosts: [api.github.com], env: B, file: t}]", "secrets[1].file", "t", "is also the file of secrets[0]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,4 +115,36 @@ func TestSecretsLimit(t *testing.T) {
 		m.Secrets = append(m.Secrets, Secret{Name: "s" + strings.Repeat("x", i), Hosts: []string{"a.example"}, Env: "S" + strings.Repeat("X", i)})
 	}
 	wantFieldError(t, m.Validate(), "secrets", "33 secrets", "is too many")
+}
+
+// TestSecretFile: secrets[].file is kept, in the canonical form too (it
+// changes the digest: the program's workspace differs), and absent it
+// leaves the canonical form as it was.
+func TestSecretFile(t *testing.T) {
+	const base = "network: {mode: allowlist, allow: [api.github.com]}\nsecrets: [{name: gh, hosts: [api.github.com]"
+	plain, err := Parse([]byte(base+"}]"), "m.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withFile, err := Parse([]byte(base+", file: .secrets/gh}]"), "m.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := withFile.Secrets[0]; got.File != ".secrets/gh" || got.Env != "GH" {
+		t.Errorf("secret %+v, want file .secrets/gh and the default env GH", got)
+	}
+	if plain.Digest() == withFile.Digest() {
+		t.Errorf("a placeholder file does not change the digest")
+	}
+	if c, _ := plain.Canonical(); strings.Contains(string(c), " file: ") {
+		t.Errorf("canonical form without a file mentions one:\n%s", c)
+	}
+	c, err := withFile.Canonical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(c, "c.yaml")
+	if err != nil || back.Digest() != withFile.Digest() || back.Secrets[0].File != ".secrets/gh" {
+		t.Errorf("canonical round trip: %v, %+v\n%s", err, back, c)
+	}
 }

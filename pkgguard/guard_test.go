@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // wheel builds a minimal valid wheel of name==version.
@@ -79,10 +80,21 @@ type upstream struct {
 	npm   map[string][]string
 	json  bool
 	hits  map[string]int
+	// meta: a PyPI file's (by file name) or an npm version's (by
+	// name@version) yanked state and upload time, when set.
+	meta map[string]fileMeta
+}
+
+// fileMeta is what an upstream says about a file or version besides its
+// bytes: yanked (with a reason, which may be empty) and when uploaded.
+type fileMeta struct {
+	yanked   bool
+	reason   string
+	uploaded time.Time
 }
 
 func newUpstream(t testing.TB) *upstream {
-	u := &upstream{files: map[string][]byte{}, sums: map[string][]byte{}, pypi: map[string][]string{}, npm: map[string][]string{}, hits: map[string]int{}}
+	u := &upstream{files: map[string][]byte{}, sums: map[string][]byte{}, pypi: map[string][]string{}, npm: map[string][]string{}, hits: map[string]int{}, meta: map[string]fileMeta{}}
 	u.srv = httptest.NewServer(u)
 	t.Cleanup(u.srv.Close)
 	return u
@@ -106,6 +118,13 @@ func (u *upstream) addTarball(t testing.TB, name, version string) []byte {
 	u.files[p], u.sums[p] = b, b
 	u.npm[name] = append(u.npm[name], version)
 	return b
+}
+
+// hit is how often the upstream was asked for path.
+func (u *upstream) hit(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.hits[path]
 }
 
 func (u *upstream) tamper(path string) {
@@ -136,7 +155,16 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			var files []string
 			for _, fn := range fns {
 				sum := sha256.Sum256(u.sums["/files/"+fn])
-				files = append(files, fmt.Sprintf(`{"filename":%q,"url":"../../files/%s","hashes":{"sha256":%q}}`, fn, fn, hex.EncodeToString(sum[:])))
+				extra := ""
+				if m, ok := u.meta[fn]; ok {
+					if m.yanked {
+						extra += fmt.Sprintf(`,"yanked":%q`, m.reason)
+					}
+					if !m.uploaded.IsZero() {
+						extra += fmt.Sprintf(`,"upload-time":%q`, m.uploaded.UTC().Format(time.RFC3339))
+					}
+				}
+				files = append(files, fmt.Sprintf(`{"filename":%q,"url":"../../files/%s","hashes":{"sha256":%q}%s}`, fn, fn, hex.EncodeToString(sum[:]), extra))
 			}
 			fmt.Fprintf(w, `{"meta":{"api-version":"1.0"},"name":%q,"files":[%s]}`, name, strings.Join(files, ","))
 			return
@@ -144,7 +172,11 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "<html><body>\n")
 		for _, fn := range fns {
 			sum := sha256.Sum256(u.sums["/files/"+fn])
-			fmt.Fprintf(w, "<a href=\"/files/%s#sha256=%s\">%s</a>\n", fn, hex.EncodeToString(sum[:]), fn)
+			attrs := ""
+			if m := u.meta[fn]; m.yanked {
+				attrs = fmt.Sprintf(" data-yanked=%q", m.reason)
+			}
+			fmt.Fprintf(w, "<a href=\"/files/%s#sha256=%s\"%s>%s</a>\n", fn, hex.EncodeToString(sum[:]), attrs, fn)
 		}
 		fmt.Fprintf(w, "</body></html>\n")
 		return
@@ -156,7 +188,11 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		versions := map[string]any{}
+		times := map[string]string{}
 		for _, v := range vs {
+			if m := u.meta[p+"@"+v]; !m.uploaded.IsZero() {
+				times[v] = m.uploaded.UTC().Format(time.RFC3339)
+			}
 			b := u.sums["/tarballs/"+p+"-"+v+".tgz"]
 			s512 := sha512.Sum512(b)
 			s1 := sha1.Sum(b)
@@ -166,7 +202,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				"shasum":    hex.EncodeToString(s1[:]),
 			}}
 		}
-		json.NewEncoder(w).Encode(map[string]any{"name": p, "versions": versions, "dist-tags": map[string]string{"latest": vs[len(vs)-1]}})
+		json.NewEncoder(w).Encode(map[string]any{"name": p, "versions": versions, "time": times, "dist-tags": map[string]string{"latest": vs[len(vs)-1]}})
 		return
 	}
 	http.NotFound(w, r)
@@ -181,14 +217,19 @@ func mustReq(t testing.TB, eco Ecosystem, s string) Requirement {
 	return r
 }
 
-// guardFor serves a guard over u on a test server and records its events.
-func guardFor(t testing.TB, u *upstream, cfg Config) (*httptest.Server, func() []Event) {
+// guardFor serves a guard over u on a test server and records its events;
+// now, when given, is the guard's clock.
+func guardFor(t testing.TB, u *upstream, cfg Config, now ...func() time.Time) (*httptest.Server, func() []Event) {
 	t.Helper()
 	var mu sync.Mutex
 	var events []Event
 	srv := httptest.NewUnstartedServer(nil)
-	g, err := New(cfg, Options{Transport: http.DefaultTransport, BaseURL: "http://" + srv.Listener.Addr().String() + "/moat-index",
-		Report: func(e Event) { mu.Lock(); events = append(events, e); mu.Unlock() }, SpoolDir: t.TempDir()})
+	opts := Options{Transport: http.DefaultTransport, BaseURL: "http://" + srv.Listener.Addr().String() + "/moat-index",
+		Report: func(e Event) { mu.Lock(); events = append(events, e); mu.Unlock() }, SpoolDir: t.TempDir()}
+	if len(now) > 0 {
+		opts.Now = now[0]
+	}
+	g, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,36 @@ func npmNameFromPath(p string) (string, bool) {
 	return n, npmName.MatchString(n) && len(n) <= 214
 }
 
-// serveNPM answers <name> (the packument) and -/tarball/<version>/<name>.
+// registryTarball parses the public registry's tarball path,
+// <name>/-/<basename>-<version>.tgz (@scope/name/-/name-1.0.0.tgz for a
+// scoped package). npm asks for it when it installs from a package-lock
+// written against registry.npmjs.org: it keeps the lock's path and
+// replaces only the registry's host with the one it was given
+// (replace-registry-host), so the guard must answer it like its own.
+func registryTarball(rest string) (name, ver string, ok bool) {
+	namePath, file, ok := strings.Cut(rest, "/-/")
+	if !ok {
+		return "", "", false
+	}
+	name, ok = npmNameFromPath(namePath)
+	if !ok {
+		return "", "", false
+	}
+	base := name[strings.LastIndexByte(name, '/')+1:]
+	ver, ok = strings.CutPrefix(strings.ToLower(file), base+"-")
+	if !ok {
+		return "", "", false
+	}
+	ver, ok = strings.CutSuffix(ver, ".tgz")
+	if !ok || ver == "" || strings.ContainsAny(ver, "/\\") {
+		return "", "", false
+	}
+	return name, ver, true
+}
+
+// serveNPM answers <name> (the packument), -/tarball/<version>/<name>
+// (the tarball URLs of the guard's packuments) and the registry's own
+// <name>/-/<name>-<version>.tgz (registryTarball).
 func (g *Guard) serveNPM(w http.ResponseWriter, r *http.Request, rest string) {
 	ix := g.cfg.NPM
 	if t, ok := strings.CutPrefix(rest, "-/tarball/"); ok {
@@ -101,23 +130,11 @@ func (g *Guard) serveNPM(w http.ResponseWriter, r *http.Request, rest string) {
 			refuse(w, http.StatusNotFound, ReasonNotAllowed, "not a tarball of this registry")
 			return
 		}
-		rq, ok := g.lookup(w, NPM, ix, name)
-		if !ok {
-			return
-		}
-		key := "npm/" + name + "/" + ver
-		f, known := g.recall(key)
-		if !known {
-			if _, ok := g.npmPackument(w, r, ix, rq); !ok {
-				return
-			}
-			if f, known = g.recall(key); !known {
-				g.deny(w, Event{Ecosystem: NPM, Package: name, Version: ver, Reason: ReasonNotAllowed,
-					Detail: fmt.Sprintf("%s@%s is not a version the manifest allows (allowed: %s)", name, ver, describe(rq))})
-				return
-			}
-		}
-		g.serveVerified(w, r, Event{Ecosystem: NPM, Package: name, Version: ver, File: name + "-" + ver + ".tgz"}, f, "application/octet-stream")
+		g.serveNPMTarball(w, r, ix, name, ver)
+		return
+	}
+	if name, ver, ok := registryTarball(rest); ok {
+		g.serveNPMTarball(w, r, ix, name, ver)
 		return
 	}
 	name, ok := npmNameFromPath(strings.TrimSuffix(rest, "/"))
@@ -140,6 +157,29 @@ func (g *Guard) serveNPM(w http.ResponseWriter, r *http.Request, rest string) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(body)
+}
+
+// serveNPMTarball serves name@ver if the policy lets it through: the
+// version must be in the filtered packument, and the bytes must match its
+// digest (and the manifest's pin).
+func (g *Guard) serveNPMTarball(w http.ResponseWriter, r *http.Request, ix *Index, name, ver string) {
+	rq, ok := g.lookup(w, NPM, ix, name)
+	if !ok {
+		return
+	}
+	key := "npm/" + name + "/" + ver
+	f, known := g.recall(key)
+	if !known {
+		if _, ok := g.npmPackument(w, r, ix, rq); !ok {
+			return
+		}
+		if f, known = g.recall(key); !known {
+			g.deny(w, Event{Ecosystem: NPM, Package: name, Version: ver, Reason: ReasonNotAllowed,
+				Detail: fmt.Sprintf("%s@%s is not a version the manifest allows (allowed: %s)", name, ver, describe(rq))})
+			return
+		}
+	}
+	g.serveVerified(w, r, Event{Ecosystem: NPM, Package: name, Version: ver, File: name + "-" + ver + ".tgz"}, f, "application/octet-stream")
 }
 
 // npmPackument fetches the packument upstream and keeps the versions the

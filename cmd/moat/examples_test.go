@@ -163,6 +163,33 @@ func TestExamples(t *testing.T) {
 		if strings.Contains(apiLog.String(), "authorized=no") {
 			t.Errorf("the API received a request without the token: %q", apiLog.String())
 		}
+		// The audit log and everything else moat wrote in its state
+		// directory (the sealed store included) hold no plaintext value.
+		noValueUnder(t, strings.TrimPrefix(env[0], "MOAT_HOME="), token)
+
+		// The same run through moat serve, by an API key granted the
+		// secret: serve's own logs (debug level) and state hold no value.
+		// (A short name: the state directory is under t.TempDir(), and
+		// the run's egress socket path must fit a sockaddr_un.)
+		t.Run("serve", func(t *testing.T) {
+			home := serverHome(t)
+			senv := []string{"MOAT_HOME=" + home}
+			moat(t, invocation{args: []string{"secrets", "add", "example-api-token", "--from-file", tokenFile}, env: senv}).
+				check(t, 0, nil, []string{"stored secret example-api-token"}, []string{token})
+			key := createKey(t, home, "--secret", "example-api-token")
+			srv := startServer(t, home, key, "--log-level", "debug")
+			before := strings.Count(apiLog.String(), "authorized=yes")
+			out := moat(t, invocation{args: []string{"run", "--server", srv.url, "--api-key", key, "--json", "--manifest", manifest, "--", "python3", "client.py"}})
+			out.check(t, 0, []string{"bound API answered: 200 authorized: yes", `"name": "example-api-token"`, `"reason": "secret-exfiltration"`}, nil, []string{token})
+			if n := strings.Count(apiLog.String(), "authorized=yes") - before; n != 1 {
+				t.Errorf("the API authorized %d requests of the served run, want 1; moat serve's log:\n%s", n, srv.logs())
+			}
+			srv.terminate(t, 30*time.Second)
+			if strings.Contains(srv.logs(), token) {
+				t.Errorf("moat serve's log holds the value:\n%s", srv.logs())
+			}
+			noValueUnder(t, home, token)
+		})
 	})
 
 	t.Run("guard", func(t *testing.T) {
@@ -204,4 +231,30 @@ func TestExamples(t *testing.T) {
 			t.Errorf("the index never served the allowed wheel: %q", log)
 		}
 	})
+}
+
+// noValueUnder fails the test if any regular file under dir (the audit
+// database and its WAL, run records, incident bundles, the secret store)
+// holds value in plain text. Symbolic links (the shared image store) are
+// not followed.
+func noValueUnder(t *testing.T, dir, value string) {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		n++
+		if bytes.Contains(b, []byte(value)) {
+			t.Errorf("%s holds the secret's value in plain text", p)
+		}
+		return nil
+	})
+	if err != nil || n == 0 {
+		t.Errorf("searched %d files under %s for the value: %v", n, dir, err)
+	}
 }
