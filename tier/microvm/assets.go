@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -147,8 +146,15 @@ func buildRootDisk(cacheDir, digest, root string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
 		return "", err
 	}
-	tmp := filepath.Join(filepath.Dir(out), ".tmp-"+hexd[:16]+"-"+strconv.Itoa(os.Getpid()))
-	defer os.Remove(tmp)
+	// A directory of its own per build: two builds of one image (two
+	// runs of moat serve at once after a rebuild) must not write one
+	// file, which corrupts the ext4 both rename into place.
+	tmpDir, err := os.MkdirTemp(filepath.Dir(out), ".tmp-"+hexd[:16]+"-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmpDir)
+	tmp := filepath.Join(tmpDir, "root.ext4")
 	if err := image.WriteExt4(root, tmp); err != nil {
 		return "", fmt.Errorf("root disk of image %s: %w", digest, err)
 	}
