@@ -21,6 +21,10 @@ type egressRun struct {
 	done   chan error
 }
 
+// maxSocketPath is the longest path a Unix socket may be bound at
+// (sun_path is 108 bytes with its terminating NUL).
+const maxSocketPath = 107
+
 // startEgress serves the manifest's allowlist on a Unix socket in the run's
 // private directory. The sandbox reaches it only through the descriptor
 // the tier hands to its init. res resolves the names the proxy looks up
@@ -40,6 +44,11 @@ func (e *Engine) startEgressGuarded(runDir string, n manifest.Network, res egres
 	pol.Secrets = secrets
 	pol.Canaries = canaries
 	sock := filepath.Join(runDir, "egress.sock")
+	if len(sock) > maxSocketPath {
+		// The kernel's limit on a socket's name (sun_path): bind would
+		// fail with a bare "invalid argument".
+		return nil, fmt.Errorf("egress: the proxy's socket %s is %d bytes, more than a Unix socket's name may have (%d): Moat's home directory (MOAT_HOME or --home) is too deep; use a shorter path", sock, len(sock), maxSocketPath)
+	}
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		return nil, fmt.Errorf("egress: listen on %s: %w", sock, err)

@@ -450,3 +450,25 @@ func TestSessionCommandAcrossClose(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressSocketPathTooLong: a run directory too deep for a Unix
+// socket's name gets an error that names the path, the limit and the fix,
+// not bind's bare "invalid argument".
+func TestEgressSocketPathTooLong(t *testing.T) {
+	m := manifest.Default()
+	m.Network.Mode = "allowlist"
+	m.Network.Allow = []string{"example.com"}
+	deep := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	if err := os.MkdirAll(deep, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := (&Engine{}).startEgress(deep, m.Network, nil)
+	if err == nil || !strings.Contains(err.Error(), "MOAT_HOME") || !strings.Contains(err.Error(), deep) {
+		t.Fatalf("startEgress in a deep directory = %v, want an error naming the path and MOAT_HOME", err)
+	}
+	ok, err := (&Engine{}).startEgress(t.TempDir(), m.Network, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok.stop()
+}
