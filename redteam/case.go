@@ -60,7 +60,8 @@ type Case struct {
 	// contained.
 	Repeat int `yaml:"repeat"`
 	// Requires names host facilities without which the case is
-	// not-applicable: "root".
+	// not-applicable: "root"; "ia32", the kernel's 32-bit system call
+	// entry (int 0x80), which some hosts' kernels lack.
 	Requires []string `yaml:"requires"`
 	// Why says what the case proves when contained (docs/REDTEAM.md).
 	Why string `yaml:"why"`

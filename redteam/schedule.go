@@ -8,14 +8,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
@@ -219,7 +222,7 @@ func (r *runner) run(ctx context.Context, c *Case) (v Verdict) {
 		defer func() { v.Evidence = "[" + r.tier + " expectation] " + v.Evidence }()
 	}
 	for _, req := range c.Requires {
-		if why := missing(req); why != "" {
+		if why := missing(req, r.tier); why != "" {
 			v.Verdict, v.Evidence = NotApplicable, why
 			return v
 		}
@@ -516,17 +519,62 @@ func secret() string {
 	return "moat-canary-" + hex.EncodeToString(b[:])
 }
 
-// missing explains why a required host facility is absent, or "".
-func missing(req string) string {
+// missing explains why a required host facility is absent for a case
+// run on tier, or "".
+func missing(req, tier string) string {
 	switch req {
 	case "root":
 		if os.Geteuid() != 0 {
 			return "needs root"
 		}
+	case "ia32":
+		// The 32-bit system call gate of the kernel that runs the
+		// program: the host's, but for the microVM's own guest kernel
+		// (which has it).
+		if tier != "microvm" {
+			return hostLacksIA32()
+		}
 	default:
 		return "unknown requirement " + req
 	}
 	return ""
+}
+
+// ia32Probe is a program that makes one 32-bit system call (getpid
+// through int 0x80) on the host: it exits 0 where the kernel has the
+// gate, and dies of SIGSEGV where it has none (IA32 emulation off:
+// CONFIG_IA32_EMULATION unset, or ia32_emulation=0).
+const ia32Probe = `import ctypes, mmap
+page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(bytes([0xb8, 20, 0, 0, 0,  0xcd, 0x80,  0xc3]))
+ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+`
+
+var ia32Once struct {
+	sync.Once
+	why string
+}
+
+// hostLacksIA32 says why this host's kernel has no 32-bit system call
+// entry, or "" when it has one (or the probe cannot tell: then the case
+// runs and judges).
+func hostLacksIA32() string {
+	ia32Once.Do(func() {
+		py, err := exec.LookPath("python3")
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err = exec.CommandContext(ctx, py, "-c", ia32Probe).Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGSEGV {
+				ia32Once.why = "this host's kernel has no 32-bit system call entry (int 0x80 dies of SIGSEGV unsandboxed too: IA32 emulation is off), so the gate the case attacks does not exist here"
+			}
+		}
+	})
+	return ia32Once.why
 }
 
 // guestSleepPrelude makes time.sleep wait on a guest whose WASI lacks it
