@@ -420,7 +420,9 @@ func (b *builder) checkNeeds(s Step, env []string) error {
 			if b.plan.Base.Image != "" {
 				base = "the base image " + b.plan.Base.Image
 			}
-			return fmt.Errorf("%s: %s has no %s on its PATH (%s); %s", oneLine(s.Text), base, prog, pathVar, s.NeedsFix)
+			// ErrBadImage: the build file asks for something its base
+			// cannot do, which is the user's to fix (the CLI's exit 2).
+			return fmt.Errorf("%w: %s: %s has no %s on its PATH (%s); %s", image.ErrBadImage, oneLine(s.Text), base, prog, pathVar, s.NeedsFix)
 		}
 	}
 	return nil

@@ -626,11 +626,11 @@ func TestBuildNeeds(t *testing.T) {
 	}{
 		{name: "apt on an image without apt-get",
 			yaml: "version: 1\nbase: {image: rootimg}\napt: [curl]\n",
-			want: []string{"image.yaml:3: apt: curl: the base image rootimg has no apt-get on its PATH", "base: {debian: bookworm}"}},
+			want: []string{"image.yaml:3: image refused: apt: curl: the base image rootimg has no apt-get on its PATH", "base: {debian: bookworm}"}},
 		{name: "npm on an image without npm",
 			yaml:  "version: 1\nbase: {image: rootimg}\nnpm: {lockfile: package-lock.json, dir: /opt/app}\n",
 			files: map[string]string{"package.json": fixture(t, "npm/package.json"), "package-lock.json": fixture(t, "npm/package-lock.json")},
-			want:  []string{"image.yaml:3: npm: ci in /opt/app: the base image rootimg has no npm on its PATH", "(node, base)"}},
+			want:  []string{"image.yaml:3: image refused: npm: ci in /opt/app: the base image rootimg has no npm on its PATH", "(node, base)"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -645,6 +645,9 @@ func TestBuildNeeds(t *testing.T) {
 			}
 			runner := &fakeRunner{}
 			_, err = Build(context.Background(), store, "app", plan, Options{Runner: runner})
+			if !errors.Is(err, image.ErrBadImage) {
+				t.Errorf("Build = %v, want image.ErrBadImage (the CLI's exit 2)", err)
+			}
 			for _, w := range tc.want {
 				if err == nil || !strings.Contains(err.Error(), w) {
 					t.Errorf("Build = %v, want an error containing %q", err, w)
