@@ -149,6 +149,28 @@ func TestRunImageCommand(t *testing.T) {
 			}
 		})
 	}
+	// Every image runs on every Linux tier (issue 19 §3), imported ones
+	// too: the gVisor tier on the same tree, the microVM tier on an ext4
+	// disk made from it. The image's Entrypoint and Cmd, its WorkingDir
+	// and its PATH-only Env hold there as on the native tier.
+	for _, tierName := range []string{"gvisor", "microvm"} {
+		t.Run("tier "+tierName, func(t *testing.T) {
+			out := moat(t, invocation{args: []string{"run", "--json", "--tier", tierName, "--image", "app"}, env: env})
+			var res struct {
+				Command  []string `json:"command"`
+				ExitCode int      `json:"exit_code"`
+				Stdout   struct {
+					Data string `json:"data"`
+				} `json:"stdout"`
+			}
+			if err := json.Unmarshal([]byte(out.stdout), &res); err != nil || out.code != 0 {
+				t.Fatalf("run on %s: %v\n%v", tierName, err, out)
+			}
+			if !slices.Equal(res.Command, []string{"/bin/moat", "version"}) || res.ExitCode != 0 || !strings.HasPrefix(res.Stdout.Data, "moat ") {
+				t.Errorf("on %s ran %q (exit %d, stdout %q), want /bin/moat version exiting 0\n%v", tierName, res.Command, res.ExitCode, res.Stdout.Data, out)
+			}
+		})
+	}
 }
 
 // TestServeRunsImageCommand: through `moat serve` and the Go SDK, a run
