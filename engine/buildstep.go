@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -125,7 +126,16 @@ func (e *Engine) RunBuildStep(ctx context.Context, root string, step BuildStep) 
 		if err != nil {
 			return -1, fmt.Errorf("build step: %w", err)
 		}
-		defer eg.stop()
+		// Once the step is over: what the proxy refused goes to the
+		// step's output, with the fix. A package manager shows a refused
+		// CONNECT as a bare "403 Forbidden", which names neither the
+		// reason nor the flag that grants it.
+		defer func() {
+			attempts, _, _ := eg.stop()
+			if step.Stderr != nil {
+				writeRefusals(step.Stderr, attempts, step.Hosts)
+			}
+		}()
 		spec.EgressSocket = eg.socket
 		env = tier.Environment(step.Env, buildProxyEnv())
 	}
@@ -156,6 +166,41 @@ func (e *Engine) RunBuildStep(ctx context.Context, root string, step BuildStep) 
 		return -1, fmt.Errorf("build step %s: %w", step.Argv[0], execErr)
 	}
 	return buildStepStatus(ctx, out, spec.Limits)
+}
+
+// maxRefusalLines bounds the refusals a build step's output lists.
+const maxRefusalLines = 5
+
+// writeRefusals writes one line per destination the egress proxy refused
+// a build step (host, port, reason), with how to grant it where the
+// operator can: an index on a reserved address (--allow-address), a host
+// the build file does not name.
+func writeRefusals(w io.Writer, attempts []result.NetworkAttempt, hosts []string) {
+	seen := map[string]bool{}
+	n := 0
+	for _, a := range attempts {
+		if a.Allowed {
+			continue
+		}
+		key := fmt.Sprintf("%s:%d %s", a.Host, a.Port, a.Reason)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		if n++; n > maxRefusalLines {
+			fmt.Fprintf(w, "moat: ... and more refused destinations\n")
+			return
+		}
+		hint := ""
+		switch a.Reason {
+		case egress.ReasonPrivateAddress:
+			addr := cmp.Or(a.Address, "ADDRESS")
+			hint = fmt.Sprintf("; it resolves to %s, a reserved address: if that is really your index (or a TLS-intercepting proxy's), grant it with moat image build --allow-address %s (BuildStep.AllowAddresses)", addr, addr)
+		case egress.ReasonNotAllowlisted:
+			hint = fmt.Sprintf("; this step may reach only %s, the indexes its build file names", strings.Join(hosts, ", "))
+		}
+		fmt.Fprintf(w, "moat: the egress proxy refused %s port %d (%s)%s\n", a.Host, a.Port, a.Reason, hint)
+	}
 }
 
 // buildStepStatus turns a step's outcome into RunBuildStep's answer: an

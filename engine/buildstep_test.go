@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/idshift"
 	"github.com/moat-sandbox/moat/internal/testbin"
+	"github.com/moat-sandbox/moat/result"
 )
 
 // buildStepEnv is a private home and a copy of the python image's tree,
@@ -219,7 +221,8 @@ func TestBuildStep(t *testing.T) {
 				curl -sS --cacert /host-cas.pem -o /dev/null -w 'npm %{http_code}\n' https://registry.npmjs.org/is-number
 				curl -sS -o /dev/null -w 'other %{http_code}\n' https://pypi.org/simple/ 2>&1 | head -c 300; echo
 				echo "proxy $npm_config_https_proxy $PIP_PROXY"`)},
-			wantOut: []string{"npm 200\n", "other 000\n", "proxy http://127.0.0.1:3128 http://127.0.0.1:3128"},
+			wantOut: []string{"npm 200\n", "other 000\n", "proxy http://127.0.0.1:3128 http://127.0.0.1:3128",
+				"moat: the egress proxy refused pypi.org port 443 (not-allowlisted); this step may reach only registry.npmjs.org, the indexes its build file names\n"},
 		},
 		{
 			name:    "a wheel installs with pip as root",
@@ -454,4 +457,51 @@ func TestGCRestoresBuildTree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWriteRefusals: what a build step's output says about the
+// destinations the egress proxy refused it: one line per destination and
+// reason, with the flag that grants a reserved address, at most
+// maxRefusalLines of them; nothing for what was let through.
+func TestWriteRefusals(t *testing.T) {
+	refused := func(host string, port int, reason, addr string) result.NetworkAttempt {
+		return result.NetworkAttempt{Host: host, Port: port, Reason: reason, Address: addr}
+	}
+	var many []result.NetworkAttempt
+	for i := range maxRefusalLines + 2 {
+		many = append(many, refused(fmt.Sprintf("h%d.example", i), 443, "not-allowlisted", ""))
+	}
+	tests := []struct {
+		name     string
+		attempts []result.NetworkAttempt
+		want     string
+	}{
+		{name: "nothing refused", attempts: []result.NetworkAttempt{{Host: "registry.npmjs.org", Port: 443, Allowed: true, Reason: "allowed"}}, want: ""},
+		{name: "a reserved address names the flag and the address",
+			attempts: []result.NetworkAttempt{refused("registry.npmjs.org", 443, "private-address", "203.0.113.80"), refused("registry.npmjs.org", 443, "private-address", "203.0.113.80")},
+			want:     "moat: the egress proxy refused registry.npmjs.org port 443 (private-address); it resolves to 203.0.113.80, a reserved address: if that is really your index (or a TLS-intercepting proxy's), grant it with moat image build --allow-address 203.0.113.80 (BuildStep.AllowAddresses)\n"},
+		{name: "a host the file does not name",
+			attempts: []result.NetworkAttempt{refused("evil.example", 443, "not-allowlisted", "")},
+			want:     "moat: the egress proxy refused evil.example port 443 (not-allowlisted); this step may reach only registry.npmjs.org, the indexes its build file names\n"},
+		{name: "other reasons are named as they are",
+			attempts: []result.NetworkAttempt{refused("registry.npmjs.org", 443, "dns-failure", "")},
+			want:     "moat: the egress proxy refused registry.npmjs.org port 443 (dns-failure)\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			writeRefusals(&b, tc.attempts, []string{"registry.npmjs.org"})
+			if b.String() != tc.want {
+				t.Errorf("wrote %q\nwant  %q", b.String(), tc.want)
+			}
+		})
+	}
+	t.Run("bounded", func(t *testing.T) {
+		var b strings.Builder
+		writeRefusals(&b, many, []string{"registry.npmjs.org"})
+		lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+		if len(lines) != maxRefusalLines+1 || lines[maxRefusalLines] != "moat: ... and more refused destinations" {
+			t.Errorf("wrote %d lines:\n%s", len(lines), b.String())
+		}
+	})
 }

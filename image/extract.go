@@ -152,6 +152,11 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		l.dropped++
 		return nil
 	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
+	case tar.TypeGNUSparse:
+		// A GNU sparse file (tar --sparse): archive/tar reads it as a
+		// regular file with its holes filled with zeros, so it is written
+		// as one, and a sparse bomb meets the byte cap like any other
+		// (PAX sparse files arrive as TypeReg already).
 	default:
 		// Sockets cannot be archived by tar; anything else (GNU volume
 		// headers, unknown vendor types) has no place in a layer.

@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -351,6 +352,29 @@ func writeZeroBomb(t *testing.T, path string, declared, written int64) {
 	}
 }
 
+// writeSparseTar writes, with GNU tar --sparse in the given --format
+// (gnu: the old sparse type 'S'; posix: PAX sparse 1.0), a rootfs tar of
+// one sparse file of size bytes that holds only tail at its end: a
+// 10 GiB hole costs a few blocks of archive and none of disk.
+func writeSparseTar(t *testing.T, path, format string, size int64, tail string) {
+	t.Helper()
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Skip("needs GNU tar to write sparse archives")
+	}
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(tail), size-int64(len(tail))); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if out, err := exec.Command("tar", "--sparse", "--format="+format, "-C", dir, "-cf", path, "sparse").CombinedOutput(); err != nil {
+		t.Fatalf("tar --sparse --format=%s: %v\n%s", format, err, out)
+	}
+}
+
 func TestImportHostile(t *testing.T) {
 	needRoot(t)
 	outside := t.TempDir() // what an escape would write into
@@ -389,6 +413,20 @@ func TestImportHostile(t *testing.T) {
 		{name: "zero bomb, 10 GiB of zeros in a gzip rootfs", opts: ImportOptions{MaxBytes: 1 << 20},
 			rootfs:  func(t *testing.T, p string) { writeZeroBomb(t, p, 10<<30, 8<<20) },
 			wantErr: `entry "zeros": image is larger than 1048576 bytes extracted`},
+		{name: "sparse bomb, a 10 GiB hole in an old GNU sparse file", opts: ImportOptions{MaxBytes: 1 << 20},
+			rootfs:  func(t *testing.T, p string) { writeSparseTar(t, p, "gnu", 10<<30, "x") },
+			wantErr: `entry "sparse": image is larger than 1048576 bytes extracted`},
+		{name: "sparse bomb, a 10 GiB hole in a PAX sparse file", opts: ImportOptions{MaxBytes: 1 << 20},
+			rootfs:  func(t *testing.T, p string) { writeSparseTar(t, p, "posix", 10<<30, "x") },
+			wantErr: `entry "sparse": image is larger than 1048576 bytes extracted`},
+		{name: "small sparse file written whole",
+			rootfs: func(t *testing.T, p string) { writeSparseTar(t, p, "gnu", 256<<10, "end") },
+			check: func(t *testing.T, root string) {
+				b, err := os.ReadFile(filepath.Join(root, "sparse"))
+				if err != nil || len(b) != 256<<10 || !strings.HasSuffix(string(b), "end") || strings.Trim(string(b[:len(b)-3]), "\x00") != "" {
+					t.Errorf("sparse file: %d bytes, err %v; want 256 KiB of zeros ending in \"end\"", len(b), err)
+				}
+			}},
 		{name: "device node and fifo dropped",
 			layers: [][]byte{makeTar(t, dir("home/"), tarEntry{name: "home/null", typ: tar.TypeChar, mode: 0o666},
 				tarEntry{name: "home/sda", typ: tar.TypeBlock, mode: 0o666}, tarEntry{name: "home/fifo", typ: tar.TypeFifo, mode: 0o666})},

@@ -387,6 +387,47 @@ func (b *builder) step(ctx context.Context, n int, s Step) error {
 	return nil
 }
 
+// checkNeeds refuses a step whose Needs are not on its PATH in the tree.
+// Only a definite "not there" in every PATH directory refuses: a lookup
+// the tree's links make undecidable from the host (an absolute symlink,
+// as Debian's alternatives use) lets the step run and speak for itself.
+// The lookup goes through an os.Root, so no link in the tree takes it
+// outside.
+func (b *builder) checkNeeds(s Step, env []string) error {
+	if len(s.Needs) == 0 {
+		return nil
+	}
+	root, err := os.OpenRoot(b.root)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	pathVar := envMap(env)["PATH"]
+	for _, prog := range s.Needs {
+		found := false
+		for _, dir := range strings.Split(pathVar, ":") {
+			if !path.IsAbs(dir) {
+				continue
+			}
+			rel := strings.TrimPrefix(path.Join(dir, prog), "/")
+			if _, err := root.Lstat(rel); err == nil || !errors.Is(err, fs.ErrNotExist) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			base := "the base"
+			if b.plan.Base.Image != "" {
+				base = "the base image " + b.plan.Base.Image
+			}
+			// ErrBadImage: the build file asks for something its base
+			// cannot do, which is the user's to fix (the CLI's exit 2).
+			return fmt.Errorf("%w: %s: %s has no %s on its PATH (%s); %s", image.ErrBadImage, oneLine(s.Text), base, prog, pathVar, s.NeedsFix)
+		}
+	}
+	return nil
+}
+
 // run runs one RUN step in a sandbox on the tree.
 func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 	if len(s.Argv) == 0 {
@@ -396,6 +437,9 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 		return fmt.Errorf("%s: working directory %s: %w", where, b.cfg.workdir, err)
 	}
 	env := stepEnv(b.cfg, s.BuildEnv)
+	if err := b.checkNeeds(s, env); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
 	var addrs []string
 	if len(s.Hosts) > 0 {
 		addrs = b.opts.AllowAddresses

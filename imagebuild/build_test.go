@@ -609,3 +609,70 @@ func TestBuildNetworkSettings(t *testing.T) {
 		t.Errorf("the operator's CA file changed: %q %v", b, err)
 	}
 }
+
+// TestBuildNeeds: an image file's install step on a base that lacks its
+// tool (apt-get, npm: Moat's built-in images have no apt) fails before it
+// runs, naming the file, the line, the program and the fix, and leaves the
+// store as it was; a tool found on the PATH, through the tree's own
+// relative links (/bin -> usr/bin), lets the step run.
+func TestBuildNeeds(t *testing.T) {
+	store := newBaseStore(t)
+	tests := []struct {
+		name     string
+		yaml     string
+		files    map[string]string
+		want     []string
+		runSteps int
+	}{
+		{name: "apt on an image without apt-get",
+			yaml: "version: 1\nbase: {image: rootimg}\napt: [curl]\n",
+			want: []string{"image.yaml:3: image refused: apt: curl: the base image rootimg has no apt-get on its PATH", "base: {debian: bookworm}"}},
+		{name: "npm on an image without npm",
+			yaml:  "version: 1\nbase: {image: rootimg}\nnpm: {lockfile: package-lock.json, dir: /opt/app}\n",
+			files: map[string]string{"package.json": fixture(t, "npm/package.json"), "package-lock.json": fixture(t, "npm/package-lock.json")},
+			want:  []string{"image.yaml:3: image refused: npm: ci in /opt/app: the base image rootimg has no npm on its PATH", "(node, base)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			files := map[string]string{"image.yaml": tc.yaml}
+			for k, v := range tc.files {
+				files[k] = v
+			}
+			dir := contextDir(t, files)
+			plan, err := ReadImageFile(filepath.Join(dir, "image.yaml"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runner := &fakeRunner{}
+			_, err = Build(context.Background(), store, "app", plan, Options{Runner: runner})
+			if !errors.Is(err, image.ErrBadImage) {
+				t.Errorf("Build = %v, want image.ErrBadImage (the CLI's exit 2)", err)
+			}
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("Build = %v, want an error containing %q", err, w)
+				}
+			}
+			if len(runner.steps) != 0 {
+				t.Errorf("%d steps ran; the missing tool must stop the build before its step", len(runner.steps))
+			}
+			assertNoBuildDirs(t, store, "app")
+			if _, err := store.Lookup("app"); err == nil {
+				t.Errorf("a refused build stored app")
+			}
+		})
+	}
+	t.Run("found through the tree's /bin link", func(t *testing.T) {
+		plan := &Plan{Base: Base{Image: "rootimg"}, Steps: []Step{
+			{Op: OpEnv, Line: 2, Text: "ENV PATH=/bin", Key: "PATH", Value: "/bin"},
+			{Op: OpRun, Line: 3, Text: "tool step", Argv: []string{"/bin/sh", "-c", "print ok"}, Needs: []string{"tool"}, NeedsFix: "unused"},
+		}}
+		runner := &fakeRunner{}
+		if _, err := Build(context.Background(), store, "found", plan, Options{Runner: runner}); err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		if len(runner.steps) != 1 {
+			t.Errorf("%d steps ran, want 1", len(runner.steps))
+		}
+	})
+}

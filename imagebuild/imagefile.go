@@ -47,6 +47,18 @@ const buildDir = "/opt/moat-build"
 // both, older images security.debian.org.
 var defaultAptHosts = []string{"deb.debian.org", "security.debian.org"}
 
+// What an install step's base image lacks, and how to get it (Step.Needs).
+// Moat's built-in images are bootstrapped without apt (mmdebstrap's
+// essential variant plus their packages), so apt on an image base needs an
+// image that has it.
+const (
+	aptNeedsFix = "apt on an image base runs apt-get in that image, and Moat's built-in images have none: " +
+		"start from base: {debian: bookworm} (mmdebstrap installs the apt packages), or from an image with apt (e.g. one imported from debian:bookworm)"
+	pipNeedsFix = "pip runs python3 -m pip in the image: start from an image with Python and pip (python, base), " +
+		"or add python3-pip with apt"
+	npmNeedsFix = "npm runs npm ci in the image: start from an image with npm (node, base), or add npm with apt"
+)
+
 // debianSuites are the suites a debian base may name: mmdebstrap needs
 // the suite's archive keyring, which Debian's keyring package carries for
 // these.
@@ -471,7 +483,8 @@ func (p *imageFileParser) apt(n *yaml.Node) {
 		" install -y --no-install-recommends " + strings.Join(pkgs, " ") +
 		"; rm -rf /var/lib/apt/lists/*"
 	p.plan.Steps = append(p.plan.Steps, Step{Op: OpRun, Line: n.Line, Text: "apt: " + strings.Join(pkgs, " "),
-		Argv: []string{"/bin/sh", "-c", script}, Hosts: append([]string(nil), defaultAptHosts...)})
+		Argv: []string{"/bin/sh", "-c", script}, Hosts: append([]string(nil), defaultAptHosts...),
+		Needs: []string{"apt-get"}, NeedsFix: aptNeedsFix})
 }
 
 func (p *imageFileParser) pip(n *yaml.Node) {
@@ -538,7 +551,7 @@ func (p *imageFileParser) pip(n *yaml.Node) {
 	}
 	argv = append(argv, "-r", dest+"requirements.txt")
 	p.plan.Steps = append(p.plan.Steps, Step{Op: OpRun, Line: n.Line, Text: "pip: install " + reqPath,
-		Argv: argv, Hosts: hosts})
+		Argv: argv, Hosts: hosts, Needs: []string{"python3"}, NeedsFix: pipNeedsFix})
 	for _, r := range reqs {
 		p.plan.Pins = append(p.plan.Pins, Pin{Manager: "pip", Name: r.Name, Version: r.Version, Hash: r.Hashes[0]})
 	}
@@ -628,7 +641,7 @@ func (p *imageFileParser) npm(n *yaml.Node) {
 		argv = append(argv, "--ignore-scripts")
 	}
 	p.plan.Steps = append(p.plan.Steps, Step{Op: OpRun, Line: n.Line, Text: "npm: ci in " + dir,
-		Argv: argv, Hosts: indexHosts(registry)})
+		Argv: argv, Hosts: indexHosts(registry), Needs: []string{"npm"}, NeedsFix: npmNeedsFix})
 	for _, pkg := range pkgs {
 		if pkg.Dev && !dev {
 			continue // not installed, so not in the image

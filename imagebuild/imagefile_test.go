@@ -94,7 +94,7 @@ func TestReadImageFile(t *testing.T) {
 			name: "apt on an image base is a sandboxed step reaching only Debian's archive",
 			yaml: "version: 1\nbase: {image: python}\napt:\n  - curl\n  - git\n",
 			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
-				{Op: OpRun, Line: 4, Text: "apt: curl git", Argv: []string{"/bin/sh", "-c", aptScript},
+				{Op: OpRun, Line: 4, Needs: []string{"apt-get"}, NeedsFix: aptNeedsFix, Text: "apt: curl git", Argv: []string{"/bin/sh", "-c", aptScript},
 					Hosts: []string{"deb.debian.org", "security.debian.org"}},
 			}},
 		},
@@ -105,7 +105,7 @@ func TestReadImageFile(t *testing.T) {
 			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
 				{Op: OpCopy, Line: 4, Text: "pip: copy requirements.txt", Sources: []string{"requirements.txt"}, Dest: "/opt/moat-build/pip/requirements.txt"},
 				{Op: OpCopy, Line: 5, Text: "pip: copy wheels", Sources: []string{"wheels"}, Dest: "/opt/moat-build/pip/wheels/"},
-				{Op: OpRun, Line: 4, Text: "pip: install requirements.txt",
+				{Op: OpRun, Line: 4, Needs: []string{"python3"}, NeedsFix: pipNeedsFix, Text: "pip: install requirements.txt",
 					Argv: pipInstall("--no-index", "--find-links", "/opt/moat-build/pip/wheels/", "-r", "/opt/moat-build/pip/requirements.txt")},
 				cleanupStep(1),
 			}, Pins: []Pin{{Manager: "pip", Name: "moat-hello", Version: "1.0", Hash: wheelHash}}},
@@ -116,7 +116,7 @@ func TestReadImageFile(t *testing.T) {
 			files: map[string]string{"req/r.txt": "a==1 --hash=" + testHash + "\nB_c[x,y]==2.0.post1 ; python_version >= \"3\" \\\n --hash " + testHash + "\n"},
 			want: Plan{Base: Base{Debian: "bookworm"}, Steps: []Step{
 				{Op: OpCopy, Line: 3, Text: "pip: copy req/r.txt", Sources: []string{"req/r.txt"}, Dest: "/opt/moat-build/pip/requirements.txt"},
-				{Op: OpRun, Line: 3, Text: "pip: install req/r.txt",
+				{Op: OpRun, Line: 3, Needs: []string{"python3"}, NeedsFix: pipNeedsFix, Text: "pip: install req/r.txt",
 					Argv:  pipInstall("--index-url", "https://pypi.org/simple", "-r", "/opt/moat-build/pip/requirements.txt"),
 					Hosts: []string{"pypi.org", "files.pythonhosted.org"}},
 				cleanupStep(1),
@@ -128,7 +128,7 @@ func TestReadImageFile(t *testing.T) {
 			files: map[string]string{"r.txt": "a==1 --hash=" + testHash},
 			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
 				{Op: OpCopy, Line: 3, Text: "pip: copy r.txt", Sources: []string{"r.txt"}, Dest: "/opt/moat-build/pip/requirements.txt"},
-				{Op: OpRun, Line: 3, Text: "pip: install r.txt",
+				{Op: OpRun, Line: 3, Needs: []string{"python3"}, NeedsFix: pipNeedsFix, Text: "pip: install r.txt",
 					Argv:  pipInstall("--index-url", "https://pypi.example.com:8443/simple/", "-r", "/opt/moat-build/pip/requirements.txt"),
 					Hosts: []string{"pypi.example.com:8443"}},
 				cleanupStep(1),
@@ -140,7 +140,7 @@ func TestReadImageFile(t *testing.T) {
 			files: npmFiles,
 			want: Plan{Base: Base{Image: "node"}, Steps: []Step{
 				{Op: OpCopy, Line: 4, Text: "npm: copy app/package-lock.json", Sources: []string{"app/package.json", "app/package-lock.json"}, Dest: "/opt/app/"},
-				{Op: OpRun, Line: 4, Text: "npm: ci in /opt/app", Argv: []string{"npm", "ci", "--prefix", "/opt/app",
+				{Op: OpRun, Line: 4, Needs: []string{"npm"}, NeedsFix: npmNeedsFix, Text: "npm: ci in /opt/app", Argv: []string{"npm", "ci", "--prefix", "/opt/app",
 					"--registry", "https://registry.npmjs.org/", "--cache", "/opt/moat-build/npm-cache", "--no-audit", "--no-fund",
 					"--no-update-notifier", "--omit=dev", "--ignore-scripts"}, Hosts: []string{"registry.npmjs.org"}},
 				cleanupStep(1),
@@ -154,7 +154,7 @@ func TestReadImageFile(t *testing.T) {
 				"node_modules/a/node_modules/b": {"version": "2.0.0", "integrity": "sha512-BBBB", "dev": true}}}`},
 			want: Plan{Base: Base{Image: "node"}, Steps: []Step{
 				{Op: OpCopy, Line: 3, Text: "npm: copy package-lock.json", Sources: []string{"package.json", "package-lock.json"}, Dest: "/srv/x/"},
-				{Op: OpRun, Line: 3, Text: "npm: ci in /srv/x", Argv: []string{"npm", "ci", "--prefix", "/srv/x",
+				{Op: OpRun, Line: 3, Needs: []string{"npm"}, NeedsFix: npmNeedsFix, Text: "npm: ci in /srv/x", Argv: []string{"npm", "ci", "--prefix", "/srv/x",
 					"--registry", "https://npm.example.com/", "--cache", "/opt/moat-build/npm-cache", "--no-audit", "--no-fund",
 					"--no-update-notifier"}, Hosts: []string{"npm.example.com"}},
 				cleanupStep(1),

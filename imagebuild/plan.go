@@ -83,6 +83,15 @@ type Step struct {
 	// RUN: build-time variables (a Dockerfile's ARG, "K=V") set in the
 	// step's environment but not recorded in the image.
 	BuildEnv []string
+	// RUN: programs the step calls by name (apt-get, python3, npm),
+	// looked for on the step's PATH in the tree before it runs, and what
+	// to do when one is missing: a base image without them then fails
+	// naming the program and the fix, instead of the step failing with
+	// "sh: apt-get: not found" from inside the sandbox. Declarative
+	// image files set them for their install steps; a Dockerfile's RUN
+	// has none.
+	Needs    []string
+	NeedsFix string
 	// ENV, WORKDIR: Value or Dir still holds ${NAME} references to
 	// variables the build file does not define (the base image's, as in
 	// ENV PATH=/app/bin:$PATH); the builder expands them against the

@@ -104,6 +104,15 @@ func cmdImage(args []string) int {
 		if err != nil {
 			return fail(usageError{err})
 		}
+		// The library reads 0 as "the default cap"; on the command line a
+		// non-positive cap is a mistake (or a hope for "no cap", which
+		// there is not), so it is refused rather than quietly replaced.
+		if *maxBytes <= 0 {
+			return fail(usageError{fmt.Errorf("image import --max-bytes %d: must be a positive number of bytes (default %d, 8 GiB); there is no unlimited import", *maxBytes, image.DefaultImportMaxBytes)})
+		}
+		if *maxFiles <= 0 {
+			return fail(usageError{fmt.Errorf("image import --max-files %d: must be a positive number of files (default %d); there is no unlimited import", *maxFiles, image.DefaultImportMaxFiles)})
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 		defer stop()
 		img, err := e.Images().Import(ctx, fs.Arg(0), src, image.ImportOptions{Progress: os.Stderr, Terminal: isTerminal(os.Stderr), MaxBytes: *maxBytes, MaxFiles: *maxFiles})

@@ -126,6 +126,15 @@ CMD ["python3", "/app/app.py"]
 	moat(t, invocation{args: []string{"image", "build", "app", "-f", dockerfile, "--locked"}, env: env}).check(t, 0, []string{digests[0]}, nil, nil)
 	out := moat(t, invocation{args: []string{"run", "--image", "app"}, env: env})
 	out.check(t, 0, []string{"hello generated hi from wheel"}, nil, nil)
+	// Every image runs on every Linux tier (issue 19 §3), built ones
+	// too: the gVisor tier on the same tree, the microVM tier on an ext4
+	// disk made from it, each running the CMD with the image's ENV.
+	for _, tierName := range []string{"gvisor", "microvm"} {
+		t.Run("tier "+tierName, func(t *testing.T) {
+			out := moat(t, invocation{args: []string{"run", "--no-build", "--tier", tierName, "--image", "app"}, env: env})
+			out.check(t, 0, []string{"hello generated hi from wheel"}, nil, nil)
+		})
+	}
 }
 
 // TestImageBuildFileErrors: what `moat image build NAME -f FILE` says
