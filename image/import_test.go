@@ -515,6 +515,9 @@ func TestImportRefusesBadSources(t *testing.T) {
 			os.WriteFile(b, gzipped(t, makeTar(t, file("a", "y"))), 0o644)
 		}
 	}
+	if err := os.WriteFile(filepath.Join(d, "rootfs.tar"), makeTar(t, file("a", "x")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, src, wantErr string
 	}{
@@ -525,6 +528,11 @@ func TestImportRefusesBadSources(t *testing.T) {
 		{"other architecture", "oci:" + filepath.Join(d, "arch"), `architecture "s390x-not-this"`},
 		{"tampered layer", "oci:" + filepath.Join(d, "tampered"), "the source is corrupt or tampered with"},
 		{"built-in name", "oci:" + filepath.Join(d, "ok"), "built-in image definition"},
+		// The wrong prefix for the file: the error says what each kind
+		// of tar is.
+		{"rootfs tar as docker-archive", "docker-archive:" + filepath.Join(d, "rootfs.tar"), "no manifest.json at its top level, so this is not an archive written by docker save"},
+		{"rootfs tar as oci-archive", "oci-archive:" + filepath.Join(d, "rootfs.tar"), "no index.json at its top level, so this is not an OCI image layout"},
+		{"directory without a layout", "oci:" + d, "a plain root filesystem tar is rootfs:FILE"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -217,6 +217,20 @@ func readJSON(blobs blobStore, name, wantDigest string, v any) (string, error) {
 	return got, nil
 }
 
+// requireFile refuses a source that lacks the file its format starts
+// from, saying which format the user named and which prefixes the other
+// kinds of tar take: the usual mistake is the wrong prefix.
+func requireFile(blobs blobStore, name, format string) error {
+	rc, err := blobs.open(name)
+	if err != nil {
+		return fmt.Errorf("%w: no %s at its top level, so this is not %s (%v); a tar from docker save is docker-archive:FILE, "+
+			"an OCI layout is oci:DIR or oci-archive:FILE, a plain root filesystem tar is rootfs:FILE",
+			ErrBadImage, name, format, strings.TrimPrefix(err.Error(), ErrBadImage.Error()+": "))
+	}
+	rc.Close()
+	return nil
+}
+
 // blobPath turns a descriptor digest into its path in an OCI layout.
 func blobPath(d descriptor) (string, error) {
 	hexDigest, ok := strings.CutPrefix(d.Digest, digestPrefix)
@@ -228,6 +242,10 @@ func blobPath(d descriptor) (string, error) {
 
 // resolveOCI reads an OCI image layout (image-layout.md).
 func resolveOCI(blobs blobStore, tag string) (*resolvedSource, error) {
+	if err := requireFile(blobs, "index.json", "an OCI image layout"); err != nil {
+		blobs.Close()
+		return nil, err
+	}
 	var idx ociIndex
 	if _, err := readJSON(blobs, "index.json", "", &idx); err != nil {
 		blobs.Close()
@@ -320,6 +338,10 @@ func resolveOCIIndex(blobs blobStore, idx ociIndex, tag string, depth int) (*res
 // by path; their digest is not recorded there, so only the config digest
 // (the image ID) is checked.
 func resolveDocker(blobs blobStore) (*resolvedSource, error) {
+	if err := requireFile(blobs, "manifest.json", "an archive written by docker save"); err != nil {
+		blobs.Close()
+		return nil, err
+	}
 	var ms []dockerManifest
 	if _, err := readJSON(blobs, "manifest.json", "", &ms); err != nil {
 		blobs.Close()
