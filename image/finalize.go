@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -75,12 +77,22 @@ func finalize(rootPath string) error {
 	}
 	defer root.Close()
 
+	// An imported image decides what its parents are: a /var that is a
+	// symlink (out of the tree, which os.Root refuses to follow) has no
+	// var/log of the image's own to scrub, and a shadow file may be a
+	// directory. Neither is a reason to fail the import.
 	for _, p := range scrubbed {
-		if err := root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if !underRealDirs(root, p) {
+			continue
+		}
+		if err := root.RemoveAll(p); err != nil {
 			return fmt.Errorf("finalize: remove %s: %w", p, err)
 		}
 	}
 	for _, p := range emptied {
+		if !underRealDirs(root, p) {
+			continue
+		}
 		if err := emptyDir(root, p); err != nil {
 			return fmt.Errorf("finalize: empty %s: %w", p, err)
 		}
@@ -123,6 +135,22 @@ func finalize(rootPath string) error {
 		return fmt.Errorf("finalize: %w", err)
 	}
 	return nil
+}
+
+// underRealDirs reports whether every parent directory of p (a slash
+// path relative to root) is a real directory, not a symlink: only then is
+// p the tree's own entry rather than one a link points at.
+func underRealDirs(root *os.Root, p string) bool {
+	parts := strings.Split(p, "/")
+	cur := ""
+	for _, part := range parts[:len(parts)-1] {
+		cur = path.Join(cur, part)
+		fi, err := root.Lstat(cur)
+		if err != nil || !fi.IsDir() {
+			return false
+		}
+	}
+	return true
 }
 
 // replaceFile removes path (whatever it is, possibly a symlink) and creates

@@ -427,6 +427,16 @@ func TestImportHostile(t *testing.T) {
 					t.Errorf("sparse file: %d bytes, err %v; want 256 KiB of zeros ending in \"end\"", len(b), err)
 				}
 			}},
+		{name: "var a symlink out of the tree, etc/shadow a directory: nothing followed, shadow removed",
+			layers: [][]byte{makeTar(t, symlink("var", outside), dir("etc/"), dir("etc/shadow/"), file("etc/shadow/x", "x"))},
+			check: func(t *testing.T, root string) {
+				if l, err := os.Readlink(filepath.Join(root, "var")); err != nil || l != outside {
+					t.Errorf("var: link %q, err %v; want the image's link kept", l, err)
+				}
+				if _, err := os.Lstat(filepath.Join(root, "etc/shadow")); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("etc/shadow: err %v; want it removed", err)
+				}
+			}},
 		{name: "device node and fifo dropped",
 			layers: [][]byte{makeTar(t, dir("home/"), tarEntry{name: "home/null", typ: tar.TypeChar, mode: 0o666},
 				tarEntry{name: "home/sda", typ: tar.TypeBlock, mode: 0o666}, tarEntry{name: "home/fifo", typ: tar.TypeFifo, mode: 0o666})},
