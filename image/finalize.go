@@ -115,6 +115,15 @@ func finalize(rootPath string) error {
 		}
 	}
 	for _, mp := range mountPoints {
+		// An imported image may have put a file or a symlink (to /etc,
+		// or out of the tree) where a mount point goes; every run
+		// mounts over these paths, so nothing of it would be seen:
+		// replace it with the directory, as emptied does for the rest.
+		if fi, err := root.Lstat(mp.path); err == nil && !fi.IsDir() {
+			if err := root.Remove(mp.path); err != nil {
+				return fmt.Errorf("finalize: replace mount point /%s (a %s): %w", mp.path, fi.Mode().Type(), err)
+			}
+		}
 		if err := root.MkdirAll(mp.path, 0o755); err != nil {
 			return fmt.Errorf("finalize: mount point /%s: %w", mp.path, err)
 		}

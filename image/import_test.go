@@ -437,6 +437,15 @@ func TestImportHostile(t *testing.T) {
 					t.Errorf("etc/shadow: err %v; want it removed", err)
 				}
 			}},
+		{name: "mount points as a symlink out and as a file, replaced by directories",
+			layers: [][]byte{makeTar(t, symlink("workspace", outside), file("proc", "x"), symlink("tmp", "/etc"))},
+			check: func(t *testing.T, root string) {
+				for _, p := range []string{"workspace", "proc", "tmp"} {
+					if fi, err := os.Lstat(filepath.Join(root, p)); err != nil || !fi.IsDir() {
+						t.Errorf("%s: %v, err %v; want the mount point as a real directory", p, fi, err)
+					}
+				}
+			}},
 		{name: "device node and fifo dropped",
 			layers: [][]byte{makeTar(t, dir("home/"), tarEntry{name: "home/null", typ: tar.TypeChar, mode: 0o666},
 				tarEntry{name: "home/sda", typ: tar.TypeBlock, mode: 0o666}, tarEntry{name: "home/fifo", typ: tar.TypeFifo, mode: 0o666})},
