@@ -84,6 +84,8 @@ type shim struct {
 	pol  string
 	// console, when set, is passed to create as --console-socket.
 	console string
+	// stdin, when set, is the container's stdin (else /dev/null).
+	stdin *os.File
 }
 
 func newShim(t *testing.T) *shim {
@@ -141,6 +143,9 @@ func (s *shim) create(id string, spec map[string]any) (*container, error) {
 	}
 	c := s.cmd(append(args, id)...)
 	c.Stdout, c.Stderr = outW, errW
+	if s.stdin != nil {
+		c.Stdin = s.stdin
+	}
 	if err := c.Run(); err != nil {
 		outR.Close()
 		errR.Close()
@@ -1425,6 +1430,70 @@ os.makedirs('/opt/moat-dir/sub')
 			s.noResidue(c)
 		})
 	}
+
+	// Fail closed: a monitor killed while its container runs takes the
+	// proxy with it; the container's connections fail (no other way
+	// out), delete still ends everything, and the result says the
+	// monitor's record is missing.
+	t.Run("a killed monitor closes the way out", func(t *testing.T) {
+		s.t = t
+		m := spec("python3", "-c", fmt.Sprintf(`
+import sys, time, urllib.request
+def fetch():
+    try:
+        return urllib.request.urlopen('http://localhost:%d/', timeout=5).read().decode()
+    except Exception as e:
+        return 'refused ' + type(e).__name__
+print('before', fetch(), flush=True)
+sys.stdin.read(1)
+print('after', fetch(), flush=True)
+`, granted))
+		m["annotations"] = map[string]string{
+			ociruntime.AnnotationResult: "true", ociruntime.AnnotationEgress: fmt.Sprintf("localhost:%d", granted),
+			ociruntime.AnnotationEgressAddresses: "127.0.0.1",
+		}
+		id := newID("egress-kill")
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.stdin = inR
+		defer func() { s.stdin = nil }()
+		c, err := s.create(id, m)
+		inR.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon := s.monitorOf(id)
+		if _, err := s.run("start", id); err != nil {
+			t.Fatal(err)
+		}
+		line, _ := bufio.NewReader(c.stdout).ReadString('\n')
+		if !strings.Contains(line, "before granted-body") {
+			t.Fatalf("first fetch: %q", line)
+		}
+		if err := unix.Kill(mon, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(mon, &ws, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		inW.Write([]byte("x"))
+		inW.Close()
+		code, out, _ := s.wait(c)
+		if code != 0 || !strings.Contains(out, "after refused") {
+			t.Errorf("after the monitor died: exit %d, output %q; want the fetch refused", code, out)
+		}
+		if _, err := s.run("delete", id); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, id+".json"))
+		if err != nil || !bytes.Contains(b, []byte("monitor left no record")) {
+			t.Errorf("result %s (%v); want a degradation naming the missing monitor record", b, err)
+		}
+		s.noResidue(c)
+	})
 
 	// Fail closed: an interface that the engine's hook put into the
 	// container's namespace (Docker's bridge) would bypass the proxy.
