@@ -15,7 +15,6 @@ import (
 
 	"github.com/moat-sandbox/moat/internal/engines"
 	"github.com/moat-sandbox/moat/redteam"
-	"golang.org/x/sys/unix"
 )
 
 // criEngine runs each red-team attack as the only container of a fresh
@@ -63,7 +62,7 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 		}
 		return redteam.ContainerRun{}, fmt.Errorf("crictl start: %s", msg)
 	}
-	list, release := pidNamespaceLister(ctx, p, id)
+	list, release := pidNamespaceLister(ctx, p, e.handler, id)
 	defer release()
 	onStart(list)
 	// The corpus's programs end by themselves; one that does not within
@@ -94,36 +93,43 @@ func (e *criEngine) RunContainer(ctx context.Context, argv []string, onStart fun
 // once would, after the container ends, match the namespace of another
 // pod's init still being created (host root until it takes its ids) and
 // judge that as this container's.
-func pidNamespaceLister(ctx context.Context, p *pod, id string) (list func() ([]int, error), release func()) {
-	out, err := p.f.cd.Crictl(ctx, "inspect", "-o", "json", id)
+func pidNamespaceLister(ctx context.Context, p *pod, handler, id string) (list func() ([]int, error), release func()) {
 	var info struct {
 		Info struct {
 			Pid int `json:"pid"`
 		} `json:"info"`
 	}
-	if err == nil {
-		err = json.Unmarshal([]byte(out), &info)
+	var err error
+	// The runtime's own state first: a file read, where crictl inspect
+	// takes a few hundred milliseconds, in which a short attack may end
+	// before the host has looked at it.
+	if info.Info.Pid = runtimePid(p, handler, id); info.Info.Pid == 0 {
+		var out string
+		out, err = p.f.cd.Crictl(ctx, "inspect", "-o", "json", id)
+		if err == nil {
+			err = json.Unmarshal([]byte(out), &info)
+		}
 	}
 	var (
-		mu     sync.Mutex
-		ns     *os.File // nil: exited before the host could look
-		nsStat unix.Stat_t
+		mu   sync.Mutex
+		pin  *os.File // the namespace, held open; nil: exited before the host could look
+		name string   // its "pid:[inode]", unique while pin is open
 	)
 	if err == nil && info.Info.Pid > 0 {
 		if f, oerr := os.Open(fmt.Sprintf("/proc/%d/ns/pid", info.Info.Pid)); oerr == nil {
-			if err = unix.Fstat(int(f.Fd()), &nsStat); err != nil {
-				f.Close()
+			if l, lerr := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); lerr == nil {
+				pin, name = f, l
 			} else {
-				ns = f
+				f.Close()
 			}
 		}
 	}
 	release = func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if ns != nil {
-			ns.Close()
-			ns = nil
+		if pin != nil {
+			pin.Close()
+			pin = nil
 		}
 	}
 	list = func() ([]int, error) {
@@ -132,14 +138,12 @@ func pidNamespaceLister(ctx context.Context, p *pod, id string) (list func() ([]
 		if err != nil {
 			return nil, fmt.Errorf("crictl inspect %s: %w", id, err)
 		}
-		if ns == nil {
+		if pin == nil {
 			return nil, nil
 		}
-		same := func(path string) bool {
-			var st unix.Stat_t
-			return unix.Stat(path, &st) == nil && st.Dev == nsStat.Dev && st.Ino == nsStat.Ino
-		}
-		if same("/proc/self/ns/pid") {
+		// Names, as readlink gives them: cheap enough to read for every
+		// process each few milliseconds, and unambiguous while pinned.
+		if self, _ := os.Readlink("/proc/self/ns/pid"); self == name {
 			return nil, fmt.Errorf("container %s shares the host's PID namespace", id)
 		}
 		ents, _ := os.ReadDir("/proc")
@@ -149,13 +153,39 @@ func pidNamespaceLister(ctx context.Context, p *pod, id string) (list func() ([]
 			if perr != nil {
 				continue
 			}
-			if same("/proc/" + e.Name() + "/ns/pid") {
+			if l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid"); l == name {
 				pids = append(pids, pid)
 			}
 		}
 		return pids, nil
 	}
 	return list, release
+}
+
+// runtimePid reads the container's init pid from the handler's runtime
+// state under containerd's runtime root (moat-runtime's state.json "pid",
+// runc's "init_process_pid"); 0 when it cannot.
+func runtimePid(p *pod, handler, id string) int {
+	matches, _ := filepath.Glob(filepath.Join(p.f.cd.Dir, "runtime-"+handler, "*", id, "state.json"))
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		var st struct {
+			Pid     int `json:"pid"`
+			InitPid int `json:"init_process_pid"`
+		}
+		if json.Unmarshal(b, &st) == nil {
+			if st.Pid > 0 {
+				return st.Pid
+			}
+			if st.InitPid > 0 {
+				return st.InitPid
+			}
+		}
+	}
+	return 0
 }
 
 // TestRedTeamCRI runs the red-team corpus through containerd's CRI with
