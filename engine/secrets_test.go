@@ -165,22 +165,7 @@ func TestExfiltrationViolation(t *testing.T) {
 // the value nowhere it can look (its environment, /proc, the workspace),
 // nor in the result.
 func TestSecretRunSeesOnlyPlaceholder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
-	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	if _, err := e.Images().Lookup("python"); err != nil {
-		t.Skipf("the python image is not built (%v): run moat image build python", err)
-	}
+	e := secretEngine(t)
 	m := secretManifest(t, manifest.Secret{Name: "api-key", Hosts: []string{"api.example.com"}, Header: "Authorization", Env: "API_KEY"})
 	m.Resources.Timeout = manifest.Duration(20 * time.Second)
 	m.Resources.CPUTime = m.Resources.Timeout
@@ -230,22 +215,7 @@ open("/workspace/seen", "wb").write(b"\n".join(seen))
 // secret-exfiltration violation, and the result lists the use and never
 // the value.
 func TestSecretEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
-	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	if _, err := e.Images().Lookup("python"); err != nil {
-		t.Skipf("the python image is not built (%v): run moat image build python", err)
-	}
+	e := secretEngine(t)
 	var mu sync.Mutex
 	got := map[string][]string{}
 	server := func(name string) string {
@@ -318,22 +288,7 @@ print("other", get(%s))
 // TestSecretSessionPlaceholder: a session's commands share one
 // placeholder for the sandbox's life; another session gets another.
 func TestSecretSessionPlaceholder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
-	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	if _, err := e.Images().Lookup("python"); err != nil {
-		t.Skipf("the python image is not built (%v): run moat image build python", err)
-	}
+	e := secretEngine(t)
 	m := secretManifest(t, manifest.Secret{Name: "api-key", Hosts: []string{"api.example.com"}, Env: "API_KEY"})
 	placeholders := func() []string {
 		s, err := e.NewSession(context.Background(), &SessionRequest{Manifest: m})
@@ -483,22 +438,7 @@ func localhostCert(t *testing.T) (tls.Certificate, *x509.Certificate) {
 // 0600, outside the diff unless the program changes it; a session's
 // commands read the same one. The value is in neither.
 func TestSecretFilePlaceholder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
-	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	if _, err := e.Images().Lookup("python"); err != nil {
-		t.Skipf("the python image is not built (%v): run moat image build python", err)
-	}
+	e := secretEngine(t)
 	m := secretManifest(t, manifest.Secret{Name: "api-key", Hosts: []string{"api.example.com"}, Env: "API_KEY", File: ".secrets/api-key"})
 	// stat's mode and owner, the file, the variable: one line each.
 	const show = `stat -c '%a %u' .secrets/api-key; cat .secrets/api-key; echo; printf %s "$API_KEY"`
@@ -547,4 +487,27 @@ func TestSecretFilePlaceholder(t *testing.T) {
 			t.Errorf("a session's commands read different placeholders: %q", seen)
 		}
 	})
+}
+
+// secretEngine is an engine of real native sandboxes whose secret
+// source holds api-key; it skips without root or the python image.
+func secretEngine(t *testing.T) *Engine {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := e.Images().Lookup("python"); err != nil {
+		t.Skipf("the python image is not built (%v): run moat image build python", err)
+	}
+	return e
 }
