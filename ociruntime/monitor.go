@@ -2,7 +2,6 @@ package ociruntime
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -209,10 +208,9 @@ func RunMonitor() int {
 	if cfg.Upper {
 		changes, err := workspace.Diff(upper, base, diffLimits)
 		obs.Files = rootChanges(changes, upperInfo(upper), layersTree(cfg.Layers))
-		for _, le := range limitErrors(err) {
-			obs.Violations = append(obs.Violations, result.Violation{Kind: le.Kind, Detail: le.Detail, Limit: strconv.FormatInt(le.Limit, 10)})
-		}
-		if err != nil && len(limitErrors(err)) == 0 {
+		vs := workspace.Violations(err)
+		obs.Violations = append(obs.Violations, vs...)
+		if err != nil && len(vs) == 0 {
 			obs.Degradations = append(obs.Degradations, "file diff: "+err.Error())
 		}
 	}
@@ -220,25 +218,6 @@ func RunMonitor() int {
 		return 1
 	}
 	return 0
-}
-
-func limitErrors(err error) []*workspace.LimitError {
-	var out []*workspace.LimitError
-	var walk func(error)
-	walk = func(e error) {
-		var le *workspace.LimitError
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, x := range j.Unwrap() {
-				walk(x)
-			}
-		} else if errors.As(e, &le) {
-			out = append(out, le)
-		}
-	}
-	if err != nil {
-		walk(err)
-	}
-	return out
 }
 
 // waitInit returns when the container's init is gone (its pidfd becomes
