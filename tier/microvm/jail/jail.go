@@ -18,6 +18,7 @@
 package jail
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -146,8 +147,11 @@ type config struct {
 const maxConfig = 1 << 20
 
 // setupTimeout bounds the jail's setup (milliseconds when the host is
-// idle); past it the jailer is killed and Start fails.
-const setupTimeout = 30 * time.Second
+// idle); past it the jailer is killed and Start fails, saying where its
+// threads were waiting. Generous: in CI a microVM run's jailer once had
+// not exec'd QEMU after 30 s, on a two-core host running several test
+// packages' TCG VMs at once.
+const setupTimeout = 2 * time.Minute
 
 // check refuses a Spec the jailer could not build safely: relative or
 // unclean paths (a target with .. could land outside the new root), two
@@ -326,11 +330,41 @@ func Start(exe string, s *Spec, cg *cgroup.Cgroup) (_ *exec.Cmd, err error) {
 		return nil, fmt.Errorf("jail: %s", sanitize(msg))
 	}
 	if rerr != nil {
-		return nil, fmt.Errorf("jail: setup did not finish within %v: %w", setupTimeout, rerr)
+		return nil, fmt.Errorf("jail: setup did not finish within %v (%s): %w", setupTimeout, whereStuck(cmd.Process.Pid), rerr)
 	}
 	// EOF without a word: the jailer exec'd the program (or died, which
 	// the caller sees as the program's exit, with its stderr).
 	return cmd, nil
+}
+
+// whereStuck says, for a jailer that did not finish its setup, each of its
+// threads' state and the kernel function it sleeps in (/proc's stat and
+// wchan), so that a timeout can be told apart: a thread in D state waiting
+// on a mount lock, one stopped in exec, a runnable one starved of CPU.
+func whereStuck(pid int) string {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/[0-9]*", pid))
+	var out []string
+	for _, t := range tasks {
+		st, err := os.ReadFile(filepath.Join(t, "stat"))
+		if err != nil {
+			continue
+		}
+		state := "?"
+		if i := bytes.LastIndexByte(st, ')'); i >= 0 {
+			if f := strings.Fields(string(st[i+1:])); len(f) > 0 {
+				state = f[0]
+			}
+		}
+		wchan, _ := os.ReadFile(filepath.Join(t, "wchan"))
+		out = append(out, fmt.Sprintf("thread %s state %s in %s", filepath.Base(t), state, sanitize(wchan)))
+		if len(out) == 8 {
+			break
+		}
+	}
+	if len(out) == 0 {
+		return "the jailer is gone"
+	}
+	return strings.Join(out, "; ")
 }
 
 func writeConfig(w io.Writer, c *config) error {
