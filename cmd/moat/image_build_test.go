@@ -166,7 +166,7 @@ func TestImageBuildFileErrors(t *testing.T) {
 		{name: "no name", args: []string{"image", "build", "-f", good}, code: exitUsage, wantErr: []string{"name the image to build"}},
 		{name: "bad name", args: []string{"image", "build", "App/x", "-f", good}, code: exitUsage, wantErr: []string{`image name "App/x"`}},
 		{name: "built-in name", args: []string{"image", "build", "python", "-f", good}, code: exitUsage, wantErr: []string{"built-in image definition"}},
-		{name: "unknown FROM names the stored images", args: []string{"image", "build", "app", "-f", unknown}, code: exitUsage, wantErr: []string{"FROM cobol", "stored images:", "python", "moat image import cobol"}},
+		{name: "unknown FROM names the stored images", args: []string{"image", "build", "app", "-f", unknown}, code: exitUsage, wantErr: []string{`unknown.Dockerfile:1: FROM cobol: no image named "cobol"; stored images: python; built-in images you can build: base, code-interpreter, node (or add cobol with`, "moat image import cobol"}},
 		{name: "refused instruction names the line", args: []string{"image", "build", "app", "-f", bad}, code: exitUsage, wantErr: []string{"bad.Dockerfile:2: RUN --mount is not supported"}},
 		{name: "first instruction FROM makes a Dockerfile", args: []string{"image", "build", "app", "-f", sniffed}, code: exitUsage, wantErr: []string{"build-file:2: FROM ... AS x is not supported"}},
 		{name: "neither kind", args: []string{"image", "build", "app", "-f", other}, code: exitUsage, wantErr: []string{"not a Dockerfile", "NAME.yaml"}},
