@@ -470,13 +470,32 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 		return fmt.Errorf("%s: RUN %s: %w", where, oneLine(commandText(s)), err)
 	}
 	if code != 0 {
-		msg := fmt.Sprintf("%s: RUN %s exited with status %d", where, oneLine(commandText(s)), code)
-		if tail := out.Tail(); tail != "" {
-			msg += "; its last output:\n" + tail
-		}
-		return errors.New(msg)
+		return &StepError{Where: where, Command: oneLine(commandText(s)), Code: code, Tail: out.Tail()}
 	}
 	return ctx.Err()
+}
+
+// StepError is a RUN step (a Dockerfile's RUN; an image file's run,
+// apt, pip or npm step) that ran in its sandbox and exited non-zero:
+// the build file failed, not Moat, and the CLI says so by its exit
+// status. A step that could not be run at all is another error.
+type StepError struct {
+	// Where is FILE:LINE of the step.
+	Where string
+	// Command is the step's command, shortened to one line.
+	Command string
+	// Code is its exit status.
+	Code int
+	// Tail is the end of its output ("" when it printed nothing).
+	Tail string
+}
+
+func (e *StepError) Error() string {
+	msg := fmt.Sprintf("%s: RUN %s exited with status %d", e.Where, e.Command, e.Code)
+	if e.Tail != "" {
+		msg += "; its last output:\n" + e.Tail
+	}
+	return msg
 }
 
 // baseLookupError says, in the build file's terms (its line, the

@@ -451,7 +451,14 @@ func TestBuildFailureLeavesStore(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Build = %v, want %q", err, tc.want)
 			}
-			// The CLI's exit status branches on it.
+			// The CLI's exit status branches on these: a step that ran
+			// and failed, an image the store does not have.
+			var stepErr *StepError
+			if got, want := errors.As(err, &stepErr), tc.name == "run fails"; got != want {
+				t.Errorf("errors.As(%v, *StepError) = %v, want %v", err, got, want)
+			} else if got && (stepErr.Code != 3 || stepErr.Where != "Dockerfile:3") {
+				t.Errorf("StepError = %+v, want Code 3 at Dockerfile:3", stepErr)
+			}
 			if got, want := errors.Is(err, image.ErrUnknown), tc.name == "unknown base"; got != want {
 				t.Errorf("errors.Is(%v, image.ErrUnknown) = %v, want %v", err, got, want)
 			}
