@@ -1,6 +1,7 @@
 package imagebuild
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,8 +125,7 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 	if plan.Base.Image != "" {
 		var err error
 		if base, err = store.Lookup(plan.Base.Image); err != nil {
-			return nil, fmt.Errorf("build image %s: %s: FROM %s: %w; stored images: %s (add one with `moat image import %s SOURCE` or `moat image build %s -f FILE`)",
-				name, plan.File, plan.Base.Image, err, strings.Join(store.Names(), ", "), plan.Base.Image, plan.Base.Image)
+			return nil, fmt.Errorf("build image %s: %w", name, baseLookupError(store, plan, err))
 		}
 	}
 	pend, err := store.Begin(ctx, name, progress)
@@ -469,14 +470,75 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 		return fmt.Errorf("%s: RUN %s: %w", where, oneLine(commandText(s)), err)
 	}
 	if code != 0 {
-		msg := fmt.Sprintf("%s: RUN %s exited with status %d", where, oneLine(commandText(s)), code)
-		if tail := out.Tail(); tail != "" {
-			msg += "; its last output:\n" + tail
-		}
-		return errors.New(msg)
+		return &StepError{Where: where, Command: oneLine(commandText(s)), Code: code, Tail: out.Tail()}
 	}
 	return ctx.Err()
 }
+
+// StepError is a RUN step (a Dockerfile's RUN; an image file's run,
+// apt, pip or npm step) that ran in its sandbox and exited non-zero:
+// the build file failed, not Moat, and the CLI says so by its exit
+// status. A step that could not be run at all is another error.
+type StepError struct {
+	// Where is FILE:LINE of the step.
+	Where string
+	// Command is the step's command, shortened to one line.
+	Command string
+	// Code is its exit status.
+	Code int
+	// Tail is the end of its output ("" when it printed nothing).
+	Tail string
+}
+
+func (e *StepError) Error() string {
+	msg := fmt.Sprintf("%s: RUN %s exited with status %d", e.Where, e.Command, e.Code)
+	if e.Tail != "" {
+		msg += "; its last output:\n" + e.Tail
+	}
+	return msg
+}
+
+// baseLookupError says, in the build file's terms (its line, the
+// instruction as written), why store has no base for plan: an unknown
+// name lists the stored images and the built-in ones not among them,
+// each once.
+func baseLookupError(store *image.Store, plan *Plan, err error) error {
+	where := fileLabel(plan)
+	if plan.Base.Line > 0 {
+		where += ":" + strconv.Itoa(plan.Base.Line)
+	}
+	text := cmp.Or(plan.Base.Text, "FROM "+plan.Base.Image)
+	if !errors.Is(err, image.ErrUnknown) {
+		// Not built yet, or built from an older definition: the
+		// store's error says how to build it.
+		return fmt.Errorf("%s: %s: %w", where, text, err)
+	}
+	// Names holds each name once: the built-in definitions and the
+	// stored names. A name is stored when Lookup finds its build (a
+	// built-in one built from its current definition).
+	var stored, builtin []string
+	for _, n := range store.Names() {
+		if _, err := store.Lookup(n); err == nil {
+			stored = append(stored, n)
+		} else if slices.ContainsFunc(image.Definitions(), func(d image.Definition) bool { return d.Name == n }) {
+			builtin = append(builtin, n)
+		}
+	}
+	msg := fmt.Sprintf("%s: %s: no image named %q; stored images: %s; built-in images you can build: %s (or add %s with `moat image import %s SOURCE` or `moat image build %s -f FILE`)",
+		where, text, plan.Base.Image, cmp.Or(strings.Join(stored, ", "), "none"), cmp.Or(strings.Join(builtin, ", "), "none"),
+		plan.Base.Image, plan.Base.Image, plan.Base.Image)
+	return &baseError{msg: msg, err: err}
+}
+
+// baseError reads as msg and wraps the store's error, so that callers
+// still find image.ErrUnknown with errors.Is.
+type baseError struct {
+	msg string
+	err error
+}
+
+func (e *baseError) Error() string { return e.msg }
+func (e *baseError) Unwrap() error { return e.err }
 
 // placeCA writes Options.CAFile into the tree at BuildCAPath, readable
 // by the step's user. Whatever an earlier step left at that name is

@@ -363,6 +363,25 @@ func TestBuildCopyThroughPlantedSymlink(t *testing.T) {
 	}
 }
 
+// TestBuildUnknownBaseImageFile: an image file's unknown base is named
+// by its line and key, as a Dockerfile's FROM is, and the store's images
+// and the built-in ones are each listed once.
+func TestBuildUnknownBaseImageFile(t *testing.T) {
+	store := newBaseStore(t)
+	plan, err := ReadImageFile(buildDirWith(t, "version: 1\n\nbase:\n  image: nosuch\n", nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Build(context.Background(), store, "app", plan, Options{Runner: &fakeRunner{}})
+	want := `image.yaml:4: base.image: nosuch: no image named "nosuch"; stored images: rootimg; built-in images you can build: base, code-interpreter, node, python (`
+	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, image.ErrUnknown) {
+		t.Fatalf("Build = %v, want %q wrapping image.ErrUnknown", err, want)
+	}
+	if n := strings.Count(err.Error(), "python"); n != 1 {
+		t.Errorf("python is named %d times in %q, want once", n, err)
+	}
+}
+
 func TestBuildContextEscape(t *testing.T) {
 	store := newBaseStore(t)
 	secret := filepath.Join(t.TempDir(), "secret")
@@ -403,7 +422,7 @@ func TestBuildFailureLeavesStore(t *testing.T) {
 		{name: "workdir workspace", dockerfile: "FROM rootimg\nWORKDIR /workspace/x\n", want: "Dockerfile:2: WORKDIR /workspace/x: /workspace is mounted fresh"},
 		{name: "copy missing source", dockerfile: "FROM rootimg\nCOPY nope /x\n", want: "Dockerfile:2: COPY: source nope"},
 		{name: "glob matches nothing", dockerfile: "FROM rootimg\nCOPY *.none /x/\n", want: "no file in the build context"},
-		{name: "unknown base", dockerfile: "FROM nosuch\n", want: "FROM nosuch: look up image"},
+		{name: "unknown base", dockerfile: "# a comment\nFROM nosuch\n", want: `Dockerfile:2: FROM nosuch: no image named "nosuch"; stored images: app, rootimg; built-in images you can build: base, code-interpreter, node, python (or add nosuch with`},
 		{name: "run without runner", dockerfile: "FROM rootimg\nRUN true\n", runner: StepRunner(nil), want: "Options.Runner is nil"},
 	}
 	for _, tc := range tests {
@@ -431,6 +450,17 @@ func TestBuildFailureLeavesStore(t *testing.T) {
 			_, err := Build(ctx, store, "app", planFor(t, ctxDir, tc.dockerfile), Options{Runner: runner})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Build = %v, want %q", err, tc.want)
+			}
+			// The CLI's exit status branches on these: a step that ran
+			// and failed, an image the store does not have.
+			var stepErr *StepError
+			if got, want := errors.As(err, &stepErr), tc.name == "run fails"; got != want {
+				t.Errorf("errors.As(%v, *StepError) = %v, want %v", err, got, want)
+			} else if got && (stepErr.Code != 3 || stepErr.Where != "Dockerfile:3") {
+				t.Errorf("StepError = %+v, want Code 3 at Dockerfile:3", stepErr)
+			}
+			if got, want := errors.Is(err, image.ErrUnknown), tc.name == "unknown base"; got != want {
+				t.Errorf("errors.Is(%v, image.ErrUnknown) = %v, want %v", err, got, want)
 			}
 			assertNoBuildDirs(t, store, "app")
 			cur, err := store.Lookup("app")

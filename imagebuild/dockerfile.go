@@ -219,6 +219,7 @@ func parseDockerfile(name string, data []byte, buildArgs map[string]string) (*Pl
 				return nil, errf("FROM %s: Moat images are named without registry, tag or digest (like python); import it first with `moat image import NAME docker-archive:FILE` and use FROM NAME", img)
 			}
 			p.Base.Image = img
+			p.Base.Line, p.Base.Text = ll.line, "FROM "+img
 			// The stage starts with no ARGs in scope (Docker's rule).
 			args = map[string]string{}
 			argOrder = nil

@@ -440,6 +440,7 @@ func (p *imageFileParser) base(n *yaml.Node) {
 				p.fail(img, "base.image", s, "is not an image name: "+err.Error()+"; `moat image list` shows the images you have")
 			} else {
 				p.plan.Base.Image = s
+				p.plan.Base.Line, p.plan.Base.Text = img.Line, "base.image: "+s
 			}
 		}
 	default:

@@ -93,7 +93,7 @@ func TestReadImageFile(t *testing.T) {
 		{
 			name: "apt on an image base is a sandboxed step reaching only Debian's archive",
 			yaml: "version: 1\nbase: {image: python}\napt:\n  - curl\n  - git\n",
-			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
+			want: Plan{Base: Base{Image: "python", Line: 2, Text: "base.image: python"}, Steps: []Step{
 				{Op: OpRun, Line: 4, Needs: []string{"apt-get"}, NeedsFix: aptNeedsFix, Text: "apt: curl git", Argv: []string{"/bin/sh", "-c", aptScript},
 					Hosts: []string{"deb.debian.org", "security.debian.org"}},
 			}},
@@ -102,7 +102,7 @@ func TestReadImageFile(t *testing.T) {
 			name:  "pip from find_links only: no index, no network",
 			yaml:  "version: 1\nbase: {image: python}\npip:\n  requirements: requirements.txt\n  find_links: wheels\n",
 			files: pipFiles,
-			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
+			want: Plan{Base: Base{Image: "python", Line: 2, Text: "base.image: python"}, Steps: []Step{
 				{Op: OpCopy, Line: 4, Text: "pip: copy requirements.txt", Sources: []string{"requirements.txt"}, Dest: "/opt/moat-build/pip/requirements.txt"},
 				{Op: OpCopy, Line: 5, Text: "pip: copy wheels", Sources: []string{"wheels"}, Dest: "/opt/moat-build/pip/wheels/"},
 				{Op: OpRun, Line: 4, Needs: []string{"python3"}, NeedsFix: pipNeedsFix, Text: "pip: install requirements.txt",
@@ -126,7 +126,7 @@ func TestReadImageFile(t *testing.T) {
 			name:  "pip from a private index with a port",
 			yaml:  "version: 1\nbase: {image: python}\npip: {requirements: r.txt, index: \"https://pypi.example.com:8443/simple/\"}\n",
 			files: map[string]string{"r.txt": "a==1 --hash=" + testHash},
-			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
+			want: Plan{Base: Base{Image: "python", Line: 2, Text: "base.image: python"}, Steps: []Step{
 				{Op: OpCopy, Line: 3, Text: "pip: copy r.txt", Sources: []string{"r.txt"}, Dest: "/opt/moat-build/pip/requirements.txt"},
 				{Op: OpRun, Line: 3, Needs: []string{"python3"}, NeedsFix: pipNeedsFix, Text: "pip: install r.txt",
 					Argv:  pipInstall("--index-url", "https://pypi.example.com:8443/simple/", "-r", "/opt/moat-build/pip/requirements.txt"),
@@ -138,7 +138,7 @@ func TestReadImageFile(t *testing.T) {
 			name:  "npm ci from the lockfile, without dev packages or install scripts",
 			yaml:  "version: 1\nbase: {image: node}\nnpm:\n  lockfile: app/package-lock.json\n  dir: /opt/app\n",
 			files: npmFiles,
-			want: Plan{Base: Base{Image: "node"}, Steps: []Step{
+			want: Plan{Base: Base{Image: "node", Line: 2, Text: "base.image: node"}, Steps: []Step{
 				{Op: OpCopy, Line: 4, Text: "npm: copy app/package-lock.json", Sources: []string{"app/package.json", "app/package-lock.json"}, Dest: "/opt/app/"},
 				{Op: OpRun, Line: 4, Needs: []string{"npm"}, NeedsFix: npmNeedsFix, Text: "npm: ci in /opt/app", Argv: []string{"npm", "ci", "--prefix", "/opt/app",
 					"--registry", "https://registry.npmjs.org/", "--cache", "/opt/moat-build/npm-cache", "--no-audit", "--no-fund",
@@ -152,7 +152,7 @@ func TestReadImageFile(t *testing.T) {
 			files: map[string]string{"package.json": "{}", "package-lock.json": `{"lockfileVersion": 2, "packages": {"": {},
 				"node_modules/a": {"version": "1.0.0", "integrity": "sha512-AAAA"},
 				"node_modules/a/node_modules/b": {"version": "2.0.0", "integrity": "sha512-BBBB", "dev": true}}}`},
-			want: Plan{Base: Base{Image: "node"}, Steps: []Step{
+			want: Plan{Base: Base{Image: "node", Line: 2, Text: "base.image: node"}, Steps: []Step{
 				{Op: OpCopy, Line: 3, Text: "npm: copy package-lock.json", Sources: []string{"package.json", "package-lock.json"}, Dest: "/srv/x/"},
 				{Op: OpRun, Line: 3, Needs: []string{"npm"}, NeedsFix: npmNeedsFix, Text: "npm: ci in /srv/x", Argv: []string{"npm", "ci", "--prefix", "/srv/x",
 					"--registry", "https://npm.example.com/", "--cache", "/opt/moat-build/npm-cache", "--no-audit", "--no-fund",
@@ -179,7 +179,7 @@ files:
     owner: sandbox
 `,
 			files: map[string]string{"app/main.py": "print(1)\n", "config.toml": "x=1\n"},
-			want: Plan{Base: Base{Image: "python"}, Steps: []Step{
+			want: Plan{Base: Base{Image: "python", Line: 2, Text: "base.image: python"}, Steps: []Step{
 				{Op: OpCopy, Line: 12, Text: "files: app/ -> /opt/app/", Sources: []string{"app"}, Dest: "/opt/app/", Chown: "root"},
 				{Op: OpCopy, Line: 13, Text: "files: config.toml -> /etc/app/config.toml", Sources: []string{"config.toml"}, Dest: "/etc/app/config.toml", Chown: "sandbox"},
 				{Op: OpEnv, Line: 9, Text: "env: APP_MODE=production", Key: "APP_MODE", Value: "production"},
@@ -194,7 +194,7 @@ files:
 		{
 			name: "workdir in the workspace is allowed",
 			yaml: "version: 1\nbase: {image: python}\nworkdir: /workspace\n",
-			want: Plan{Base: Base{Image: "python"}, Steps: []Step{{Op: OpWorkdir, Line: 3, Text: "workdir: /workspace", Dir: "/workspace"}}},
+			want: Plan{Base: Base{Image: "python", Line: 2, Text: "base.image: python"}, Steps: []Step{{Op: OpWorkdir, Line: 3, Text: "workdir: /workspace", Dir: "/workspace"}}},
 		},
 	}
 	for _, tc := range tests {

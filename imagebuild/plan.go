@@ -39,6 +39,11 @@ type Base struct {
 	// Packages from Debian's signed archive on top of the essential set.
 	Debian   string
 	Packages []string
+	// Line is the build file line that names the base (1-based; 0 when
+	// unknown), and Text how it reads there ("FROM python",
+	// "base.image: python"): both go into errors about the base.
+	Line int
+	Text string
 }
 
 // Op is what a Step does.

@@ -3,6 +3,7 @@ package output
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"math"
 	"regexp"
@@ -111,7 +112,7 @@ func Scan(b []byte, where string, tok Tokens) []result.Finding {
 		if overlaps(covered, r[0], r[1]) {
 			continue
 		}
-		if kind := classifyRun(b[r[0]:r[1]]); kind != "" {
+		if kind := classifyRun(b[r[0]:r[1]]); kind != "" && !labelledDigest(b, r[0], r[1]) {
 			add(kind, r[0], r[1]-r[0])
 		}
 	}
@@ -241,6 +242,69 @@ func classifyRun(run []byte) string {
 		return KindHighEntropy
 	}
 	return ""
+}
+
+// digestSizes are the hash algorithms whose digests tools write with
+// their name as a label, and each digest's size in bytes: pip's wheel
+// RECORD ("sha256=" and 43 base64url characters, PEP 376), npm's
+// integrity ("sha512-" and 88 base64 characters, Subresource
+// Integrity), pip's --hash and OCI digests ("sha256:" and 64 hex
+// digits). Random base64 of a digest's length is a high-entropy token
+// to classifyRun, and a pip install in a sandbox wrote dozens of them.
+var digestSizes = map[string]int{
+	"md5":    16,
+	"sha1":   20,
+	"sha224": 28,
+	"sha256": 32,
+	"sha384": 48,
+	"sha512": 64,
+}
+
+// labelledDigest reports whether the run b[s:e] is a digest labelled
+// with its algorithm: "ALG=" or "ALG-" at the start of the run, or
+// "ALG:" just before it, and then exactly the digest's size in hex,
+// base64 or base64url (padded or not). Nothing else is exempt: the
+// same characters one longer, or without the label, are still a
+// finding. The exemption costs little: a digest's bytes carry at most
+// its size, findings other than canaries are a report, and canaries are
+// found before this (in any form, labelled or not).
+func labelledDigest(b []byte, s, e int) bool {
+	run := b[s:e]
+	for alg, size := range digestSizes {
+		for _, sep := range []byte{'=', '-'} {
+			if len(run) > len(alg)+1 && string(run[:len(alg)]) == alg && run[len(alg)] == sep {
+				return isDigest(run[len(alg)+1:], size)
+			}
+		}
+		// "ALG:" before the run, not the end of a longer word
+		// ("xsha256:").
+		if l := len(alg) + 1; s >= l && string(b[s-l:s-1]) == alg && b[s-1] == ':' &&
+			(s == l || !isAlnum(b[s-l-1])) {
+			return isDigest(run, size)
+		}
+	}
+	return false
+}
+
+// isDigest reports whether d is exactly size bytes in hex, or in
+// base64 or base64url, padded or not.
+func isDigest(d []byte, size int) bool {
+	if len(d) == 2*size && isHex(d) {
+		return true
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if len(d) != enc.EncodedLen(size) {
+			continue
+		}
+		if n, err := enc.Strict().Decode(make([]byte, enc.DecodedLen(len(d))), d); err == nil && n == size {
+			return true
+		}
+	}
+	return false
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
 }
 
 func isHex(b []byte) bool {

@@ -3,6 +3,7 @@ package output
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/sha512"
 	"encoding/base64"
@@ -291,5 +292,51 @@ func TestHighEntropyRecall(t *testing.T) {
 	}
 	if hit < n*8/10 {
 		t.Errorf("%d of %d random 32-character tokens reported, want 80%%+", hit, n)
+	}
+}
+
+// TestScanLabelledDigests: digests that tools write labelled with their
+// algorithm (pip's RECORD, npm's integrity, pip's --hash, OCI digests)
+// are not reported, while the same characters unlabelled, under another
+// label or of another length still are.
+func TestScanLabelledDigests(t *testing.T) {
+	d256 := sha256.Sum256([]byte("numpy/__init__.py"))
+	d512 := sha512.Sum512([]byte("is-number-7.0.0.tgz"))
+	d1 := sha1.Sum([]byte("left-pad-1.3.0.tgz"))
+	record := base64.RawURLEncoding.EncodeToString(d256[:])
+	integrity := base64.StdEncoding.EncodeToString(d512[:])
+	// A token of the high-entropy shape, for the cases that must still
+	// be reported.
+	const token = "Zx8Qp2LmN4vR7tY1wK9sD3fG6hJ0cB5aQ7wE3rT9yUs"
+	tests := []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"pip RECORD", "numpy/__init__.py,sha256=" + record + ",1234\nnumpy-1.26.4.dist-info/RECORD,,\n", nil},
+		{"pip RECORD, many lines", strings.Repeat("numpy/core/x.py,sha256="+record+",99\n", 100), nil},
+		{"npm integrity sha512", `"integrity": "sha512-` + integrity + `",` + "\n", nil},
+		{"npm integrity sha1", `"integrity": "sha1-` + base64.StdEncoding.EncodeToString(d1[:]) + `"`, nil},
+		{"pip --hash, hex", "numpy==1.26.4 --hash=sha256:" + strings.ToUpper(hex.EncodeToString(d256[:])), nil},
+		{"oci digest, base64", "digest sha256:" + base64.StdEncoding.EncodeToString(d256[:]), nil},
+		// Still reported.
+		{"the digest unlabelled", "x " + record + " y", []string{KindHighEntropy}},
+		{"the integrity unlabelled", "x " + integrity + " y", []string{KindHighEntropy}},
+		{"a token under a key", "api_key=" + token, []string{KindHighEntropy}},
+		{"a token labelled sha256=, one character long", "sha256=" + record + "A", []string{KindHighEntropy}},
+		{"a token labelled sha256:, the label inside a word", "xsha256:" + record, []string{KindHighEntropy}},
+		{"a token labelled sha512- of sha256's length", "sha512-" + record, []string{KindHighEntropy}},
+		{"an unknown algorithm", "sha3=" + record, []string{KindHighEntropy}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var ks []string
+			for _, f := range Scan([]byte(tc.in), "file:RECORD", Tokens{}) {
+				ks = append(ks, f.Kind)
+			}
+			if strings.Join(ks, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("kinds %v, want %v", ks, tc.want)
+			}
+		})
 	}
 }

@@ -107,7 +107,11 @@ func imageBuildFile(ctx context.Context, e *engine.Engine, name string, o buildF
 		AllowAddresses: o.allowAddresses,
 		CAFile:         o.caFile,
 	})
-	if errors.Is(err, image.ErrBadImage) || errors.Is(err, image.ErrUnknown) || errors.Is(err, image.ErrNotBuilt) {
+	// The build file's own failures (a bad or unknown base, a RUN step
+	// that exited non-zero) are the user's to fix: exit 2, as for an
+	// invalid manifest; 125 stays for Moat's own failures.
+	var stepErr *imagebuild.StepError
+	if errors.Is(err, image.ErrBadImage) || errors.Is(err, image.ErrUnknown) || errors.Is(err, image.ErrNotBuilt) || errors.As(err, &stepErr) {
 		return fail(usageError{err})
 	}
 	if err != nil {

@@ -137,6 +137,43 @@ CMD ["python3", "/app/app.py"]
 	}
 }
 
+// TestImageBuildStepFails: a RUN step that exits non-zero is the build
+// file's failure, not Moat's: exit 2 (not 125), naming the file, the
+// line, the step's status and its last output, for a Dockerfile and an
+// image file alike.
+func TestImageBuildStepFails(t *testing.T) {
+	needSandbox(t)
+	env := buildHome(t)
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, file, body string
+		wantErr          []string
+	}{
+		{"Dockerfile RUN false", "Dockerfile", "FROM python\nENV A=1\nRUN false\n",
+			[]string{"Dockerfile:3: RUN false exited with status 1"}},
+		{"Dockerfile RUN with output", "out.Dockerfile", "FROM python\nRUN echo compiling; echo boom >&2; exit 3\n",
+			[]string{"out.Dockerfile:2: RUN echo compiling; echo boom >&2; exit 3 exited with status 3; its last output:", "boom"}},
+		{"image file run", "app.yaml", "version: 1\nbase: {image: python}\nrun:\n  - \"true\"\n  - \"false\"\n",
+			[]string{"app.yaml:5: RUN false exited with status 1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(dir, tc.file)
+			if err := os.WriteFile(f, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out := moat(t, invocation{args: []string{"image", "build", "app", "-f", f}, env: env})
+			out.check(t, exitUsage, nil, tc.wantErr, nil)
+			if _, err := os.Lstat(filepath.Join(strings.TrimPrefix(env[0], "MOAT_HOME="), "images", "app", "current")); err == nil {
+				t.Errorf("a failed build made app current")
+			}
+		})
+	}
+}
+
 // TestImageBuildFileErrors: what `moat image build NAME -f FILE` says
 // before it builds anything.
 func TestImageBuildFileErrors(t *testing.T) {
@@ -166,7 +203,7 @@ func TestImageBuildFileErrors(t *testing.T) {
 		{name: "no name", args: []string{"image", "build", "-f", good}, code: exitUsage, wantErr: []string{"name the image to build"}},
 		{name: "bad name", args: []string{"image", "build", "App/x", "-f", good}, code: exitUsage, wantErr: []string{`image name "App/x"`}},
 		{name: "built-in name", args: []string{"image", "build", "python", "-f", good}, code: exitUsage, wantErr: []string{"built-in image definition"}},
-		{name: "unknown FROM names the stored images", args: []string{"image", "build", "app", "-f", unknown}, code: exitUsage, wantErr: []string{"FROM cobol", "stored images:", "python", "moat image import cobol"}},
+		{name: "unknown FROM names the stored images", args: []string{"image", "build", "app", "-f", unknown}, code: exitUsage, wantErr: []string{`unknown.Dockerfile:1: FROM cobol: no image named "cobol"; stored images: python; built-in images you can build: base, code-interpreter, node (or add cobol with`, "moat image import cobol"}},
 		{name: "refused instruction names the line", args: []string{"image", "build", "app", "-f", bad}, code: exitUsage, wantErr: []string{"bad.Dockerfile:2: RUN --mount is not supported"}},
 		{name: "first instruction FROM makes a Dockerfile", args: []string{"image", "build", "app", "-f", sniffed}, code: exitUsage, wantErr: []string{"build-file:2: FROM ... AS x is not supported"}},
 		{name: "neither kind", args: []string{"image", "build", "app", "-f", other}, code: exitUsage, wantErr: []string{"not a Dockerfile", "NAME.yaml"}},
