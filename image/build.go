@@ -102,8 +102,16 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
+	// Hashed host-side right after mmdebstrap, before anything else
+	// touches the tree; finalisation (Publish) then empties var/cache, so
+	// the kept .debs never reach the digest.
+	debs, err := ArchiveDebs(rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	hashes := DebHashes(debs, pkgs)
 	if locked != nil {
-		if err := compareLock(lockfilePath(opts.LockfileDir, name), locked, pkgs); err != nil {
+		if err := compareLock(lockfilePath(opts.LockfileDir, name), locked, pkgs, hashes); err != nil {
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
 	}
@@ -121,7 +129,7 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 	phase := pend.Phase
 
 	if opts.LockfileDir != "" && !opts.Locked {
-		lf := &Lockfile{Name: name, Suite: def.Suite, Digest: img.Digest, Packages: img.Packages, BuiltWith: img.BuiltWith}
+		lf := &Lockfile{Name: name, Suite: def.Suite, Digest: img.Digest, Packages: img.Packages, SHA256: hashes, BuiltWith: img.BuiltWith}
 		if err := WriteLockfile(opts.LockfileDir, lf); err != nil {
 			return nil, fmt.Errorf("build image %s: image stored, but %w", name, err)
 		}
@@ -280,7 +288,25 @@ func mmdebstrapArgs(def Definition, target string) []string {
 	for _, o := range dpkgExcludes {
 		args = append(args, "--dpkgopt="+o)
 	}
-	args = append(args, def.Suite, target)
+	// Keep every downloaded .deb in the tree's apt cache (the essential
+	// set's too, which mmdebstrap would unlink), so the build can hash
+	// what it installed for the lockfile (ArchiveDebs); finalize empties
+	// var/cache before the digest, so the image does not change.
+	skip := "--skip=essential/unlink,cleanup/apt/cache"
+	if len(def.Download) > 0 {
+		// The package lists stay for the sandboxed install step, which
+		// has no network (apt-get install --no-download); finalize
+		// empties them too.
+		skip += ",cleanup/apt/lists"
+		// Downloaded only, by the host's apt with mmdebstrap's config
+		// for the tree (MMDEBSTRAP_APT_CONFIG: the tree's sources,
+		// Install-Recommends false, its cache), verified against the
+		// signed archive; no maintainer script runs. The names are
+		// checked (debPackage) before they reach this shell line.
+		args = append(args, "--customize-hook=APT_CONFIG=\"$MMDEBSTRAP_APT_CONFIG\" apt-get install --download-only -y --no-install-recommends "+
+			strings.Join(def.Download, " "))
+	}
+	args = append(args, skip, def.Suite, target)
 	return append(args, def.Sources...)
 }
 

@@ -100,8 +100,19 @@ func TestBuildPython(t *testing.T) {
 	if got, err := s.Lookup("python"); err != nil || got.Digest != img.Digest {
 		t.Errorf("Lookup = %+v, %v", got, err)
 	}
-	if lf, err := ReadLockfile(lockDir, "python"); err != nil || lf.Digest != img.Digest {
-		t.Errorf("lockfile = %+v, %v", lf, err)
+	lf, err := ReadLockfile(lockDir, "python")
+	if err != nil || lf.Digest != img.Digest {
+		t.Fatalf("lockfile = %+v, %v", lf, err)
+	}
+	// Every package is hashed: mmdebstrap kept the .debs it installed.
+	for pkg := range lf.Packages {
+		if !strings.HasPrefix(lf.SHA256[pkg], "sha256:") || len(lf.SHA256[pkg]) != len("sha256:")+64 {
+			t.Errorf("lockfile sha256 of %s = %q, want sha256:HEX", pkg, lf.SHA256[pkg])
+		}
+	}
+	// ... and none of them ships: the digest is the tree without them.
+	if ents, err := os.ReadDir(filepath.Join(img.Root, "var/cache")); err != nil || len(ents) != 0 {
+		t.Errorf("/var/cache of the image holds %v (err %v), want it empty", ents, err)
 	}
 
 	t.Run("cancel mid-build leaves nothing", func(t *testing.T) {

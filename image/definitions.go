@@ -15,6 +15,11 @@ type Definition struct {
 	Suite string
 	// Packages are installed on top of mmdebstrap's "essential" variant.
 	Packages []string
+	// Download are fetched into the tree's apt cache (ArchivesDir), with
+	// their dependencies, but not installed: nothing of theirs runs on
+	// the host. Only image files set it (Pending.Bootstrap), whose
+	// builder installs them in a sandbox; not part of the Fingerprint.
+	Download []string
 	// Description is one line for `moat image list`.
 	Description string
 	// Env is the default environment of processes started in the image.

@@ -16,16 +16,20 @@ import (
 // (a security update, say) shows up as a reviewable diff, and so a build can
 // be made to fail when the archive no longer gives what was reviewed.
 type Lockfile struct {
-	Name      string            `json:"name"`
-	Suite     string            `json:"suite"`
-	Digest    string            `json:"digest"`
-	Packages  map[string]string `json:"packages"`
+	Name     string            `json:"name"`
+	Suite    string            `json:"suite"`
+	Digest   string            `json:"digest"`
+	Packages map[string]string `json:"packages"`
+	// SHA256 is, for each package, "sha256:HEX" of the .deb the build
+	// downloaded and installed (DebHashes).
+	SHA256    map[string]string `json:"sha256"`
 	BuiltWith string            `json:"built_with"`
 }
 
-// LockMismatchError reports how resolved package versions differ from a
-// lockfile. Each entry of Changed is "pkg: locked V1, resolved V2", of Added
-// "pkg V" and of Removed "pkg V".
+// LockMismatchError reports how resolved package versions and .deb
+// hashes differ from a lockfile. Each entry of Changed is "pkg: locked V1,
+// resolved V2" (or "pkg sha256: locked sha256:A, resolved sha256:B"), of
+// Added "pkg V" and of Removed "pkg V".
 type LockMismatchError struct {
 	Path                    string
 	Changed, Added, Removed []string
@@ -94,9 +98,13 @@ func WriteLockfile(dir string, lf *Lockfile) error {
 	return nil
 }
 
-// compareLock returns nil if resolved equals the lockfile's packages and a
-// *LockMismatchError naming every difference otherwise.
-func compareLock(path string, lf *Lockfile, resolved map[string]string) error {
+// compareLock returns nil if resolved equals the lockfile's packages and
+// hashes the lockfile's hashes, and a *LockMismatchError naming every
+// difference otherwise. A package whose version changed is reported once,
+// by version (its hash changes with it); a hash that changed under the
+// same version (the archive serving other bytes), or that one side lacks
+// (a lockfile written before hashes were recorded), by hash.
+func compareLock(path string, lf *Lockfile, resolved, hashes map[string]string) error {
 	mm := &LockMismatchError{Path: path}
 	for pkg, want := range lf.Packages {
 		got, ok := resolved[pkg]
@@ -105,6 +113,8 @@ func compareLock(path string, lf *Lockfile, resolved map[string]string) error {
 			mm.Removed = append(mm.Removed, pkg+" "+want)
 		case got != want:
 			mm.Changed = append(mm.Changed, fmt.Sprintf("%s: locked %s, resolved %s", pkg, want, got))
+		case lf.SHA256[pkg] != hashes[pkg]:
+			mm.Changed = append(mm.Changed, fmt.Sprintf("%s %s sha256: locked %s, resolved %s", pkg, got, orNone(lf.SHA256[pkg]), orNone(hashes[pkg])))
 		}
 	}
 	for pkg, got := range resolved {
@@ -119,6 +129,13 @@ func compareLock(path string, lf *Lockfile, resolved map[string]string) error {
 	sort.Strings(mm.Added)
 	sort.Strings(mm.Removed)
 	return mm
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
 }
 
 // writeFileAtomic writes data to a temp file next to path, syncs it and

@@ -11,12 +11,28 @@ import (
 
 func TestCompareLock(t *testing.T) {
 	locked := map[string]string{"python3": "3.11.2-1+b1", "bash": "5.2.15-2+b7", "libc6": "2.36-9+deb12u10"}
+	lockedSHA := map[string]string{"python3": "sha256:aa", "bash": "sha256:bb", "libc6": "sha256:cc"}
 	tests := []struct {
 		name     string
 		resolved map[string]string
+		hashes   map[string]string // nil: lockedSHA
 		wantErr  bool
 		want     []string // substrings of the error
 	}{
+		{
+			name:     "same version, other bytes",
+			resolved: map[string]string{"python3": "3.11.2-1+b1", "bash": "5.2.15-2+b7", "libc6": "2.36-9+deb12u10"},
+			hashes:   map[string]string{"python3": "sha256:aa", "bash": "sha256:b0", "libc6": "sha256:cc"},
+			wantErr:  true,
+			want:     []string{"bash 5.2.15-2+b7 sha256: locked sha256:bb, resolved sha256:b0"},
+		},
+		{
+			name:     "a hash the build lacks",
+			resolved: map[string]string{"python3": "3.11.2-1+b1", "bash": "5.2.15-2+b7", "libc6": "2.36-9+deb12u10"},
+			hashes:   map[string]string{"python3": "sha256:aa", "bash": "sha256:bb"},
+			wantErr:  true,
+			want:     []string{"libc6 2.36-9+deb12u10 sha256: locked sha256:cc, resolved (none)"},
+		},
 		{name: "identical", resolved: map[string]string{"python3": "3.11.2-1+b1", "bash": "5.2.15-2+b7", "libc6": "2.36-9+deb12u10"}},
 		{
 			name:     "security update",
@@ -45,7 +61,11 @@ func TestCompareLock(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := compareLock("images/python.lock", &Lockfile{Name: "python", Packages: locked}, tc.resolved)
+			hashes := tc.hashes
+			if hashes == nil {
+				hashes = lockedSHA
+			}
+			err := compareLock("images/python.lock", &Lockfile{Name: "python", Packages: locked, SHA256: lockedSHA}, tc.resolved, hashes)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("compareLock = %v, wantErr %v", err, tc.wantErr)
 			}
@@ -227,7 +247,22 @@ func TestMmdebstrapArgs(t *testing.T) {
 	joined := strings.Join(args, " ")
 	for _, want := range []string{"--mode=root", "--variant=essential", "--include=bash,coreutils,curl,git,python3,python3-pip,python3-numpy,python3-yaml",
 		"bookworm /store/python/.build-1/rootfs deb http://deb.debian.org/debian bookworm main",
-		"deb http://deb.debian.org/debian-security bookworm-security main"} {
+		"deb http://deb.debian.org/debian-security bookworm-security main",
+		"--skip=essential/unlink,cleanup/apt/cache bookworm"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("mmdebstrap args %q lack %q", joined, want)
+		}
+	}
+	if strings.Contains(joined, "--customize-hook") || strings.Contains(joined, "cleanup/apt/lists") {
+		t.Errorf("a built-in image's args %q download extra packages or keep the lists", joined)
+	}
+
+	// An image file's packages: bootstrapped with apt, downloaded only.
+	def.Packages, def.Download = []string{"apt"}, []string{"jq", "libc++1"}
+	joined = strings.Join(mmdebstrapArgs(def, "/r"), " ")
+	for _, want := range []string{"--include=apt ",
+		`--customize-hook=APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get install --download-only -y --no-install-recommends jq libc++1 `,
+		"--skip=essential/unlink,cleanup/apt/cache,cleanup/apt/lists bookworm /r"} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("mmdebstrap args %q lack %q", joined, want)
 		}
