@@ -199,11 +199,17 @@ func (p *Pending) Close() {
 	p.tmp = ""
 }
 
-// Bootstrap makes Root() a Debian tree of suite with packages on top of
-// the essential set, with the same mmdebstrap run (and checks) as the
-// built-in images, and returns the environment such an image gets. Only
-// the suites Moat has archive sources for are accepted.
-func (p *Pending) Bootstrap(ctx context.Context, suite string, packages []string) (env []string, err error) {
+// Bootstrap makes Root() a Debian tree of suite: the essential set, and
+// apt when download is not empty, with the same mmdebstrap run (and checks) as the built-in images.
+// download are fetched into the tree's apt cache with their dependencies
+// but not installed (Definition.Download): the caller installs them in a
+// sandbox, offline, so none of their maintainer scripts runs on the
+// host. What runs on the host is the bootstrap of a set that does not
+// depend on the caller. The tree keeps apt's package lists and every
+// downloaded .deb (ArchiveDebs hashes them); finalisation removes both.
+// It returns the environment such an image gets. Only the suites Moat
+// has archive sources for are accepted.
+func (p *Pending) Bootstrap(ctx context.Context, suite string, download []string) (env []string, err error) {
 	var base *Definition
 	for _, d := range Definitions() {
 		if d.Suite == suite {
@@ -214,18 +220,33 @@ func (p *Pending) Bootstrap(ctx context.Context, suite string, packages []string
 	if base == nil {
 		return nil, fmt.Errorf("debian suite %q: Moat builds from %s; use one of them", suite, strings.Join(suites(), ", "))
 	}
+	for _, pkg := range download {
+		// They become words of mmdebstrap's customize hook, a shell line.
+		if !debPackage.MatchString(pkg) {
+			return nil, fmt.Errorf("debian package %q: not a package name (lower-case letters, digits, + - .)", pkg)
+		}
+	}
 	if err := p.store.tools.check(); err != nil {
 		return nil, err
+	}
+	var packages []string
+	if len(download) > 0 {
+		packages = []string{"apt"} // to install them in the sandbox
 	}
 	def := Definition{
 		Name:            p.name,
 		Suite:           suite,
 		Packages:        packages,
+		Download:        download,
 		Env:             []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"},
 		Sources:         base.Sources,
 		SourceDateEpoch: base.SourceDateEpoch,
 	}
-	p.Phase("bootstrapping Debian %s + %s", suite, strings.Join(packages, ", "))
+	if len(download) > 0 {
+		p.Phase("bootstrapping Debian %s + apt, downloading %s", suite, strings.Join(download, ", "))
+	} else {
+		p.Phase("bootstrapping Debian %s", suite)
+	}
 	if err := p.store.tools.bootstrap(ctx, def, p.Root(), p.progress, []*os.File{p.lock}); err != nil {
 		return nil, err
 	}

@@ -138,6 +138,7 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 		fmt.Fprintf(progress, "note: %s\n", n)
 	}
 	cfg := &config{workdir: "/"}
+	var bootDebs []image.Deb
 	if base != nil {
 		pend.Phase("copying %s (%s) as the base", base.Name, base.Digest)
 		if err := copyTree(base.Root, pend.Root()); err != nil {
@@ -151,7 +152,13 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 		// The base's User is recorded only; its RUN steps start as root
 		// like Docker's unless the file says USER.
 	} else {
-		if cfg.env, err = pend.Bootstrap(ctx, plan.Base.Debian, plan.Base.Packages); err != nil {
+		if cfg.env, err = pend.Bootstrap(ctx, plan.Base.Debian, plan.Base.Download); err != nil {
+			return nil, fmt.Errorf("build image %s: %w", name, err)
+		}
+		// Hashed now, host-side, while only Debian's signed archive (through
+		// the host's apt) has written the cache: a later step could rewrite
+		// the files, not these hashes.
+		if bootDebs, err = image.ArchiveDebs(pend.Root()); err != nil {
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
 	}
@@ -171,11 +178,19 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 			return nil, fmt.Errorf("build image %s: %w", name, err)
 		}
 	}
-	if err := removeCaches(pend.Root()); err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
-	}
 	debs, err := treePackages(ctx, pend.Root())
 	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	// The .debs apt steps on an image base downloaded (in the sandbox)
+	// are hashed after the steps; the bootstrap's hashes come first.
+	// Only the installed version of an installed package counts.
+	stepDebs, err := image.ArchiveDebs(pend.Root())
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	debHashes := image.DebHashes(append(bootDebs, stepDebs...), debs)
+	if err := removeCaches(pend.Root()); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
 	fileSHA := ""
@@ -190,7 +205,7 @@ func Build(ctx context.Context, store *image.Store, name string, plan *Plan, opt
 	}
 	var lock *Lock
 	pend.Check = func(digest string) error {
-		lock = NewLock(plan, fileSHA, baseDigest, debs, digest)
+		lock = NewLock(plan, fileSHA, baseDigest, debs, debHashes, digest)
 		if opts.Locked != nil {
 			return opts.Locked.Compare(lock)
 		}
@@ -466,6 +481,11 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 		Stderr:         out,
 	})
 	out.Flush()
+	// A step of an image file (apt: jq) is named as the file says it
+	// before the command it became; a Dockerfile's RUN is its command.
+	if !strings.HasPrefix(s.Text, "RUN") {
+		where += ": " + oneLine(s.Text)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: RUN %s: %w", where, oneLine(commandText(s)), err)
 	}
@@ -480,7 +500,8 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 // the build file failed, not Moat, and the CLI says so by its exit
 // status. A step that could not be run at all is another error.
 type StepError struct {
-	// Where is FILE:LINE of the step.
+	// Where is FILE:LINE of the step, followed for an image file's
+	// step by how the file says it ("jq.yaml:3: apt: jq").
 	Where string
 	// Command is the step's command, shortened to one line.
 	Command string

@@ -478,6 +478,17 @@ func TestBuildFailureLeavesStore(t *testing.T) {
 			t.Errorf("a failed build of a new name left its directory: %v", err)
 		}
 	})
+	t.Run("an image file's step is named as the file says it", func(t *testing.T) {
+		plan := &Plan{File: filepath.Join(ctxDir, "jq.yaml"), Context: ctxDir, Base: Base{Image: "rootimg"}, Steps: []Step{
+			{Op: OpRun, Line: 3, Text: "apt: jq", Argv: []string{"/bin/sh", "-c", "print E: Unable to locate package jq; exit 100"}},
+		}}
+		_, err := Build(context.Background(), store, "app", plan, Options{Runner: &fakeRunner{}})
+		want := "jq.yaml:3: apt: jq: RUN print E: Unable to locate package jq; exit 100 exited with status 100; its last output:\nE: Unable to locate package jq"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Build = %v, want %q", err, want)
+		}
+		assertNoBuildDirs(t, store, "app")
+	})
 	t.Run("built-in name refused", func(t *testing.T) {
 		_, err := Build(context.Background(), store, "python", planFor(t, ctxDir, "FROM rootimg\n"), Options{})
 		if !errors.Is(err, image.ErrBadImage) || !strings.Contains(err.Error(), "built-in image definition") {

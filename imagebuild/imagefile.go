@@ -53,8 +53,11 @@ var defaultAptHosts = []string{"deb.debian.org", "security.debian.org"}
 // image that has it.
 const (
 	aptNeedsFix = "apt on an image base runs apt-get in that image, and Moat's built-in images have none: " +
-		"start from base: {debian: bookworm} (mmdebstrap installs the apt packages), or from an image with apt (e.g. one imported from debian:bookworm)"
-	pipNeedsFix = "pip runs python3 -m pip in the image: start from an image with Python and pip (python, base), " +
+		"start from base: {debian: bookworm} (it has apt), or from an image with apt (e.g. one imported from debian:bookworm)"
+	// A debian base with apt packages is bootstrapped with apt: missing,
+	// it is Moat's bug, or an earlier step removed it.
+	aptDebianNeedsFix = "a debian base with apt packages is bootstrapped with apt; if this happens, please report it"
+	pipNeedsFix       = "pip runs python3 -m pip in the image: start from an image with Python and pip (python, base), " +
 		"or add python3-pip with apt"
 	npmNeedsFix = "npm runs npm ci in the image: start from an image with npm (node, base), or add npm with apt"
 )
@@ -472,14 +475,24 @@ func (p *imageFileParser) apt(n *yaml.Node) {
 	if !ok {
 		return
 	}
+	// The .debs stay in /var/cache/apt/archives: the builder hashes them
+	// for the lockfile and then removes them (removeCaches).
+	apt := "apt-get -o APT::Sandbox::User=root"
 	if p.plan.Base.Image == "" {
-		// A debian base installs them while bootstrapping, from the
-		// signed archive, with no sandbox step at all. (With an invalid
-		// base an error is already reported.)
-		p.plan.Base.Packages = append(p.plan.Base.Packages, pkgs...)
+		// A debian base downloads them while bootstrapping, on the host,
+		// from the signed archive (data only: apt checks it, nothing of
+		// the packages runs), and installs them here, in a sandbox with
+		// no network: their maintainer scripts are untrusted code like
+		// any other step's. (With an invalid base an error is already
+		// reported.)
+		p.plan.Base.Download = append(p.plan.Base.Download, pkgs...)
+		script := "set -e; DEBIAN_FRONTEND=noninteractive " + apt +
+			" install -y --no-install-recommends --no-download " + strings.Join(pkgs, " ") +
+			"; rm -rf /var/lib/apt/lists/*"
+		p.plan.Steps = append(p.plan.Steps, Step{Op: OpRun, Line: n.Line, Text: "apt: " + strings.Join(pkgs, " "),
+			Argv: []string{"/bin/sh", "-c", script}, Needs: []string{"apt-get"}, NeedsFix: aptDebianNeedsFix})
 		return
 	}
-	apt := "apt-get -o APT::Sandbox::User=root"
 	script := "set -e; " + apt + " update; DEBIAN_FRONTEND=noninteractive " + apt +
 		" install -y --no-install-recommends " + strings.Join(pkgs, " ") +
 		"; rm -rf /var/lib/apt/lists/*"

@@ -86,9 +86,12 @@ func TestReadImageFile(t *testing.T) {
 			want: Plan{Base: Base{Debian: "bookworm"}},
 		},
 		{
-			name: "apt on a debian base goes into the bootstrap",
+			name: "apt on a debian base: downloaded by the bootstrap, installed offline in a sandboxed step",
 			yaml: "version: 1\nbase: {debian: trixie}\napt: [curl, git]\n",
-			want: Plan{Base: Base{Debian: "trixie", Packages: []string{"curl", "git"}}},
+			want: Plan{Base: Base{Debian: "trixie", Download: []string{"curl", "git"}}, Steps: []Step{
+				{Op: OpRun, Line: 3, Needs: []string{"apt-get"}, NeedsFix: aptDebianNeedsFix, Text: "apt: curl git",
+					Argv: []string{"/bin/sh", "-c", "set -e; DEBIAN_FRONTEND=noninteractive apt-get -o APT::Sandbox::User=root install -y --no-install-recommends --no-download curl git; rm -rf /var/lib/apt/lists/*"}},
+			}},
 		},
 		{
 			name: "apt on an image base is a sandboxed step reaching only Debian's archive",

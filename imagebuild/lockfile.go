@@ -38,6 +38,11 @@ type Lock struct {
 	// Debian is every Debian package installed in the built tree, name
 	// to version.
 	Debian map[string]string `json:"debian"`
+	// DebianSHA256 is, for each of them the build downloaded (all of a
+	// debian base's; an image base's own packages are covered by
+	// Base.ImageDigest), "sha256:HEX" of the .deb of the installed
+	// version (image.DebHashes).
+	DebianSHA256 map[string]string `json:"debian_sha256"`
 	// Pins are the pip and npm packages the build file pins, sorted by
 	// manager, name, version.
 	Pins []LockPin `json:"pins"`
@@ -83,22 +88,27 @@ func HashFile(path string) (string, error) {
 // NewLock records a finished build of plan: fileSHA is HashFile of
 // plan.File, baseDigest the content digest of plan.Base.Image ("" for a
 // Debian base), debs the Debian packages of the built tree
-// (image.InstalledPackages) and digest the published image's digest.
-func NewLock(plan *Plan, fileSHA, baseDigest string, debs map[string]string, digest string) *Lock {
+// (image.InstalledPackages), debHashes the hashes of those the build
+// downloaded (image.DebHashes) and digest the published image's digest.
+func NewLock(plan *Plan, fileSHA, baseDigest string, debs, debHashes map[string]string, digest string) *Lock {
 	l := &Lock{
-		Version:    LockVersion,
-		File:       filepath.Base(plan.File),
-		FileSHA256: fileSHA,
-		Base:       LockBase{Debian: plan.Base.Debian, Image: plan.Base.Image},
-		Debian:     map[string]string{},
-		Pins:       []LockPin{},
-		Digest:     digest,
+		Version:      LockVersion,
+		File:         filepath.Base(plan.File),
+		FileSHA256:   fileSHA,
+		Base:         LockBase{Debian: plan.Base.Debian, Image: plan.Base.Image},
+		Debian:       map[string]string{},
+		DebianSHA256: map[string]string{},
+		Pins:         []LockPin{},
+		Digest:       digest,
 	}
 	if plan.Base.Image != "" {
 		l.Base.ImageDigest = baseDigest
 	}
 	for k, v := range debs {
 		l.Debian[k] = v
+	}
+	for k, v := range debHashes {
+		l.DebianSHA256[k] = v
 	}
 	for _, p := range plan.Pins {
 		l.Pins = append(l.Pins, LockPin(p))
@@ -131,6 +141,9 @@ func (l *Lock) Marshal() ([]byte, error) {
 	sortPins(c.Pins)
 	if c.Debian == nil {
 		c.Debian = map[string]string{}
+	}
+	if c.DebianSHA256 == nil {
+		c.DebianSHA256 = map[string]string{}
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -231,6 +244,9 @@ func ParseLock(data []byte) (*Lock, error) {
 	if l.Debian == nil {
 		l.Debian = map[string]string{}
 	}
+	if l.DebianSHA256 == nil {
+		l.DebianSHA256 = map[string]string{}
+	}
 	if l.Pins == nil {
 		l.Pins = []LockPin{}
 	}
@@ -252,8 +268,8 @@ func (e *LockDiffError) Error() string {
 
 // Compare returns nil when other (a new build) matches l (the lockfile)
 // and a *LockDiffError naming every difference otherwise: the build
-// file's hash, the base, each Debian package and pin added, removed or
-// changed, and the digest. The file's name is not compared (a renamed
+// file's hash, the base, each Debian package (its version, and the hash
+// of its .deb) and pin added, removed or changed, and the digest. The file's name is not compared (a renamed
 // file with the same bytes builds the same image).
 func (l *Lock) Compare(other *Lock) error {
 	var d []string
@@ -267,12 +283,37 @@ func (l *Lock) Compare(other *Lock) error {
 	change("base image", l.Base.Image, other.Base.Image)
 	change("base image digest", l.Base.ImageDigest, other.Base.ImageDigest)
 	d = append(d, diffMaps("debian package", l.Debian, other.Debian)...)
+	d = append(d, diffHashes(l, other)...)
 	d = append(d, diffMaps("", pinMap(l.Pins), pinMap(other.Pins))...)
 	change("digest", l.Digest, other.Digest)
 	if len(d) == 0 {
 		return nil
 	}
 	return &LockDiffError{Differences: d}
+}
+
+// diffHashes lists the .deb hashes that changed, were added or went
+// away, one line each naming the package and both hashes ("debian package
+// curl sha256: sha256:A -> sha256:B"). A package added or removed is
+// already a line of its own, and one whose version changed has a new
+// hash as a matter of course: only a package kept at the same version is
+// compared, so a changed hash there means other bytes under one version.
+func diffHashes(l, other *Lock) []string {
+	var names []string
+	for k, v := range l.Debian {
+		if w, ok := other.Debian[k]; ok && v == w {
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	var d []string
+	for _, k := range names {
+		a, b := l.DebianSHA256[k], other.DebianSHA256[k]
+		if a != b {
+			d = append(d, fmt.Sprintf("debian package %s sha256: %s -> %s", k, orNone(a), orNone(b)))
+		}
+	}
+	return d
 }
 
 func orNone(s string) string {

@@ -16,14 +16,16 @@ func testLock() *Lock {
 		{Manager: "npm", Name: "is-number", Version: "7.0.0", Hash: isNumberSRI},
 		{Manager: "pip", Name: "attrs", Version: "23.1.0", Hash: "sha256:bb"},
 	}}
-	return NewLock(plan, "f00d", "sha256:base", map[string]string{"curl": "7.88.1-10", "bash": "5.2.15-2"}, "sha256:result")
+	return NewLock(plan, "f00d", "sha256:base", map[string]string{"curl": "7.88.1-10", "bash": "5.2.15-2"},
+		map[string]string{"curl": "sha256:c1", "bash": "sha256:b1"}, "sha256:result")
 }
 
 func TestNewLock(t *testing.T) {
 	want := &Lock{
 		Version: 1, File: "image.yaml", FileSHA256: "f00d",
-		Base:   LockBase{Image: "python", ImageDigest: "sha256:base"},
-		Debian: map[string]string{"curl": "7.88.1-10", "bash": "5.2.15-2"},
+		Base:         LockBase{Image: "python", ImageDigest: "sha256:base"},
+		Debian:       map[string]string{"curl": "7.88.1-10", "bash": "5.2.15-2"},
+		DebianSHA256: map[string]string{"curl": "sha256:c1", "bash": "sha256:b1"},
 		Pins: []LockPin{
 			{Manager: "npm", Name: "is-number", Version: "7.0.0", Hash: isNumberSRI},
 			{Manager: "pip", Name: "attrs", Version: "23.1.0", Hash: "sha256:bb"},
@@ -35,8 +37,8 @@ func TestNewLock(t *testing.T) {
 		t.Errorf("got %#v\nwant %#v", got, want)
 	}
 	// A Debian base records the suite, never a base digest.
-	deb := NewLock(&Plan{File: "x.yaml", Base: Base{Debian: "bookworm"}}, "f", "sha256:ignored", nil, "sha256:d")
-	if deb.Base != (LockBase{Debian: "bookworm"}) || deb.Pins == nil || deb.Debian == nil {
+	deb := NewLock(&Plan{File: "x.yaml", Base: Base{Debian: "bookworm"}}, "f", "sha256:ignored", nil, nil, "sha256:d")
+	if deb.Base != (LockBase{Debian: "bookworm"}) || deb.Pins == nil || deb.Debian == nil || deb.DebianSHA256 == nil {
 		t.Errorf("debian-based lock %#v", deb)
 	}
 }
@@ -83,6 +85,10 @@ func TestLockRoundTripAndStableBytes(t *testing.T) {
   "debian": {
     "bash": "5.2.15-2",
     "curl": "7.88.1-10"
+  },
+  "debian_sha256": {
+    "bash": "sha256:b1",
+    "curl": "sha256:c1"
   },
   "pins": [
     {
@@ -176,6 +182,12 @@ func TestLockCompare(t *testing.T) {
 			"base image digest: sha256:base -> (none)",
 		}},
 		{"hash only", func(l *Lock) { l.Pins[1].Hash = "sha256:evil" }, []string{"pip package attrs: 23.1.0 sha256:bb -> 23.1.0 sha256:evil"}},
+		{"debian hash, same version", func(l *Lock) { l.DebianSHA256["curl"] = "sha256:evil" }, []string{"debian package curl sha256: sha256:c1 -> sha256:evil"}},
+		{"debian hash gone", func(l *Lock) { delete(l.DebianSHA256, "bash") }, []string{"debian package bash sha256: sha256:b1 -> (none)"}},
+		{"debian version and hash: one line", func(l *Lock) {
+			l.Debian["curl"] = "7.88.1-11"
+			l.DebianSHA256["curl"] = "sha256:c2"
+		}, []string{"debian package curl: 7.88.1-10 -> 7.88.1-11"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -35,10 +35,14 @@ type Base struct {
 	// starts from a copy of its tree and its config (Env, WorkingDir,
 	// Entrypoint, Cmd, User).
 	Image string
-	// Debian is a suite ("bookworm") bootstrapped with mmdebstrap, with
-	// Packages from Debian's signed archive on top of the essential set.
+	// Debian is a suite ("bookworm") bootstrapped with mmdebstrap: the
+	// essential set, and apt when Download is not empty. Download are
+	// fetched from Debian's signed archive into the tree's apt cache but
+	// not installed (image.Pending.Bootstrap): a RUN step installs them
+	// in a sandbox with no network, so no maintainer script of theirs
+	// runs on the host.
 	Debian   string
-	Packages []string
+	Download []string
 	// Line is the build file line that names the base (1-based; 0 when
 	// unknown), and Text how it reads there ("FROM python",
 	// "base.image: python"): both go into errors about the base.

@@ -92,6 +92,9 @@ type invocation struct {
 	cred *syscall.Credential
 	// dir is the working directory; default the test's.
 	dir string
+	// timeout bounds the run; default 2 minutes (a Debian bootstrap
+	// takes longer on a loaded machine).
+	timeout time.Duration
 }
 
 // outcome is what one invocation produced.
@@ -107,7 +110,11 @@ func (o outcome) String() string {
 // moat runs the binary and returns its exit status and output.
 func moat(t *testing.T, inv invocation) outcome {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	timeout := inv.timeout
+	if timeout == 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, moatBin, inv.args...)
 	cmd.Env = append(os.Environ(), inv.env...)

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestImageBuildImageFile builds a declarative image file end to end: pip
@@ -118,4 +120,81 @@ cmd: [python3, /opt/app/main.py]
 			moat(t, invocation{args: []string{"image", "inspect", "app"}, env: env}).check(t, 0, []string{digests[0]}, nil, nil)
 		})
 	}
+}
+
+// TestImageBuildDebianApt builds a debian base with an apt package end to
+// end: the bootstrap (on the host) only downloads jq, a sandboxed step
+// with no network installs it, and the lockfile records every package's
+// version and the sha256 of its .deb. The same file builds the same
+// digest twice (the second build --locked against the first's lockfile,
+// hashes included), jq runs in a sandbox on the image, and removing the
+// image leaves none. Two Debian bootstraps: a few minutes.
+func TestImageBuildDebianApt(t *testing.T) {
+	needSandbox(t)
+	env := buildHome(t)
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	imageFile := filepath.Join(dir, "jq.yaml")
+	spec := "version: 1\nbase: {debian: bookworm}\napt: [jq]\ncmd: [jq, --version]\n"
+	if err := os.WriteFile(imageFile, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := func(extra ...string) outcome {
+		return moat(t, invocation{args: append([]string{"image", "build", "debjq", "-f", imageFile}, extra...), env: env, timeout: 10 * time.Minute})
+	}
+	removed := false
+	t.Cleanup(func() {
+		if !removed {
+			moat(t, invocation{args: []string{"image", "rm", "debjq"}, env: env})
+		}
+	})
+	start := time.Now()
+	out := build()
+	t.Logf("first build: %s", time.Since(start).Round(time.Second))
+	out.check(t, 0, []string{"debjq sha256:"}, []string{"downloading jq", "apt: jq", "Setting up jq", "built debjq sha256:"}, nil)
+	if out.code != 0 {
+		t.Fatalf("build failed:\n%s", out)
+	}
+	digest := strings.Fields(out.stdout)[1]
+	data, err := os.ReadFile(imageFile + ".lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lock struct {
+		Debian       map[string]string `json:"debian"`
+		DebianSHA256 map[string]string `json:"debian_sha256"`
+		Digest       string            `json:"digest"`
+	}
+	if err := json.Unmarshal(data, &lock); err != nil {
+		t.Fatal(err)
+	}
+	if lock.Digest != digest || lock.Debian["jq"] == "" {
+		t.Errorf("lockfile digest %s (built %s), jq %q", lock.Digest, digest, lock.Debian["jq"])
+	}
+	// Every installed package came from the bootstrap's downloads: each
+	// has a hash, and no hash is of a package not installed.
+	for pkg := range lock.Debian {
+		if h := lock.DebianSHA256[pkg]; !strings.HasPrefix(h, "sha256:") || len(h) != len("sha256:")+64 {
+			t.Errorf("debian_sha256 of %s = %q", pkg, h)
+		}
+	}
+	for pkg := range lock.DebianSHA256 {
+		if _, ok := lock.Debian[pkg]; !ok {
+			t.Errorf("debian_sha256 names %s, which is not installed", pkg)
+		}
+	}
+
+	moat(t, invocation{args: []string{"run", "--image", "debjq", "--", "sh", "-c", `echo '{"a": [1, 2]}' | jq -c '.a | add'`}, env: env}).
+		check(t, 0, []string{"3"}, nil, nil)
+
+	start = time.Now()
+	again := build("--locked")
+	t.Logf("second build (--locked): %s", time.Since(start).Round(time.Second))
+	again.check(t, 0, []string{digest}, nil, []string{"differs from its lockfile"})
+
+	moat(t, invocation{args: []string{"image", "rm", "debjq"}, env: env}).check(t, 0, nil, nil, nil)
+	removed = true
+	moat(t, invocation{args: []string{"image", "inspect", "debjq"}, env: env}).check(t, exitUsage, nil, []string{`"debjq"`}, nil)
 }
