@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -92,4 +93,24 @@ func TestArchiveDebs(t *testing.T) {
 func debSHA(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// FuzzParseDebFileName: file names in a tree's apt cache may have been
+// chosen by a sandboxed step. Whatever is accepted names a package,
+// version and architecture without a path separator or NUL.
+func FuzzParseDebFileName(f *testing.F) {
+	for _, s := range []string{"jq_1.6-2.1+deb12u3_amd64.deb", "bsdutils_1%3a2.38.1-5+deb12u3_amd64.deb", "a_%_b.deb", "x__.deb", "lock"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, file string) {
+		d, err := ParseDebFileName(file)
+		if err != nil {
+			return
+		}
+		for _, s := range []string{d.Name, d.Version, d.Arch} {
+			if s == "" || strings.ContainsAny(s, "/\x00_%") {
+				t.Fatalf("ParseDebFileName(%q) = %+v", file, d)
+			}
+		}
+	})
 }
