@@ -67,7 +67,8 @@ func ParseDebFileName(file string) (Deb, error) {
 }
 
 // ArchiveDebs hashes every .deb in the ArchivesDir of the tree at root,
-// sorted by file name; a tree without that directory has none. The tree
+// sorted by file name; a tree without that directory has none, and a
+// file not named as apt names its downloads is not one. The tree
 // may have been written by sandboxed build steps, so everything goes
 // through an os.Root on it (no symlink leads out), only regular files are
 // read, and a symlink or directory named *.deb is skipped.
@@ -107,7 +108,9 @@ func ArchiveDebs(root string) ([]Deb, error) {
 		}
 		d, err := ParseDebFileName(e.Name())
 		if err != nil {
-			return nil, fmt.Errorf("hash downloaded packages: /%s: %w", ArchivesDir, err)
+			// Not named as apt names its downloads (a step put it
+			// there): not a package the lockfile can match by version.
+			continue
 		}
 		if d.SHA256, err = hashIn(r, path.Join(ArchivesDir, e.Name())); err != nil {
 			return nil, fmt.Errorf("hash downloaded packages: %w", err)

@@ -4,11 +4,15 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -54,6 +58,14 @@ func (f *fakeRunner) RunStep(ctx context.Context, root string, s RunStep) (int, 
 				return -1, err
 			}
 			if err := os.WriteFile(p, []byte(strings.Join(f[2:], " ")), 0o644); err != nil {
+				return -1, err
+			}
+		case "writenl": // as write, with \n for newlines
+			p := filepath.Join(root, f[1])
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return -1, err
+			}
+			if err := os.WriteFile(p, []byte(strings.ReplaceAll(strings.Join(f[2:], " "), `\n`, "\n")), 0o644); err != nil {
 				return -1, err
 			}
 		case "link":
@@ -504,6 +516,45 @@ func assertNoBuildDirs(t *testing.T, store *image.Store, name string) {
 		if strings.HasPrefix(e.Name(), ".build-") {
 			t.Errorf("build directory %s left in the store", e.Name())
 		}
+	}
+}
+
+// TestBuildLockDebHashes: the .debs an apt step left in the tree's
+// cache are hashed into the lockfile (only the installed version of an
+// installed package; a symlink a step planted is not followed) and do not
+// reach the image.
+func TestBuildLockDebHashes(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-query"); err != nil {
+		t.Skip("needs dpkg-query: apt-get install dpkg")
+	}
+	store := newBaseStore(t)
+	ctxDir := contextDir(t, map[string]string{})
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("host file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status := `Package: xx\nStatus: install ok installed\nArchitecture: all\nMaintainer: m\nDescription: d\nVersion: 1:1.0\n\n` +
+		`Package: yy\nStatus: install ok installed\nArchitecture: all\nMaintainer: m\nDescription: d\nVersion: 2\n`
+	df := "FROM rootimg\n" +
+		"RUN writenl /var/lib/dpkg/status " + status + "\n" +
+		"RUN write /var/cache/apt/archives/xx_1%3a1.0_all.deb the x deb; write /var/cache/apt/archives/xx_0.9_all.deb old x; " +
+		"write /var/cache/apt/archives/notes.deb not apt's; link /var/cache/apt/archives/yy_2_all.deb " + secret + "\n"
+	lockPath := LockPath(filepath.Join(ctxDir, "Dockerfile"))
+	img, err := Build(context.Background(), store, "app", planFor(t, ctxDir, df), Options{Runner: &fakeRunner{}, LockFile: lockPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := ReadLock(lockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("the x deb"))
+	want := map[string]string{"xx": "sha256:" + hex.EncodeToString(sum[:])}
+	if !reflect.DeepEqual(lock.DebianSHA256, want) || lock.Debian["xx"] != "1:1.0" || lock.Debian["yy"] != "2" {
+		t.Errorf("lock debian %v, sha256 %v; want sha256 %v", lock.Debian, lock.DebianSHA256, want)
+	}
+	if ents, err := os.ReadDir(filepath.Join(img.Root, "var/cache")); err != nil || len(ents) != 0 {
+		t.Errorf("/var/cache of the image holds %v (err %v), want it empty", ents, err)
 	}
 }
 
