@@ -60,6 +60,7 @@ func TestArchiveDebs(t *testing.T) {
 		"bsdutils_1%3a2.38.1-5_amd64.deb": "bsdutils",
 		"notinstalled_1.0_all.deb":        "x",
 		"lock":                            "",
+		"notes.deb":                       "not named by apt",
 		"partial/half_1.0_amd64.deb":      "half",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
