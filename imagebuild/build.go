@@ -482,8 +482,9 @@ func (b *builder) run(ctx context.Context, n int, s Step, where string) error {
 	})
 	out.Flush()
 	// A step of an image file (apt: jq) is named as the file says it
-	// before the command it became; a Dockerfile's RUN is its command.
-	if !strings.HasPrefix(s.Text, "RUN") {
+	// before the command it became; a Dockerfile's RUN and an image
+	// file's run: are their command already.
+	if !strings.HasPrefix(s.Text, "RUN") && !strings.HasSuffix(s.Text, commandText(s)) {
 		where += ": " + oneLine(s.Text)
 	}
 	if err != nil {
