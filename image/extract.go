@@ -9,6 +9,8 @@ import (
 	"os"
 	"path"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file applies one image layer (a tar stream) to a root tree. It is
@@ -259,6 +261,12 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	// Read one byte more than the budget allows: if it arrives, the cap is
 	// exceeded, whatever the header claimed.
 	n, err := io.Copy(f, io.LimitReader(body, l.budget.bytesLeft+1))
+	if err == nil && n > 0 {
+		// Start writing the file back now, beside the extraction, so the
+		// syncfs before publishing (pending.go) has less left to wait
+		// for. Only a hint: the syncfs is what makes the tree durable.
+		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
