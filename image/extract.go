@@ -9,6 +9,8 @@ import (
 	"os"
 	"path"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file applies one image layer (a tar stream) to a root tree. It is
@@ -63,6 +65,18 @@ type layerState struct {
 	// later entry (or layer) can land in a directory the image marks 0555.
 	dirModes map[string]fs.FileMode
 	dropped  int // special files dropped
+	// cwd is the directory the previous entry went into, open beneath
+	// the root (or the root itself), and cwdPath its path. A tar stream
+	// lists a directory's entries together, and every os.Root call on a
+	// deep path walks it from the root again (an openat and a close per
+	// component, for the check of each parent as well): resolving an
+	// entry from its parent's handle is what keeps the import near
+	// tar -x. The handle is only reused for an entry with the same
+	// parent, and an entry only removes what lies in its parent, so an
+	// entry that replaces the directory or one above it (its parent is
+	// higher) has switched away first; whiteouts forget it all the same.
+	cwd     *os.Root
+	cwdPath string
 }
 
 // entryError names the layer and the entry, as the issue asks, and marks
@@ -75,6 +89,7 @@ func (l *layerState) entryError(name, format string, args ...any) error {
 // final directory modes across layers (see applyDirModes).
 func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode) (dropped int, err error) {
 	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes}
+	defer l.forget()
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -121,20 +136,21 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	if name == "" {
 		return nil // the root itself ("./"): its mode is finalize's business
 	}
-	dir, base := path.Split(name)
-	dir = strings.TrimSuffix(dir, "/")
+	dir, base := parentOf(name), path.Base(name)
 
 	// Whiteouts delete what lower layers put there; they are not files.
 	if base == opaqueWhiteout {
-		if err := l.parents(hdr.Name, name); err != nil {
+		if _, err := l.dir(hdr.Name, dir); err != nil {
 			return err
 		}
+		l.forget()
 		return l.opaque(hdr.Name, dir)
 	}
 	if strings.HasPrefix(base, whiteoutPrefix) {
-		if err := l.parents(hdr.Name, name); err != nil {
+		if _, err := l.dir(hdr.Name, dir); err != nil {
 			return err
 		}
+		l.forget()
 		hidden := strings.TrimPrefix(base, whiteoutPrefix)
 		if hidden == "" || hidden == "." || hidden == ".." {
 			return l.entryError(hdr.Name, "whiteout names no entry")
@@ -166,7 +182,10 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		return l.entryError(hdr.Name, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
 	}
 	l.budget.filesLeft--
-	if err := l.parents(hdr.Name, name); err != nil {
+	// d is the entry's parent directory: every call below names base in
+	// it, one path component, instead of name from the root.
+	d, err := l.dir(hdr.Name, dir)
+	if err != nil {
 		return err
 	}
 
@@ -178,29 +197,29 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	}
 
 	if hdr.Typeflag == tar.TypeDir {
-		fi, err := l.root.Lstat(name)
+		fi, err := d.Lstat(base)
 		switch {
 		case err == nil && fi.IsDir():
 			// Merge into the existing directory, as layers do.
 		case err == nil || !errors.Is(err, fs.ErrNotExist):
-			if err := l.replace(hdr.Name, name); err != nil {
+			if err := l.replace(hdr.Name, d, base); err != nil {
 				return err
 			}
 			fallthrough
 		default:
-			if err := l.root.Mkdir(name, 0o700); err != nil {
+			if err := d.Mkdir(base, 0o700); err != nil {
 				return l.entryError(hdr.Name, "mkdir: %v", err)
 			}
 		}
-		if err := l.root.Chmod(name, mode|0o700); err != nil {
+		if err := d.Chmod(base, mode|0o700); err != nil {
 			return l.entryError(hdr.Name, "chmod: %v", err)
 		}
 		l.dirModes[name] = mode
 		l.written[name] = true
-		return l.chown(hdr, name)
+		return l.chown(hdr, d, base)
 	}
 
-	if err := l.replace(hdr.Name, name); err != nil {
+	if err := l.replace(hdr.Name, d, base); err != nil {
 		return err
 	}
 	l.written[name] = true
@@ -209,16 +228,19 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		// The target is only a string stored in the tree: absolute or not,
 		// it is resolved inside the sandbox's own root at run time, and
 		// this code never writes through it.
-		if err := l.root.Symlink(hdr.Linkname, name); err != nil {
+		if err := d.Symlink(hdr.Linkname, base); err != nil {
 			return l.entryError(hdr.Name, "symlink: %v", err)
 		}
-		return l.chown(hdr, name)
+		return l.chown(hdr, d, base)
 	case tar.TypeLink:
 		target, err := cleanName(hdr.Linkname)
 		if err != nil || target == "" {
 			return l.entryError(hdr.Name, "hard link to %q: outside the image root or not a file", hdr.Linkname)
 		}
-		if err := l.parents(hdr.Name, target); err != nil {
+		// This switches l.cwd to the target's directory (d may be
+		// closed): the link itself is made from the root, both names
+		// now known to lie under real directories.
+		if _, err := l.dir(hdr.Name, parentOf(target)); err != nil {
 			return err
 		}
 		fi, err := l.root.Lstat(target)
@@ -232,13 +254,19 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	}
 
 	// A regular file. 0600 while writing; the real mode after.
-	f, err := l.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return l.entryError(hdr.Name, "create: %v", err)
 	}
 	// Read one byte more than the budget allows: if it arrives, the cap is
 	// exceeded, whatever the header claimed.
 	n, err := io.Copy(f, io.LimitReader(body, l.budget.bytesLeft+1))
+	if err == nil && n > 0 {
+		// Start writing the file back now, beside the extraction, so the
+		// syncfs before publishing (pending.go) has less left to wait
+		// for. Only a hint: the syncfs is what makes the tree durable.
+		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -249,54 +277,94 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	if err != nil {
 		return l.entryError(hdr.Name, "write: %v", err)
 	}
-	if err := l.root.Chmod(name, mode); err != nil {
+	if err := d.Chmod(base, mode); err != nil {
 		return l.entryError(hdr.Name, "chmod: %v", err)
 	}
-	return l.chown(hdr, name)
+	return l.chown(hdr, d, base)
 }
 
-// parents makes sure every directory above name exists as a real directory
-// (creating missing ones, 0755 as OCI runtimes do) and that none is a
-// symlink. os.Root would already keep a resolution inside the tree; this
-// check is stricter: the image decides where its links point, so a link in
-// a parent is refused rather than followed.
-func (l *layerState) parents(entry, name string) error {
-	parts := strings.Split(name, "/")
+// dir returns the directory dir (a slash path relative to the root, ""
+// for the root itself) open beneath the root, after making sure each of
+// its components exists as a real directory: missing ones are created
+// (0755, as OCI runtimes do), and a symlink is refused rather than
+// followed. os.Root would already keep a resolution inside the tree; this
+// check is stricter: the image decides where its links point. The result
+// stays l.cwd until an entry in another directory, or a whiteout, comes.
+func (l *layerState) dir(entry, dir string) (*os.Root, error) {
+	if l.cwd != nil && l.cwdPath == dir {
+		return l.cwd, nil
+	}
+	l.forget()
+	d := l.root
+	if dir == "" {
+		l.cwd, l.cwdPath = d, dir
+		return d, nil
+	}
+	closeD := func() {
+		if d != l.root {
+			d.Close()
+		}
+	}
 	cur := ""
-	for _, p := range parts[:len(parts)-1] {
+	for _, p := range strings.Split(dir, "/") {
 		cur = path.Join(cur, p)
-		fi, err := l.root.Lstat(cur)
-		if errors.Is(err, fs.ErrNotExist) {
+		fi, err := d.Lstat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			if l.budget.filesLeft <= 0 {
-				return l.entryError(entry, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
+				closeD()
+				return nil, l.entryError(entry, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
 			}
 			l.budget.filesLeft--
-			if err := l.root.Mkdir(cur, 0o755); err != nil {
-				return l.entryError(entry, "create parent %s: %v", cur, err)
+			if err := d.Mkdir(p, 0o755); err != nil {
+				closeD()
+				return nil, l.entryError(entry, "create parent %s: %v", cur, err)
 			}
-			continue
+		case err != nil:
+			closeD()
+			return nil, l.entryError(entry, "parent %s: %v", cur, err)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			closeD()
+			return nil, l.entryError(entry, "parent %s is a symlink; refusing to write through it", cur)
+		case !fi.IsDir():
+			closeD()
+			return nil, l.entryError(entry, "parent %s is not a directory", cur)
 		}
+		next, err := d.OpenRoot(p)
+		closeD()
 		if err != nil {
-			return l.entryError(entry, "parent %s: %v", cur, err)
+			return nil, l.entryError(entry, "parent %s: %v", cur, err)
 		}
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			return l.entryError(entry, "parent %s is a symlink; refusing to write through it", cur)
-		}
-		if !fi.IsDir() {
-			return l.entryError(entry, "parent %s is not a directory", cur)
-		}
+		d = next
 	}
-	return nil
+	l.cwd, l.cwdPath = d, dir
+	return d, nil
 }
 
-// replace removes whatever is at name (a lower layer's file, link or
+// forget closes the cached directory handle (see layerState.cwd), unless
+// it is the root's own.
+func (l *layerState) forget() {
+	if l.cwd != nil && l.cwd != l.root {
+		l.cwd.Close()
+	}
+	l.cwd, l.cwdPath = nil, ""
+}
+
+// parentOf is name's directory, "" for an entry at the root.
+func parentOf(name string) string {
+	dir, _ := path.Split(name)
+	return strings.TrimSuffix(dir, "/")
+}
+
+// replace removes whatever is at base in d (a lower layer's file, link or
 // directory) so the new entry is created afresh. RemoveAll does not follow
-// a link in its last component.
-func (l *layerState) replace(entry, name string) error {
-	if _, err := l.root.Lstat(name); errors.Is(err, fs.ErrNotExist) {
+// a link in its last component. What it removes lies inside d, so d (the
+// cached l.cwd) stays valid.
+func (l *layerState) replace(entry string, d *os.Root, base string) error {
+	if _, err := d.Lstat(base); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err := l.root.RemoveAll(name); err != nil {
+	if err := d.RemoveAll(base); err != nil {
 		return l.entryError(entry, "replace existing entry: %v", err)
 	}
 	return nil
@@ -348,14 +416,14 @@ func (l *layerState) opaque(entry, dir string) error {
 // image is mounted read-only and runs as the sandbox user, so ownership
 // grants nothing; it is kept so tools that check it (ssh, sudo-like
 // programs) see what the image's author intended.
-func (l *layerState) chown(hdr *tar.Header, name string) error {
+func (l *layerState) chown(hdr *tar.Header, d *os.Root, base string) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
 	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 1<<31-2 || hdr.Gid > 1<<31-2 {
 		return l.entryError(hdr.Name, "owner %d:%d out of range", hdr.Uid, hdr.Gid)
 	}
-	if err := l.root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+	if err := d.Lchown(base, hdr.Uid, hdr.Gid); err != nil {
 		return l.entryError(hdr.Name, "chown: %v", err)
 	}
 	return nil

@@ -246,7 +246,12 @@ func scrubTree(root *os.Root, rootPath string) error {
 			return nil
 		}
 		rel = filepath.ToSlash(rel)
-		fi, err := root.Lstat(rel)
+		// The walk's own lstat of path: its parents are real
+		// directories (WalkDir never descends links), and root.Lstat
+		// would walk them again from the root, an openat and a close
+		// per component of every entry. What is changed goes through
+		// root.
+		fi, err := d.Info()
 		if err != nil {
 			return err
 		}

@@ -132,8 +132,11 @@ func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts 
 			return fmt.Errorf("%s: %w", label, err)
 		}
 		before := budget.bytesLeft
-		m := newMeter(opts.Progress, opts.Terminal, label, ref.size, func() int64 { return lr.counted.n })
-		dropped, err := extractLayer(root, meteredReader{ctxReader{ctx, lr}, m}, label, budget, dirModes)
+		m := newMeter(opts.Progress, opts.Terminal, label, ref.size, lr.counted.n.Load)
+		ra := newReadAhead(lr)
+		dropped, err := extractLayer(root, meteredReader{ctxReader{ctx, ra}, m}, label, budget, dirModes)
+		// Stop the read-ahead before the layer is closed or drained.
+		ra.Close()
 		m.finish()
 		if err != nil {
 			lr.Close()
@@ -147,7 +150,7 @@ func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts 
 		if len(rs.layers) == 1 && rs.digest == "" {
 			rs.digest = sum // a rootfs tar is known by its own bytes
 		}
-		msg := fmt.Sprintf("%s: %d bytes stored, %d bytes extracted", label, lr.counted.n, before-budget.bytesLeft)
+		msg := fmt.Sprintf("%s: %d bytes stored, %d bytes extracted", label, lr.counted.n.Load(), before-budget.bytesLeft)
 		if dropped > 0 {
 			msg += fmt.Sprintf(", %d device nodes/FIFOs dropped", dropped)
 		}

@@ -398,6 +398,19 @@ func TestImportHostile(t *testing.T) {
 		{name: "absolute symlink then a file through it",
 			layers:  [][]byte{makeTar(t, symlink("lnk", outside), file("lnk/pwned", "x"))},
 			wantErr: `entry "lnk/pwned": parent lnk is a symlink`},
+		// The extractor keeps the directory of the previous entry open;
+		// a directory replaced by a link (in the same layer or the next)
+		// must be checked again, not written into through the old handle.
+		{name: "directory replaced by a symlink, then a file through it",
+			layers:  [][]byte{makeTar(t, dir("a/"), dir("a/b/"), file("a/b/x", "x"), symlink("a", outside), file("a/b/pwned", "x"))},
+			wantErr: `entry "a/b/pwned": parent a is a symlink`},
+		{name: "directory replaced by a symlink in the next layer, then a file through it",
+			layers: [][]byte{makeTar(t, dir("a/"), file("a/x", "x")),
+				makeTar(t, symlink("a", outside), file("a/pwned", "x"))},
+			wantErr: `entry "a/pwned": parent a is a symlink`},
+		{name: "directory whited out and replaced by a symlink, then a file through it",
+			layers:  [][]byte{makeTar(t, dir("a/"), dir("a/b/"), file("a/b/x", "x"), file("a/.wh.b", ""), symlink("a/b", outside), file("a/b/pwned", "x"))},
+			wantErr: `entry "a/b/pwned": parent a/b is a symlink`},
 		{name: "relative symlink escaping, in a lower layer, then a file through it",
 			layers:  [][]byte{makeTar(t, symlink("up", "../../../../../../../../"+outside)), makeTar(t, file("up/pwned", "x"))},
 			wantErr: `layer 2 of 2`},

@@ -15,6 +15,7 @@ import (
 	"path"
 	"runtime"
 	"strings"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -453,7 +454,7 @@ func openTarBlobs(file string) (*tarBlobs, error) {
 		if hdr.Typeflag != tar.TypeReg {
 			continue // directories; links are not followed
 		}
-		t.index[path.Clean(hdr.Name)] = io.NewSectionReader(f, cr.n, hdr.Size)
+		t.index[path.Clean(hdr.Name)] = io.NewSectionReader(f, cr.n.Load(), hdr.Size)
 	}
 }
 
@@ -469,12 +470,12 @@ func (t *tarBlobs) Close() error { return t.f.Close() }
 
 type countingReader struct {
 	r io.Reader
-	n int64
+	n atomic.Int64 // read by the progress meter while a readAhead reads
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 
