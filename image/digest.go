@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,28 +54,71 @@ func TreeDigest(root string) (digest string, size int64, err error) {
 // maintainer scripts we do not control, and following an absolute link such
 // as /etc/resolv.conf -> /run/... would hash (or leak) the host's file.
 func WriteListing(w io.Writer, root string) (int64, error) {
+	// The walk is in lexical order (WalkDir does not descend into
+	// symlinked directories, which is the canonical order we want); the
+	// lines are computed by a few workers, since hashing every file is
+	// most of a digest's time and independent per file, and written in
+	// the walk's order.
+	type entry struct {
+		path, rel string
+		line      string
+		size      int64
+		err       error
+		done      chan struct{}
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	order := make(chan *entry, 256) // to the writer, in walk order
+	todo := make(chan *entry, 256)  // to the workers
+	var walkErr error
+	go func() {
+		defer close(todo)
+		defer close(order)
+		walkErr = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return fmt.Errorf("walk %s: %w", path, err)
+			}
+			rel, err := filepath.Rel(root, path)
+			if err != nil {
+				return fmt.Errorf("relative path of %s: %w", path, err)
+			}
+			e := &entry{path: path, rel: filepath.ToSlash(rel), done: make(chan struct{})}
+			// order first: an entry the writer waits for is always
+			// already queued for a worker.
+			for _, ch := range []chan *entry{order, todo} {
+				select {
+				case ch <- e:
+				case <-stop:
+					return fs.SkipAll
+				}
+			}
+			return nil
+		})
+	}()
+	workers := min(runtime.GOMAXPROCS(0), 8)
+	for range workers {
+		go func() {
+			for e := range todo {
+				e.line, e.size, e.err = listingLine(e.path, e.rel)
+				close(e.done)
+			}
+		}()
+	}
 	bw := bufio.NewWriter(w)
 	var total int64
-	// WalkDir visits entries in lexical order and does not descend into
-	// symlinked directories, which is exactly the canonical order we want.
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, walkErr error) error {
-		if walkErr != nil {
-			return fmt.Errorf("walk %s: %w", path, walkErr)
+	for e := range order {
+		<-e.done
+		if e.err != nil {
+			return 0, fmt.Errorf("list tree %s: %w", root, e.err)
 		}
-		rel, err := filepath.Rel(root, path)
-		if err != nil {
-			return fmt.Errorf("relative path of %s: %w", path, err)
+		total += e.size
+		if _, err := bw.WriteString(e.line); err != nil {
+			return 0, fmt.Errorf("list tree %s: %w", root, err)
 		}
-		line, size, err := listingLine(path, filepath.ToSlash(rel))
-		if err != nil {
-			return err
-		}
-		total += size
-		_, err = bw.WriteString(line)
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("list tree %s: %w", root, err)
+	}
+	// order is closed: the walk has ended and walkErr is set.
+	if walkErr != nil {
+		return 0, fmt.Errorf("list tree %s: %w", root, walkErr)
 	}
 	if err := bw.Flush(); err != nil {
 		return 0, fmt.Errorf("list tree %s: %w", root, err)
