@@ -91,6 +91,13 @@ func cmdImage(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 		defer stop()
 		img, err := e.Images().Build(ctx, name, image.BuildOptions{Progress: os.Stderr, Locked: *locked, LockfileDir: *lockDir})
+		var mismatch *image.LockMismatchError
+		if errors.As(err, &mismatch) {
+			// The archive no longer gives what was reviewed: a
+			// verdict, like diff's, not Moat failing.
+			fail(err)
+			return exitDiffers
+		}
 		if err != nil {
 			return fail(err)
 		}

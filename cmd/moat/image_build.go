@@ -110,6 +110,13 @@ func imageBuildFile(ctx context.Context, e *engine.Engine, name string, o buildF
 	// The build file's own failures (a bad or unknown base, a RUN step
 	// that exited non-zero) are the user's to fix: exit 2, as for an
 	// invalid manifest; 125 stays for Moat's own failures.
+	var lockDiff *imagebuild.LockDiffError
+	if errors.As(err, &lockDiff) {
+		// --locked: the build differs from its lockfile, a verdict (as
+		// diff's exit 1), neither the file's fault nor Moat's.
+		fail(err)
+		return exitDiffers
+	}
 	var stepErr *imagebuild.StepError
 	if errors.Is(err, image.ErrBadImage) || errors.Is(err, image.ErrUnknown) || errors.Is(err, image.ErrNotBuilt) || errors.As(err, &stepErr) {
 		return fail(usageError{err})

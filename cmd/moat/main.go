@@ -24,8 +24,9 @@ import (
 
 // Exit statuses of moat itself, beside the program's own.
 const (
-	exitUsage = 2   // bad flags, invalid manifest
-	exitMoat  = 125 // moat failed (as docker run and env do)
+	exitDiffers = 1   // image build --locked: the build differs from its lockfile
+	exitUsage   = 2   // bad flags, invalid manifest
+	exitMoat    = 125 // moat failed (as docker run and env do)
 )
 
 type command struct {
