@@ -272,8 +272,14 @@ func (h *harness) settle(n int) []Attempt {
 	h.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
+		// Slots first, then the log: a connection updates its attempt
+		// before it gives its slot back, so a log read after the slots
+		// were seen empty holds every update. (Read the other way round,
+		// a session could finish between the two reads: CI once got a
+		// tunnel's attempt before the refusal was written into it.)
+		idle := len(h.p.slots) == 0
 		atts := h.p.Attempts()
-		if len(h.p.slots) == 0 && len(atts) >= n {
+		if idle && len(atts) >= n {
 			return atts
 		}
 		if time.Now().After(deadline) {

@@ -232,24 +232,32 @@ func hostTraces() map[string]string {
 	return found
 }
 
-// liveRun reports whether some process holds run id's lock in the default
-// home: a run of a moat that is still running, so not a leftover. It reads
-// /proc/locks rather than trying the lock, which could make that moat's
-// own flock fail.
+// liveRun reports whether run id belongs to a moat that is still
+// running, so is not a leftover: some process holds its lock in the
+// default home (read from /proc/locks rather than by trying the lock,
+// which could make that moat's own flock fail), or has a run's lock file
+// of that id open in any home (other test packages run beside this one
+// with homes of their own; CI once counted such a run of another package
+// as this test's leftover).
 func liveRun(id string) bool {
 	if id == "" {
 		return false
 	}
-	fi, err := os.Stat(filepath.Join(engine.DefaultHome(), "runs", id, "lock"))
-	if err != nil {
-		return false
+	if fi, err := os.Stat(filepath.Join(engine.DefaultHome(), "runs", id, "lock")); err == nil {
+		st := fi.Sys().(*syscall.Stat_t)
+		key := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+		locks, _ := os.ReadFile("/proc/locks")
+		for _, line := range strings.Split(string(locks), "\n") {
+			// 1: FLOCK  ADVISORY  WRITE 18986 fe:00:10117374 0 EOF
+			if f := strings.Fields(line); len(f) >= 6 && f[1] == "FLOCK" && f[5] == key {
+				return true
+			}
+		}
 	}
-	st := fi.Sys().(*syscall.Stat_t)
-	key := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
-	locks, _ := os.ReadFile("/proc/locks")
-	for _, line := range strings.Split(string(locks), "\n") {
-		// 1: FLOCK  ADVISORY  WRITE 18986 fe:00:10117374 0 EOF
-		if f := strings.Fields(line); len(f) >= 6 && f[1] == "FLOCK" && f[5] == key {
+	suffix := "/runs/" + id + "/lock"
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err == nil && strings.HasSuffix(target, suffix) {
 			return true
 		}
 	}
