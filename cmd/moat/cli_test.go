@@ -238,7 +238,8 @@ func hostTraces() map[string]string {
 // which could make that moat's own flock fail), or has a run's lock file
 // of that id open in any home (other test packages run beside this one
 // with homes of their own; CI once counted such a run of another package
-// as this test's leftover).
+// as this test's leftover), or its cgroup holds a process whose parent
+// still runs it (below).
 func liveRun(id string) bool {
 	if id == "" {
 		return false
@@ -259,6 +260,26 @@ func liveRun(id string) bool {
 	for _, fd := range fds {
 		if target, err := os.Readlink(fd); err == nil && strings.HasSuffix(target, suffix) {
 			return true
+		}
+	}
+	// A tier package's tests make runs with no run directory or lock at
+	// all: such a run is live while a process in its cgroup has a parent
+	// other than init (its moat, test binary or VMM jailer). A sandbox
+	// process leaked by a moat of this test, which has exited, has been
+	// reparented to init.
+	procs, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + id + "/cgroup.procs")
+	unified, _ := filepath.Glob("/sys/fs/cgroup/moat/" + id + "/cgroup.procs")
+	for _, f := range append(procs, unified...) {
+		b, _ := os.ReadFile(f)
+		for _, pid := range strings.Fields(string(b)) {
+			stat, err := os.ReadFile("/proc/" + pid + "/stat")
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ppid ...: comm may hold spaces.
+			if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) > 1 && f[1] != "0" && f[1] != "1" {
+				return true
+			}
 		}
 	}
 	return false
