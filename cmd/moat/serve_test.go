@@ -947,7 +947,9 @@ func TestServeAndCLIRunsTogether(t *testing.T) {
 	}
 	wg.Wait()
 	if len(failures) > 0 {
-		t.Errorf("%d failures, e.g.:\n%s\nserver log:\n%s", len(failures), strings.Join(failures[:min(len(failures), 10)], "\n"), s.logs())
+		// The failures last, nearest the FAIL line: CI prints the lines
+		// before it, and a long server log pushed them out of sight.
+		t.Errorf("server log:\n%s\n%d failures, e.g.:\n%s", s.logs(), len(failures), strings.Join(failures[:min(len(failures), 10)], "\n"))
 	}
 	s.terminate(t, 30*time.Second)
 	if left := s.residue(); len(left) > 0 {
