@@ -268,7 +268,7 @@ func TestScopedKey(t *testing.T) {
 		{"a metrics key authenticates for its scope", metricsTok, ScopeMetrics, false, ScopeMetrics},
 		{"a full key is not a scoped one", fullTok, ScopeMetrics, true, ""},
 		{"a metrics key is not for another scope", metricsTok, "sandboxes", true, ""},
-		{"a wrong secret is refused for the scope", metricsTok[:len(metricsTok)-1] + "0", ScopeMetrics, true, ""},
+		{"a wrong secret is refused for the scope", wrongLast(metricsTok), ScopeMetrics, true, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -296,4 +296,16 @@ func TestScopedKey(t *testing.T) {
 	if keys, err := s.Keys(); err != nil || len(keys) != 2 || keys[0].Scope != "" || keys[1].Scope != ScopeMetrics {
 		t.Errorf("Keys: %+v, %v", keys, err)
 	}
+}
+
+// wrongLast returns tok with its last character changed: replacing it
+// with a fixed "0" left a token whose secret ended in 0 (one in sixteen)
+// unchanged, and CI once saw that "wrong" secret authenticate.
+func wrongLast(tok string) string {
+	last := tok[len(tok)-1]
+	swap := byte('0')
+	if last == '0' {
+		swap = '1'
+	}
+	return tok[:len(tok)-1] + string(swap)
 }
