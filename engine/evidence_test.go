@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/moat-sandbox/moat/incident"
-	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/manifest"
 )
 
@@ -20,14 +19,7 @@ import (
 // directory, cgroup or mount); a clean run and an engine with evidence
 // turned off leave no bundle.
 func TestIncidentEvidenceNative(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	st := incident.Open(filepath.Join(t.TempDir(), "incidents"), incident.Policy{})
 	on, err := New(Options{Exe: bin, NoAutoBuild: true, Incidents: st})
 	if err != nil {
@@ -152,14 +144,7 @@ func TestIncidentEvidenceNative(t *testing.T) {
 // bundle with its file while the session goes on; a clean command of the
 // same session keeps none.
 func TestIncidentEvidenceSession(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	st := incident.Open(filepath.Join(t.TempDir(), "incidents"), incident.Policy{})
 	e, err := New(Options{Exe: bin, NoAutoBuild: true, Incidents: st})
 	if err != nil {

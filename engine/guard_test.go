@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/output"
 	"github.com/moat-sandbox/moat/result"
@@ -27,14 +26,7 @@ import (
 // flagged run's output is withheld when asked; and that a file name
 // with terminal escapes is flagged.
 func TestOutputGuardNative(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	e, err := New(Options{Exe: bin, NoAutoBuild: true})
 	if err != nil {
 		t.Fatal(err)
@@ -184,14 +176,7 @@ func TestOutputGuardSessionRefused(t *testing.T) {
 // hold output:) still gets this run's decoys when the run asks, and a
 // run that does not ask gets none.
 func TestOutputGuardPooled(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	pm := manifest.Default()
 	pm.Resources.Timeout = manifest.Duration(30 * time.Second)
 	pm.Resources.CPUTime = pm.Resources.Timeout

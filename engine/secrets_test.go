@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/egress"
-	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 )
@@ -326,14 +325,7 @@ func TestSecretSessionPlaceholder(t *testing.T) {
 // proxy's re-originated TLS fails verification and the value is sent
 // nowhere.
 func TestSecretUpstreamRootCAs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	var mu sync.Mutex
 	var got []string
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -493,14 +485,7 @@ func TestSecretFilePlaceholder(t *testing.T) {
 // source holds api-key; it skips without root or the python image.
 func secretEngine(t *testing.T) *Engine {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	e, err := New(Options{Exe: bin, NoAutoBuild: true, Secrets: mapSource{"api-key": secretValue}})
 	if err != nil {
 		t.Fatal(err)

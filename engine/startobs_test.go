@@ -16,14 +16,7 @@ import (
 // takes the pooled sandbox (a hit), a run of another class is prepared on
 // demand (a miss).
 func TestObserveStarts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs a real native sandbox")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	pm := manifest.Default()
 	pm.Resources.Timeout = manifest.Duration(30 * time.Second)
 	pm.Resources.CPUTime = pm.Resources.Timeout
@@ -102,4 +95,20 @@ func TestObserveStarts(t *testing.T) {
 	if len(starts) != 2 {
 		t.Errorf("observed %d starts after ObserveStarts(nil), want 2", len(starts))
 	}
+}
+
+// nativeTestBin builds the moat binary that real native sandboxes of a
+// test re-execute as their init, removed when the test ends; it skips
+// without root.
+func nativeTestBin(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs a real native sandbox")
+	}
+	bin, cleanup, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cleanup)
+	return bin
 }
