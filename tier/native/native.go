@@ -490,6 +490,7 @@ func (s *sandbox) Exec(ctx context.Context, c *tier.Command) (*tier.Outcome, err
 		graceOver bool // a cancelled program outlived tier.CancelGrace
 		grace     <-chan time.Time
 		setupErr  string
+		initErr   error // how init ended, for a cancelled run's error
 	)
 	handle := func(st nswire.Status) {
 		switch {
@@ -549,7 +550,7 @@ loop:
 			grace = nil
 			graceOver = true
 			s.cg.Kill()
-		case <-waited:
+		case initErr = <-waited:
 			break loop
 		}
 	}
@@ -583,7 +584,7 @@ loop:
 		return nil, fmt.Errorf("sandbox setup: %s", setupErr)
 	}
 	if cancelled && final == nil && !timedOut {
-		return nil, fmt.Errorf("run cancelled before the program reported: %w", context.Cause(ctx))
+		return nil, fmt.Errorf("run cancelled before the program reported (%s): %w", cancelledWhy(graceOver, !started.IsZero(), initErr), context.Cause(ctx))
 	}
 	classify(out, final, timedOut, st, lim)
 	if cancelled {
@@ -600,6 +601,24 @@ loop:
 		}
 	}
 	return out, nil
+}
+
+// cancelledWhy says how a cancelled run ended without the program's
+// status, so that a report names the step that did not happen.
+func cancelledWhy(graceOver, started bool, initErr error) string {
+	var why string
+	switch {
+	case graceOver:
+		why = "the program had not ended " + tier.CancelGrace.String() + " after SIGTERM was forwarded; everything was killed"
+	case initErr != nil:
+		why = "init ended (" + initErr.Error() + ") without reporting the program's end"
+	default:
+		why = "init exited without reporting the program's end"
+	}
+	if !started {
+		why += "; init had not reported the program's start"
+	}
+	return why
 }
 
 // classify turns what was observed into the closed termination taxonomy

@@ -478,7 +478,9 @@ func TestCancelForwardsSIGTERM(t *testing.T) {
 				return
 			}
 			if err != nil {
-				t.Fatal(err)
+				// What the program printed, and when, tells a lost
+				// signal (no "got TERM") from a slow end after it.
+				t.Fatalf("%v\nafter %v; the program printed %q (ready seen after %v)", err, took, w.seen.String(), w.at.Sub(start))
 			}
 			if !strings.Contains(res.Stdout.Data, tc.wantOut) {
 				t.Errorf("stdout %q lacks %q: SIGTERM was not forwarded", res.Stdout.Data, tc.wantOut)
@@ -500,12 +502,14 @@ type notifyWriter struct {
 	ch   chan struct{}
 	seen bytes.Buffer
 	done bool
+	at   time.Time // when want was seen
 }
 
 func (w *notifyWriter) Write(p []byte) (int, error) {
 	w.seen.Write(p)
 	if !w.done && strings.Contains(w.seen.String(), w.want) {
 		w.done = true
+		w.at = time.Now()
 		close(w.ch)
 	}
 	return len(p), nil
