@@ -294,6 +294,11 @@ func cmdServe(args []string) int {
 	// MCP clients hold an event stream open (GET /mcp): end them, or
 	// Shutdown waits for its deadline.
 	hs.RegisterOnShutdown(closeMCP)
+	// Caught from before the listener serves, not after READY: a SIGTERM
+	// right after READY=1 (systemctl stop at once, CI's test) found the
+	// default action and killed the server without its drain.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
 	served := make(chan error, 1)
 	go func() {
 		if *tlsCert != "" {
@@ -315,8 +320,6 @@ func cmdServe(args []string) int {
 		log.Warn("could not tell systemd the server is ready", "err", err)
 	}
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
 	select {
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String(), "drain", drain.String())
