@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/egress"
+	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
@@ -407,3 +408,14 @@ func lockedWriter(mu *sync.Mutex, w io.Writer) io.Writer {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// BuildImage builds the built-in image name (image.Store.Build) with this
+// engine's build steps as its sandbox: the host bootstraps the essential
+// set and downloads the packages, and their install (with every
+// maintainer script) runs in a native-tier sandbox with no network.
+func (e *Engine) BuildImage(ctx context.Context, name string, opts image.BuildOptions) (*image.Image, error) {
+	opts.Install = func(ctx context.Context, root string, argv, env []string, out io.Writer) (int, error) {
+		return e.RunBuildStep(ctx, root, BuildStep{Argv: argv, Env: env, Dir: "/", UID: 0, Stdout: out, Stderr: out})
+	}
+	return e.images.Build(ctx, name, opts)
+}

@@ -406,7 +406,7 @@ func (e *Engine) image(ctx context.Context, name string) (*image.Image, error) {
 		return img, err
 	}
 	fmt.Fprintf(e.opts.Progress, "moat: image %q is not built yet; building it now (once per machine)\n", name)
-	img, err = e.images.Build(ctx, name, image.BuildOptions{Progress: e.opts.Progress})
+	img, err = e.BuildImage(ctx, name, image.BuildOptions{Progress: e.opts.Progress})
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}

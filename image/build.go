@@ -32,6 +32,30 @@ type BuildOptions struct {
 	// LockfileDir is where <name>.lock lives (the repo's images/). "" means
 	// no lockfile is read or written; Locked then is an error.
 	LockfileDir string
+	// Install runs the install of the definition's packages in a sandbox
+	// (the engine's build steps). Required: nothing of a package runs on
+	// the host, only mmdebstrap's bootstrap of the essential set and apt.
+	Install Installer
+}
+
+// Installer runs argv with env (the complete environment) in a sandbox
+// whose root is the tree at root, writable, as root of the sandbox's
+// user namespace and with no network, its output going to out. It
+// returns the command's exit status; the error is for a sandbox that
+// could not run it (the engine's RunBuildStep).
+type Installer func(ctx context.Context, root string, argv, env []string, out io.Writer) (exitCode int, err error)
+
+// AptInstallOffline is the command that installs pkgs in a tree whose
+// apt cache already holds them and their dependencies, with their
+// package lists (Definition.Download): in a sandbox with no network, as
+// root of its user namespace (apt's own sandbox user would need a
+// second mapping). The lists are removed after it; the cache stays, for
+// ArchiveDebs, until finalisation empties it.
+func AptInstallOffline(pkgs []string) []string {
+	apt := "apt-get -o APT::Sandbox::User=root"
+	return []string{"/bin/sh", "-c", "set -e; DEBIAN_FRONTEND=noninteractive " + apt +
+		" install -y --no-install-recommends --no-download " + strings.Join(pkgs, " ") +
+		"; rm -rf /var/lib/apt/lists/*"}
 }
 
 // ErrMirror means a package mirror could not be reached or served bad data.
@@ -78,6 +102,9 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 				name, lockfilePath(opts.LockfileDir, name), locked.Suite, def.Suite)
 		}
 	}
+	if opts.Install == nil {
+		return nil, fmt.Errorf("build image %s: no sandbox to install its packages in (BuildOptions.Install is nil); build it through the engine, e.g. `moat image build %s`", name, name)
+	}
 	if err := s.tools.check(); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
@@ -93,23 +120,48 @@ func (s *Store) Build(ctx context.Context, name string, opts BuildOptions) (*Ima
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
 	rootfs := pend.Root()
-	pend.Phase("bootstrapping %s (%s + %s) with %s", name, def.Suite, strings.Join(def.Packages, ", "), builtWith)
-	if err := s.tools.bootstrap(ctx, def, rootfs, progress, []*os.File{pend.Lock()}); err != nil {
+	// The host bootstraps the essential set and apt, and downloads the
+	// definition's packages from the signed archive without installing
+	// them; they are installed in a sandbox (as an image file's apt
+	// packages are), so that no maintainer script of theirs runs on the
+	// host.
+	boot := def.bootstrap()
+	pend.Phase("bootstrapping %s (%s + apt) with %s, downloading %s", name, def.Suite, builtWith, strings.Join(def.Packages, ", "))
+	if err := s.tools.bootstrap(ctx, boot, rootfs, progress, []*os.File{pend.Lock()}); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
+	// Hashed host-side right after mmdebstrap, before the sandboxed
+	// install could touch the cache; finalisation (Publish) then empties
+	// var/cache, so the kept .debs never reach the digest.
+	debs, err := ArchiveDebs(rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: %w", name, err)
+	}
+	pend.Phase("installing %s in a sandbox (no network)", strings.Join(def.Packages, ", "))
+	out := &condenser{w: progress, install: true}
+	code, err := opts.Install(ctx, rootfs, AptInstallOffline(def.Packages), def.installEnv(), out)
+	out.flush()
+	if err != nil {
+		return nil, fmt.Errorf("build image %s: install packages in a sandbox: %w", name, err)
+	}
+	if code != 0 {
+		return nil, fmt.Errorf("build image %s: installing %s in the sandbox failed (exit %d); apt's last lines:\n  %s",
+			name, strings.Join(def.Packages, ", "), code, strings.Join(out.tail(), "\n  "))
+	}
+	// The tree's dpkg database was written in the sandbox: what it says
+	// is checked against what was asked for, and the versions it lists
+	// get hashes only from the .debs hashed above.
 	pkgs, err := s.tools.packages(ctx, rootfs)
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", name, err)
 	}
-	// Hashed host-side right after mmdebstrap, before anything else
-	// touches the tree; finalisation (Publish) then empties var/cache, so
-	// the kept .debs never reach the digest.
-	debs, err := ArchiveDebs(rootfs)
-	if err != nil {
-		return nil, fmt.Errorf("build image %s: %w", name, err)
+	for _, p := range def.Packages {
+		if pkgs[p] == "" {
+			return nil, fmt.Errorf("build image %s: package %s is not installed after the sandboxed install", name, p)
+		}
 	}
 	hashes := DebHashes(debs, pkgs)
 	if locked != nil {
@@ -429,12 +481,14 @@ func allMirrors(def Definition) string {
 }
 
 // condenser forwards mmdebstrap's status lines ("I: ...", "W: ...",
-// "E: ...") to the progress writer, indented, and keeps the last lines of
+// "E: ...") or apt-get install's ("Setting up ...", warnings, errors)
+// to the progress writer, indented, and keeps the last lines of
 // all output for error messages. apt's own chatter is long and only useful
 // when something fails.
 type condenser struct {
 	mu      sync.Mutex
 	w       io.Writer
+	install bool // apt-get install's output, not mmdebstrap's
 	partial []byte
 	last    []string
 }
@@ -469,6 +523,14 @@ func (c *condenser) line(l string) {
 	c.last = append(c.last, l)
 	if len(c.last) > condenserKeep {
 		c.last = c.last[len(c.last)-condenserKeep:]
+	}
+	if c.install {
+		// apt and dpkg in the sandbox: one line per package configured,
+		// and apt's warnings and errors.
+		if strings.HasPrefix(l, "Setting up ") || strings.HasPrefix(l, "W: ") || strings.HasPrefix(l, "E: ") {
+			fmt.Fprintf(c.w, "    %s\n", l)
+		}
+		return
 	}
 	if strings.HasPrefix(l, "I: ") || strings.HasPrefix(l, "W: ") || strings.HasPrefix(l, "E: ") {
 		fmt.Fprintf(c.w, "    mmdebstrap %s\n", l)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 )
 
 // Definition says how to build one image: which Debian suite, which packages
@@ -13,12 +14,15 @@ type Definition struct {
 	Name string
 	// Suite is the Debian suite (codename) to bootstrap, e.g. "bookworm".
 	Suite string
-	// Packages are installed on top of mmdebstrap's "essential" variant.
+	// Packages are installed on top of mmdebstrap's "essential" variant:
+	// a built-in image's in a sandbox (Store.Build), a bootstrap's
+	// (Pending.Bootstrap, Definition.bootstrap) by mmdebstrap itself.
 	Packages []string
 	// Download are fetched into the tree's apt cache (ArchivesDir), with
 	// their dependencies, but not installed: nothing of theirs runs on
-	// the host. Only image files set it (Pending.Bootstrap), whose
-	// builder installs them in a sandbox; not part of the Fingerprint.
+	// the host: the built-in images' packages (Store.Build) and an image
+	// file's (Pending.Bootstrap), installed in a sandbox after the
+	// bootstrap. Not part of the Fingerprint.
 	Download []string
 	// Description is one line for `moat image list`.
 	Description string
@@ -247,12 +251,37 @@ func validName(name string) error {
 	return nil
 }
 
+// installMethod names how a built-in image's packages are installed; a
+// part of the Fingerprint, so that images built another way (by
+// mmdebstrap on the host, before) are stale and rebuilt.
+const installMethod = "bootstrap essential+apt on the host, download only; apt-get install in a sandbox"
+
 // Fingerprint identifies what the definition asks for: a stored image
 // built from a different fingerprint is stale.
 func (d Definition) Fingerprint() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%q\n%q\n%q\n%d\n", d.Name, d.Suite, d.Packages, d.Env, d.Sources, d.SourceDateEpoch)
+	fmt.Fprintf(h, "%s\n%s\n%q\n%q\n%q\n%d\n%s\n", d.Name, d.Suite, d.Packages, d.Env, d.Sources, d.SourceDateEpoch, installMethod)
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// bootstrap is what mmdebstrap makes on the host for d: the essential
+// set and apt, with d's packages downloaded (not installed) for the
+// sandboxed install.
+func (d Definition) bootstrap() Definition {
+	d.Download = d.Packages
+	d.Packages = []string{"apt"}
+	return d
+}
+
+// installEnv is the sandboxed install's environment: reproducible
+// timestamps (dpkg, py_compile) as the bootstrap had them.
+func (d Definition) installEnv() []string {
+	return []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LC_ALL=C.UTF-8",
+		"DEBIAN_FRONTEND=noninteractive",
+		"SOURCE_DATE_EPOCH=" + strconv.FormatInt(d.SourceDateEpoch, 10),
+	}
 }
 
 // ValidName reports whether name can name an image in the store, for

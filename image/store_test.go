@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,13 +28,42 @@ type fakeTools struct {
 	blockUntilCancel bool
 	// packages is what the fake dpkg reports.
 	pkgs map[string]string
+	// installExit and installErr are the fake sandboxed install's result;
+	// installed records the commands it was given.
+	installExit int
+	installErr  error
+	installed   [][]string
+	// booted records the definitions bootstrap was given.
+	booted []Definition
 }
 
+// install is the fake Installer (BuildOptions.Install).
+func (f *fakeTools) install(_ context.Context, root string, argv, env []string, out io.Writer) (int, error) {
+	f.installed = append(f.installed, argv)
+	fmt.Fprintln(out, "Setting up fake (1.0) ...")
+	return f.installExit, f.installErr
+}
+
+// installOK is an Installer that succeeds without doing anything.
+func installOK(context.Context, string, []string, []string, io.Writer) (int, error) { return 0, nil }
+
 func (f *fakeTools) toolchain() toolchain {
+	if f.pkgs == nil {
+		f.pkgs = map[string]string{"python3": "3.11.2-1+b1", "bash": "5.2.15-2+b7"}
+	}
+	// The build checks that the definition's packages were installed;
+	// a package set to "" stays missing.
+	def, _ := definition("python")
+	for _, p := range def.Packages {
+		if _, ok := f.pkgs[p]; !ok {
+			f.pkgs[p] = "1.0-1"
+		}
+	}
 	return toolchain{
 		check:   func() error { return nil },
 		version: func(context.Context) (string, error) { return "fakestrap 1.0", nil },
 		bootstrap: func(ctx context.Context, def Definition, target string, progress io.Writer, _ []*os.File) error {
+			f.booted = append(f.booted, def)
 			files := map[string]string{
 				"etc/passwd":                          "root:x:0:0:root:/root:/bin/bash\nhostadmin:x:1001:1001::/home/hostadmin:/bin/bash\n",
 				"etc/group":                           "root:x:0:\nhostadmins:x:1001:\n",
@@ -90,9 +121,7 @@ func newFakeStore(t *testing.T, f *fakeTools) *Store {
 			t.Fatal(err)
 		}
 	}
-	if f.pkgs == nil {
-		f.pkgs = map[string]string{"python3": "3.11.2-1+b1", "bash": "5.2.15-2+b7"}
-	}
+
 	s := NewStore(filepath.Join(t.TempDir(), "images"))
 	s.tools = f.toolchain()
 	return s
@@ -177,9 +206,22 @@ func TestBuildAndLookup(t *testing.T) {
 	s := newFakeStore(t, f)
 	lockDir := t.TempDir()
 	var progress bytes.Buffer
-	img, err := s.Build(context.Background(), "python", BuildOptions{Progress: &progress, LockfileDir: lockDir})
+	img, err := s.Build(context.Background(), "python", BuildOptions{Install: f.install, Progress: &progress, LockfileDir: lockDir})
 	if err != nil {
 		t.Fatalf("Build: %v\nprogress:\n%s", err, progress.String())
+	}
+	// The host bootstraps the essential set and apt and only downloads
+	// the definition's packages; they are installed by the Installer
+	// (the sandbox), offline.
+	def, _ := definition("python")
+	if len(f.booted) != 1 || !slices.Equal(f.booted[0].Packages, []string{"apt"}) || !slices.Equal(f.booted[0].Download, def.Packages) {
+		t.Errorf("bootstrap got %+v, want Packages [apt] and Download %v", f.booted, def.Packages)
+	}
+	if len(f.installed) != 1 || !slices.Equal(f.installed[0], AptInstallOffline(def.Packages)) {
+		t.Errorf("installer ran %q, want once %q", f.installed, AptInstallOffline(def.Packages))
+	}
+	if !strings.Contains(progress.String(), "    Setting up fake (1.0) ...") {
+		t.Errorf("progress lacks the install's lines:\n%s", progress.String())
 	}
 	got, err := s.Lookup("python")
 	if err != nil {
@@ -246,7 +288,7 @@ func TestBuildAndLookup(t *testing.T) {
 	}
 
 	// A rebuild of identical content reuses the stored build.
-	again, err := s.Build(context.Background(), "python", BuildOptions{Locked: true, LockfileDir: lockDir})
+	again, err := s.Build(context.Background(), "python", BuildOptions{Install: installOK, Locked: true, LockfileDir: lockDir})
 	if err != nil {
 		t.Fatalf("locked rebuild: %v", err)
 	}
@@ -314,6 +356,9 @@ func TestBuildFailureLeavesNothing(t *testing.T) {
 		{name: "bootstrap fails", tools: fakeTools{failBootstrap: true}, wantMsg: "fake bootstrap failed"},
 		{name: "package query fails", tools: fakeTools{failPackages: true}, wantMsg: "fake dpkg-query failed"},
 		{name: "cancelled", tools: fakeTools{blockUntilCancel: true}, cancel: true, wantIs: context.Canceled},
+		{name: "install fails", tools: fakeTools{installExit: 100}, wantMsg: "in the sandbox failed (exit 100); apt's last lines:\n  Setting up fake"},
+		{name: "sandbox fails", tools: fakeTools{installErr: errors.New("fake sandbox refused")}, wantMsg: "install packages in a sandbox: fake sandbox refused"},
+		{name: "a package is not installed after it", tools: fakeTools{pkgs: map[string]string{"python3": ""}}, wantMsg: "package python3 is not installed after the sandboxed install"},
 		{
 			name:    "locked versions differ",
 			locked:  true,
@@ -348,7 +393,7 @@ func TestBuildFailureLeavesNothing(t *testing.T) {
 					}
 				}()
 			}
-			img, err := s.Build(ctx, "python", BuildOptions{Locked: tc.locked, LockfileDir: lockDir})
+			img, err := s.Build(ctx, "python", BuildOptions{Install: tc.tools.install, Locked: tc.locked, LockfileDir: lockDir})
 			if err == nil {
 				t.Fatalf("Build = %+v, want error", img)
 			}
@@ -369,12 +414,12 @@ func TestBuildFailureLeavesNothing(t *testing.T) {
 func TestBuildPreconditionError(t *testing.T) {
 	s := newFakeStore(t, &fakeTools{})
 	s.tools.check = checkMmdebstrapWith(func(string) (string, error) { return "", errors.New("not found") }, 0)
-	_, err := s.Build(context.Background(), "python", BuildOptions{})
+	_, err := s.Build(context.Background(), "python", BuildOptions{Install: installOK})
 	if err == nil || !strings.Contains(err.Error(), "apt-get install mmdebstrap") {
 		t.Errorf("Build without mmdebstrap = %v, want the install hint", err)
 	}
 	s.tools.check = checkMmdebstrapWith(func(string) (string, error) { return "/usr/bin/x", nil }, 1000)
-	_, err = s.Build(context.Background(), "python", BuildOptions{})
+	_, err = s.Build(context.Background(), "python", BuildOptions{Install: installOK})
 	if err == nil || !strings.Contains(err.Error(), "needs root") {
 		t.Errorf("Build as non-root = %v, want the root hint", err)
 	}
@@ -393,7 +438,7 @@ func TestConcurrentBuilds(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			img, err := s.Build(context.Background(), "python", BuildOptions{})
+			img, err := s.Build(context.Background(), "python", BuildOptions{Install: installOK})
 			errs[i] = err
 			if err == nil {
 				digests[i] = img.Digest
@@ -417,7 +462,7 @@ func TestConcurrentBuilds(t *testing.T) {
 
 func TestGC(t *testing.T) {
 	s := newFakeStore(t, &fakeTools{})
-	if _, err := s.Build(context.Background(), "python", BuildOptions{}); err != nil {
+	if _, err := s.Build(context.Background(), "python", BuildOptions{Install: installOK}); err != nil {
 		t.Fatal(err)
 	}
 	nameDir := filepath.Join(s.Dir, "python")
@@ -447,7 +492,7 @@ func TestGC(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	s := newFakeStore(t, &fakeTools{})
-	old, err := s.Build(context.Background(), "python", BuildOptions{})
+	old, err := s.Build(context.Background(), "python", BuildOptions{Install: installOK})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +509,7 @@ func TestRemove(t *testing.T) {
 		}
 		return os.WriteFile(filepath.Join(target, "usr/bin/python3"), []byte("#!/bin/fake2\n"), 0o755)
 	}
-	cur, err := s2.Build(context.Background(), "python", BuildOptions{})
+	cur, err := s2.Build(context.Background(), "python", BuildOptions{Install: installOK})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +530,7 @@ func TestRemove(t *testing.T) {
 
 func TestStoreWritableByOthersRefused(t *testing.T) {
 	s := newFakeStore(t, &fakeTools{})
-	if _, err := s.Build(context.Background(), "python", BuildOptions{}); err != nil {
+	if _, err := s.Build(context.Background(), "python", BuildOptions{Install: installOK}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(s.Dir, 0o777); err != nil {

@@ -485,12 +485,10 @@ func (p *imageFileParser) apt(n *yaml.Node) {
 		// no network: their maintainer scripts are untrusted code like
 		// any other step's. (With an invalid base an error is already
 		// reported.)
+		// The same install as the built-in images'.
 		p.plan.Base.Download = append(p.plan.Base.Download, pkgs...)
-		script := "set -e; DEBIAN_FRONTEND=noninteractive " + apt +
-			" install -y --no-install-recommends --no-download " + strings.Join(pkgs, " ") +
-			"; rm -rf /var/lib/apt/lists/*"
 		p.plan.Steps = append(p.plan.Steps, Step{Op: OpRun, Line: n.Line, Text: "apt: " + strings.Join(pkgs, " "),
-			Argv: []string{"/bin/sh", "-c", script}, Needs: []string{"apt-get"}, NeedsFix: aptDebianNeedsFix})
+			Argv: image.AptInstallOffline(pkgs), Needs: []string{"apt-get"}, NeedsFix: aptDebianNeedsFix})
 		return
 	}
 	script := "set -e; " + apt + " update; DEBIAN_FRONTEND=noninteractive " + apt +

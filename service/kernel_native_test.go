@@ -84,7 +84,7 @@ func nativeService(t testing.TB, img string, build bool) *service.Service {
 		defer imageBuilds.Unlock()
 		if !imageBuilt[img] {
 			start := time.Now()
-			built, err := e.Images().Build(context.Background(), img, image.BuildOptions{})
+			built, err := e.BuildImage(context.Background(), img, image.BuildOptions{})
 			if err != nil {
 				t.Fatalf("build image %s: %v", img, err)
 			}

@@ -90,7 +90,7 @@ func cmdImage(args []string) int {
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), unix.SIGINT, unix.SIGTERM)
 		defer stop()
-		img, err := e.Images().Build(ctx, name, image.BuildOptions{Progress: os.Stderr, Locked: *locked, LockfileDir: *lockDir})
+		img, err := e.BuildImage(ctx, name, image.BuildOptions{Progress: os.Stderr, Locked: *locked, LockfileDir: *lockDir})
 		var mismatch *image.LockMismatchError
 		if errors.As(err, &mismatch) {
 			// The archive no longer gives what was reviewed: a
