@@ -14,12 +14,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
 	"github.com/moat-sandbox/moat/image"
+	"github.com/moat-sandbox/moat/internal/syncbuf"
 	"github.com/moat-sandbox/moat/internal/testbin"
 	// The tier the install step runs on.
 	_ "github.com/moat-sandbox/moat/tier/native"
@@ -172,7 +172,7 @@ func TestBuildPython(t *testing.T) {
 		t.Run("cancel "+tc.name+" leaves nothing", func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			progress := &syncBuffer{}
+			progress := &syncbuf.Buffer{}
 			go func() {
 				deadline := time.After(3 * time.Minute)
 				for {
@@ -210,25 +210,6 @@ func TestBuildPython(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the build's writer and the
-// test's reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestBuildReproducible builds twice, the second time --locked against the

@@ -11,36 +11,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/moat-sandbox/moat/audit"
 	"github.com/moat-sandbox/moat/dashboard"
+	"github.com/moat-sandbox/moat/internal/syncbuf"
 	"github.com/moat-sandbox/moat/service/servicetest"
 )
 
-// syncBuffer is a log destination the handlers write to while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // accessLines are the access-log lines (msg "request") logged so far.
-func accessLines(t *testing.T, logs *syncBuffer) []map[string]any {
+func accessLines(t *testing.T, logs *syncbuf.Buffer) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	sc := bufio.NewScanner(strings.NewReader(logs.String()))
@@ -60,7 +41,7 @@ func accessLines(t *testing.T, logs *syncBuffer) []map[string]any {
 // id the client got, the route pattern and the path, the status, the
 // bytes, the key's id (never its secret); health checks at debug level.
 func TestAccessLog(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	var level slog.LevelVar
 	e := newEnv(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: &level}))
@@ -294,7 +275,7 @@ func TestAccessLogDashboard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	srv, err := New(Config{Backend: &servicetest.Backend{Dir: t.TempDir()}, Auditor: store, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)

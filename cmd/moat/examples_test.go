@@ -15,28 +15,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/moat-sandbox/moat/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer a child process writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // exampleDir copies examples/NAME to a temporary directory with the port
 // the example's files name (fixed, for the README) replaced by port, free
@@ -74,9 +57,9 @@ func freePort(t *testing.T) string {
 
 // hostServer starts a server of an example on the host and waits until
 // its port accepts connections; it is stopped when the test ends.
-func hostServer(t *testing.T, port string, argv ...string) *syncBuffer {
+func hostServer(t *testing.T, port string, argv ...string) *syncbuf.Buffer {
 	t.Helper()
-	var log syncBuffer
+	var log syncbuf.Buffer
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {

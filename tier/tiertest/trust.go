@@ -1,7 +1,6 @@
 package tiertest
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/egress"
+	"github.com/moat-sandbox/moat/internal/syncbuf"
 	"github.com/moat-sandbox/moat/tier"
 )
 
@@ -31,24 +31,6 @@ func (exampleResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.A
 		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 	}
 	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-}
-
-// lockedBuf is an output sink the tier writes from its own goroutines.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // SecretThroughRunCA: a program in a sandbox of tr sends a secret's
@@ -130,7 +112,7 @@ print(urllib.request.urlopen(req, timeout=20).read().decode())
 	url := "http://127.0.0.1:" + strconv.Itoa(tier.EgressPort)
 	extra := tier.TrustEnv()
 	extra["HTTPS_PROXY"], extra["https_proxy"], extra["API_TOKEN"] = url, url, ph
-	stdout, stderr := &lockedBuf{}, &lockedBuf{}
+	stdout, stderr := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	out, err := sb.Exec(context.Background(), &tier.Command{Argv: []string{"python3", "-c", script},
 		Env: tier.Environment(env, extra), Dir: "/workspace", Stdout: stdout, Stderr: stderr})
 	if err != nil {
