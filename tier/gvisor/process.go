@@ -23,11 +23,6 @@ import (
 	"github.com/moat-sandbox/moat/tier"
 )
 
-// drainGrace is how long a session command's output may keep flowing after
-// the command exited, from background processes that inherited its pipes;
-// then the host stops reading (as on the native tier).
-const drainGrace = 200 * time.Millisecond
-
 var _ tier.Sessioner = (*sandbox)(nil)
 
 // process is one command started in the sandbox by `runsc exec`: runsc
@@ -298,8 +293,8 @@ func (p *process) kill() {
 	}()
 }
 
-// finish drains the command's output (for a session, at most drainGrace
-// after it ended) and reads how it ended from runsc exec's log.
+// finish drains the command's output (for a session, as tier.DrainAfterExit
+// allows) and reads how it ended from runsc exec's log.
 func (p *process) finish(session bool) (*tier.Outcome, tier.Observed) {
 	<-p.done
 	p.timer.Stop()
@@ -307,17 +302,9 @@ func (p *process) finish(session bool) (*tier.Outcome, tier.Observed) {
 	p.killers.Wait()
 	drained := make(chan struct{})
 	go func() { p.copiers.Wait(); close(drained) }()
-	var grace <-chan time.Time
 	if session {
-		grace = time.After(drainGrace)
-	}
-	select {
-	case <-drained:
-	case <-grace:
-		// A background process still holds the pipes: stop reading.
-		for _, f := range p.outputs {
-			f.Close()
-		}
+		tier.DrainAfterExit(drained, p.outputs, tier.DrainGrace)
+	} else {
 		<-drained
 	}
 	for _, f := range p.outputs {

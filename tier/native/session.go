@@ -20,11 +20,6 @@ import (
 	"github.com/moat-sandbox/moat/tier"
 )
 
-// drainGrace is how long a session command's output may keep flowing after
-// the command exited, from background processes that inherited its pipes;
-// then the host stops reading.
-const drainGrace = 200 * time.Millisecond
-
 // session is the host's state of a session-mode sandbox (Spec.Session).
 type session struct {
 	sock     *os.File      // host end of nswire.SessionFD
@@ -387,15 +382,7 @@ func (p *process) wait() (*tier.Outcome, error) {
 	p.timer.Stop()
 	drained := make(chan struct{})
 	go func() { p.copiers.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		// A background process still holds the pipes: stop reading.
-		for _, f := range p.outputs {
-			f.Close()
-		}
-		<-drained
-	}
+	tier.DrainAfterExit(drained, p.outputs, tier.DrainGrace)
 	for _, f := range p.outputs {
 		f.Close()
 	}
