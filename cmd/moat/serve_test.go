@@ -931,7 +931,7 @@ func TestServeAndCLIRunsTogether(t *testing.T) {
 				if err != nil {
 					fail("exec in %s: %v", sb.ID, err)
 				} else if ex.Result.Stdout.Data != fmt.Sprintf("%d\n", i) {
-					fail("exec in %s: stdout %q", sb.ID, ex.Result.Stdout.Data)
+					fail("exec %d in %s: %s exit %d stdout %q stderr %q", i, sb.ID, ex.Result.Termination, ex.Result.ExitCode, ex.Result.Stdout.Data, ex.Result.Stderr.Data)
 				}
 			}
 		}()
