@@ -2,8 +2,10 @@ package image
 
 import (
 	"archive/tar"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -77,6 +79,10 @@ type layerState struct {
 	// higher) has switched away first; whiteouts forget it all the same.
 	cwd     *os.Root
 	cwdPath string
+	// sums remembers each regular file's sha256, hash computes it
+	// (filesums.go).
+	sums *fileSums
+	hash hash.Hash
 }
 
 // entryError names the layer and the entry, as the issue asks, and marks
@@ -86,9 +92,10 @@ func (l *layerState) entryError(name, format string, args ...any) error {
 }
 
 // extractLayer applies the tar stream r to root. dirModes collects the
-// final directory modes across layers (see applyDirModes).
-func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode) (dropped int, err error) {
-	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes}
+// final directory modes across layers (see applyDirModes), sums (nil:
+// none) the regular files' hashes.
+func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode, sums *fileSums) (dropped int, err error) {
+	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes, sums: sums, hash: sha256.New()}
 	defer l.forget()
 	tr := tar.NewReader(r)
 	for {
@@ -258,18 +265,22 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	if err != nil {
 		return l.entryError(hdr.Name, "create: %v", err)
 	}
+	err = l.fill(hdr, d, base, f, mode, body)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = l.entryError(hdr.Name, "write: %v", cerr)
+	}
+	return err
+}
+
+// fill writes a regular file's content to f (base in d, just created),
+// gives it its mode and owner, and remembers the content's sha256 for the
+// tree digest (filesums.go): the bytes pass through here anyway, and the
+// digest then need not read them back.
+func (l *layerState) fill(hdr *tar.Header, d *os.Root, base string, f *os.File, mode fs.FileMode, body io.Reader) error {
 	// Read one byte more than the budget allows: if it arrives, the cap is
 	// exceeded, whatever the header claimed.
-	n, err := io.Copy(f, io.LimitReader(body, l.budget.bytesLeft+1))
-	if err == nil && n > 0 {
-		// Start writing the file back now, beside the extraction, so the
-		// syncfs before publishing (pending.go) has less left to wait
-		// for. Only a hint: the syncfs is what makes the tree durable.
-		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	l.hash.Reset()
+	n, err := io.Copy(f, io.TeeReader(io.LimitReader(body, l.budget.bytesLeft+1), l.hash))
 	l.budget.bytesLeft -= n
 	if l.budget.bytesLeft < 0 {
 		return l.entryError(hdr.Name, "image is larger than %d bytes extracted; raise the cap (ImportOptions.MaxBytes, --max-bytes) if it is genuine", l.budget.maxBytes)
@@ -277,10 +288,23 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	if err != nil {
 		return l.entryError(hdr.Name, "write: %v", err)
 	}
+	if n > 0 {
+		// Start writing the file back now, beside the extraction, so the
+		// syncfs before publishing (pending.go) has less left to wait
+		// for. Only a hint: the syncfs is what makes the tree durable.
+		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	}
 	if err := d.Chmod(base, mode); err != nil {
 		return l.entryError(hdr.Name, "chmod: %v", err)
 	}
-	return l.chown(hdr, d, base)
+	if err := l.chown(hdr, d, base); err != nil {
+		return err
+	}
+	// Last: the record holds the ctime of the file's last change.
+	if err := l.sums.remember(f, l.hash.Sum(nil)); err != nil {
+		return l.entryError(hdr.Name, "%v", err)
+	}
+	return nil
 }
 
 // dir returns the directory dir (a slash path relative to the root, ""

@@ -284,6 +284,11 @@ func TestImportFormats(t *testing.T) {
 			if got.Digest != img.Digest || got.SourceDigest != wantSrcDigest || got.Source != srcStr {
 				t.Errorf("stored digest %s source %s %s; want %s, %s %s", got.Digest, got.Source, got.SourceDigest, img.Digest, srcStr, wantSrcDigest)
 			}
+			// The digest from the extractor's remembered sums is the
+			// digest of the tree read afresh (filesums.go).
+			if d, _, err := TreeDigest(got.Root); err != nil || d != img.Digest {
+				t.Errorf("TreeDigest of the stored tree = %s, %v; the import stored it as %s", d, err, img.Digest)
+			}
 			r := got.Root
 			read := func(p string) string { b, _ := os.ReadFile(filepath.Join(r, p)); return string(b) }
 			if read("app/keep") != "kept" || read("etc/os-release") != "ID=test\n" {
@@ -635,7 +640,7 @@ func FuzzExtractLayer(f *testing.F) {
 		}
 		defer root.Close()
 		budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 1000, maxBytes: 1 << 20, maxFiles: 1000}
-		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", budget, map[string]fs.FileMode{})
+		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", budget, map[string]fs.FileMode{}, newFileSums())
 		entries, err := os.ReadDir(base)
 		if err != nil {
 			t.Fatal(err)
