@@ -11,8 +11,6 @@ import (
 	"os"
 	"path"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // This file applies one image layer (a tar stream) to a root tree. It is
@@ -29,8 +27,10 @@ import (
 //     refused: there is no legitimate reason for them in a layer.
 //   - Hard links may only name an entry already extracted inside the root,
 //     and only a regular file.
-//   - An existing entry is removed before a new one is created (O_EXCL), so
-//     nothing is ever written through a link or into a hard-linked inode.
+//   - Every file and link is created exclusively (O_EXCL, symlinkat,
+//     linkat); whatever is already at its name is removed first, so nothing
+//     is ever written through a link or into a hard-linked inode. Only a
+//     directory entry merges into a directory already there.
 //   - Device nodes, FIFOs and sockets are dropped; setuid, setgid and all
 //     xattrs (security.capability among them) are never applied.
 //   - Bytes are counted as they are written, not as headers declare, so a
@@ -83,6 +83,9 @@ type layerState struct {
 	// (filesums.go).
 	sums *fileSums
 	hash hash.Hash
+	// wb starts each written file's writeback and closes it
+	// (writeback.go).
+	wb *writeback
 }
 
 // entryError names the layer and the entry, as the issue asks, and marks
@@ -95,8 +98,15 @@ func (l *layerState) entryError(name, format string, args ...any) error {
 // final directory modes across layers (see applyDirModes), sums (nil:
 // none) the regular files' hashes.
 func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode, sums *fileSums) (dropped int, err error) {
-	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes, sums: sums, hash: sha256.New()}
+	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes, sums: sums, hash: sha256.New(), wb: newWriteback()}
 	defer l.forget()
+	defer func() {
+		// Every file is closed before the next layer (or finalize)
+		// touches the tree.
+		if werr := l.wb.wait(); werr != nil && err == nil {
+			err = fmt.Errorf("%s: %w", label, werr)
+		}
+	}()
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -226,20 +236,20 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		return l.chown(hdr, d, base)
 	}
 
-	if err := l.replace(hdr.Name, d, base); err != nil {
-		return err
-	}
 	l.written[name] = true
 	switch hdr.Typeflag {
 	case tar.TypeSymlink:
 		// The target is only a string stored in the tree: absolute or not,
 		// it is resolved inside the sandbox's own root at run time, and
 		// this code never writes through it.
-		if err := d.Symlink(hdr.Linkname, base); err != nil {
-			return l.entryError(hdr.Name, "symlink: %v", err)
+		if err := l.create(hdr.Name, d, base, "symlink", func() error { return d.Symlink(hdr.Linkname, base) }); err != nil {
+			return err
 		}
 		return l.chown(hdr, d, base)
 	case tar.TypeLink:
+		if err := l.replace(hdr.Name, d, base); err != nil {
+			return err
+		}
 		target, err := cleanName(hdr.Linkname)
 		if err != nil || target == "" {
 			return l.entryError(hdr.Name, "hard link to %q: outside the image root or not a file", hdr.Linkname)
@@ -261,15 +271,40 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	}
 
 	// A regular file. 0600 while writing; the real mode after.
-	f, err := d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	var f *os.File
+	err = l.create(hdr.Name, d, base, "create", func() (err error) {
+		f, err = d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		return err
+	})
 	if err != nil {
-		return l.entryError(hdr.Name, "create: %v", err)
+		return err
 	}
-	err = l.fill(hdr, d, base, f, mode, body)
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = l.entryError(hdr.Name, "write: %v", cerr)
+	if err := l.fill(hdr, d, base, f, mode, body); err != nil {
+		f.Close()
+		return err
 	}
-	return err
+	l.wb.add(f)
+	return nil
+}
+
+// create runs mk (what names it in errors), which must create base in d
+// exclusively: O_EXCL or symlinkat, failing with EEXIST whatever is there,
+// a symlink included, never following it. If something is there (a lower
+// layer's entry, or an earlier one of this layer) it is removed (replace)
+// and mk runs again. Trying the create first spares a lookup of every new
+// name, most of a layer's.
+func (l *layerState) create(entry string, d *os.Root, base, what string, mk func() error) error {
+	err := mk()
+	if errors.Is(err, fs.ErrExist) {
+		if err := l.replace(entry, d, base); err != nil {
+			return err
+		}
+		err = mk()
+	}
+	if err != nil {
+		return l.entryError(entry, "%s: %v", what, err)
+	}
+	return nil
 }
 
 // fill writes a regular file's content to f (base in d, just created),
@@ -287,12 +322,6 @@ func (l *layerState) fill(hdr *tar.Header, d *os.Root, base string, f *os.File, 
 	}
 	if err != nil {
 		return l.entryError(hdr.Name, "write: %v", err)
-	}
-	if n > 0 {
-		// Start writing the file back now, beside the extraction, so the
-		// syncfs before publishing (pending.go) has less left to wait
-		// for. Only a hint: the syncfs is what makes the tree durable.
-		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 	}
 	if err := d.Chmod(base, mode); err != nil {
 		return l.entryError(hdr.Name, "chmod: %v", err)

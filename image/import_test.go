@@ -387,6 +387,11 @@ func TestImportHostile(t *testing.T) {
 	for i := range 300 {
 		manyFiles = append(manyFiles, file(fmt.Sprintf("many/f%d", i), ""))
 	}
+	// A host file a write through a link would change.
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	capXattr := map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"}
 	tests := []struct {
 		name    string
@@ -461,6 +466,35 @@ func TestImportHostile(t *testing.T) {
 				for _, p := range []string{"workspace", "proc", "tmp"} {
 					if fi, err := os.Lstat(filepath.Join(root, p)); err != nil || !fi.IsDir() {
 						t.Errorf("%s: %v, err %v; want the mount point as a real directory", p, fi, err)
+					}
+				}
+			}},
+		// The extractor creates each entry exclusively first and only
+		// removes what is at the name when that fails: the entry that
+		// was there must be replaced, never written through.
+		{name: "symlinks out of the tree, then files and links of the same names",
+			layers: [][]byte{makeTar(t, symlink("a", victim), symlink("b", outside+"/new"), symlink("c", victim),
+				file("a", "image"), file("b", "image"), symlink("c", "image-link"))},
+			check: func(t *testing.T, root string) {
+				for _, p := range []string{"a", "b"} {
+					if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != "image" {
+						t.Errorf("%s: %q, err %v; want the image's file", p, b, err)
+					}
+				}
+				if l, err := os.Readlink(filepath.Join(root, "c")); err != nil || l != "image-link" {
+					t.Errorf("c: link %q, err %v; want the second link", l, err)
+				}
+				if b, _ := os.ReadFile(victim); string(b) != "host" {
+					t.Errorf("the host file a link pointed at now holds %q", b)
+				}
+			}},
+		{name: "a hard link's name and a directory replaced by files",
+			layers: [][]byte{makeTar(t, file("f", "first"), tarEntry{name: "h", typ: tar.TypeLink, link: "f"}, dir("d/"), file("d/x", "x"),
+				file("h", "second"), file("d", "file"))},
+			check: func(t *testing.T, root string) {
+				for p, want := range map[string]string{"f": "first", "h": "second", "d": "file"} {
+					if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != want {
+						t.Errorf("%s: %q, err %v; want %q", p, b, err, want)
 					}
 				}
 			}},
