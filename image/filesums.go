@@ -22,14 +22,16 @@ import (
 // link a later layer adds, a chmod by finalize, a write by anyone) has a
 // new ctime, and the file is read as it always was.
 //
-// Timestamps are only as fine as the kernel's clock tick, and inode
-// numbers are reused: a file deleted and a new one created in the same
-// tick could match a record's inode, size and times with other bytes. So
-// every regular file created in the tree during an import is either
-// remembered anew by its writer (the extractor), which replaces the
-// record of a reused inode number, or forgotten by it (finalize's
-// replaceFile). Nothing writes into a file that already exists: every
-// file is created with O_EXCL and written once, before it is remembered.
+// Timestamps are only as fine as the kernel's clock tick (a second on
+// filesystems with small inodes), and inode numbers are reused (ext4 hands
+// a freed number to the next file created in the same group at once): a
+// file deleted and another created in the same tick could match a
+// record's inode, size and times with other bytes. So every regular file
+// created in the tree during an import is either remembered anew by its
+// writer (the extractor), which replaces the record of a reused inode
+// number, or forgotten by it (finalize's replaceFile). And nothing writes
+// into a file that already exists: every file is created with O_EXCL and
+// written once, before it is remembered.
 //
 // A nil *fileSums remembers nothing and knows nothing (Build and the image
 // builder hash every file, as before).
