@@ -67,18 +67,24 @@ type layerState struct {
 	// later entry (or layer) can land in a directory the image marks 0555.
 	dirModes map[string]fs.FileMode
 	dropped  int // special files dropped
-	// cwd is the directory the previous entry went into, open beneath
-	// the root (or the root itself), and cwdPath its path. A tar stream
-	// lists a directory's entries together, and every os.Root call on a
-	// deep path walks it from the root again (an openat and a close per
+	// cwdPath is the directory the previous entry went into ("" for the
+	// root; valid while haveCwd), and chain holds it and each directory
+	// above it, open beneath the root: chain[i] is the directory of
+	// cwdParts[:i+1]. A tar stream lists a directory's entries together,
+	// then a subdirectory's, then goes back up, and every os.Root call on
+	// a deep path walks it from the root again (an openat and a close per
 	// component, for the check of each parent as well): resolving an
-	// entry from its parent's handle is what keeps the import near
-	// tar -x. The handle is only reused for an entry with the same
-	// parent, and an entry only removes what lies in its parent, so an
-	// entry that replaces the directory or one above it (its parent is
-	// higher) has switched away first; whiteouts forget it all the same.
-	cwd     *os.Root
-	cwdPath string
+	// entry from its parent's handle, and a parent from the nearest
+	// directory the chain already holds, is what keeps the import near
+	// tar -x. An entry only removes what lies in its parent, the chain's
+	// last directory, never a directory of the chain: an entry that
+	// replaces one of them has its parent higher up, and switching to
+	// that parent has closed the handles below it first. Whiteouts
+	// forget the chain all the same.
+	cwdPath  string
+	cwdParts []string
+	chain    []*os.Root
+	haveCwd  bool
 	// sums remembers each regular file's sha256, hash computes it
 	// (filesums.go).
 	sums *fileSums
@@ -254,7 +260,7 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		if err != nil || target == "" {
 			return l.entryError(hdr.Name, "hard link to %q: outside the image root or not a file", hdr.Linkname)
 		}
-		// This switches l.cwd to the target's directory (d may be
+		// This switches the chain to the target's directory (d may be
 		// closed): the link itself is made from the root, both names
 		// now known to lie under real directories.
 		if _, err := l.dir(hdr.Name, parentOf(target)); err != nil {
@@ -341,66 +347,82 @@ func (l *layerState) fill(hdr *tar.Header, d *os.Root, base string, f *os.File, 
 // its components exists as a real directory: missing ones are created
 // (0755, as OCI runtimes do), and a symlink is refused rather than
 // followed. os.Root would already keep a resolution inside the tree; this
-// check is stricter: the image decides where its links point. The result
-// stays l.cwd until an entry in another directory, or a whiteout, comes.
+// check is stricter: the image decides where its links point. The
+// components dir shares with the previous entry's directory are taken
+// from the chain (see layerState.cwdPath), checked when they were opened;
+// the rest are checked and opened now.
 func (l *layerState) dir(entry, dir string) (*os.Root, error) {
-	if l.cwd != nil && l.cwdPath == dir {
-		return l.cwd, nil
+	if l.haveCwd && l.cwdPath == dir {
+		return l.cwd(), nil
 	}
-	l.forget()
-	d := l.root
-	if dir == "" {
-		l.cwd, l.cwdPath = d, dir
-		return d, nil
+	var parts []string
+	if dir != "" {
+		parts = strings.Split(dir, "/")
 	}
-	closeD := func() {
-		if d != l.root {
-			d.Close()
+	keep := 0
+	if l.haveCwd {
+		for keep < len(l.chain) && keep < len(parts) && l.cwdParts[keep] == parts[keep] {
+			keep++
 		}
 	}
-	cur := ""
-	for _, p := range strings.Split(dir, "/") {
+	for _, d := range l.chain[keep:] {
+		d.Close()
+	}
+	l.chain = l.chain[:keep]
+	// Until the walk below succeeds, the chain names no directory.
+	l.haveCwd, l.cwdParts = false, parts[:keep]
+	d := l.cwd()
+	cur := strings.Join(parts[:keep], "/")
+	for _, p := range parts[keep:] {
 		cur = path.Join(cur, p)
 		fi, err := d.Lstat(p)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			if l.budget.filesLeft <= 0 {
-				closeD()
+				l.forget()
 				return nil, l.entryError(entry, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
 			}
 			l.budget.filesLeft--
 			if err := d.Mkdir(p, 0o755); err != nil {
-				closeD()
+				l.forget()
 				return nil, l.entryError(entry, "create parent %s: %v", cur, err)
 			}
 		case err != nil:
-			closeD()
+			l.forget()
 			return nil, l.entryError(entry, "parent %s: %v", cur, err)
 		case fi.Mode()&fs.ModeSymlink != 0:
-			closeD()
+			l.forget()
 			return nil, l.entryError(entry, "parent %s is a symlink; refusing to write through it", cur)
 		case !fi.IsDir():
-			closeD()
+			l.forget()
 			return nil, l.entryError(entry, "parent %s is not a directory", cur)
 		}
 		next, err := d.OpenRoot(p)
-		closeD()
 		if err != nil {
+			l.forget()
 			return nil, l.entryError(entry, "parent %s: %v", cur, err)
 		}
+		l.chain = append(l.chain, next)
 		d = next
 	}
-	l.cwd, l.cwdPath = d, dir
+	l.cwdPath, l.cwdParts, l.haveCwd = dir, parts, true
 	return d, nil
 }
 
-// forget closes the cached directory handle (see layerState.cwd), unless
-// it is the root's own.
-func (l *layerState) forget() {
-	if l.cwd != nil && l.cwd != l.root {
-		l.cwd.Close()
+// cwd is the chain's last directory, the root when it holds none.
+func (l *layerState) cwd() *os.Root {
+	if len(l.chain) == 0 {
+		return l.root
 	}
-	l.cwd, l.cwdPath = nil, ""
+	return l.chain[len(l.chain)-1]
+}
+
+// forget closes the chain of directory handles (see layerState.cwdPath).
+func (l *layerState) forget() {
+	for _, d := range l.chain {
+		d.Close()
+	}
+	l.chain, l.cwdParts, l.cwdPath, l.haveCwd = nil, nil, "", false
 }
 
 // parentOf is name's directory, "" for an entry at the root.
@@ -412,7 +434,7 @@ func parentOf(name string) string {
 // replace removes whatever is at base in d (a lower layer's file, link or
 // directory) so the new entry is created afresh. RemoveAll does not follow
 // a link in its last component. What it removes lies inside d, so d (the
-// cached l.cwd) stays valid.
+// chain's last directory) and the chain stay valid.
 func (l *layerState) replace(entry string, d *os.Root, base string) error {
 	if _, err := d.Lstat(base); errors.Is(err, fs.ErrNotExist) {
 		return nil

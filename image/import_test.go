@@ -418,6 +418,11 @@ func TestImportHostile(t *testing.T) {
 			layers: [][]byte{makeTar(t, dir("a/"), file("a/x", "x")),
 				makeTar(t, symlink("a", outside), file("a/pwned", "x"))},
 			wantErr: `entry "a/pwned": parent a is a symlink`},
+		// It also keeps the directories above it open, to go back up:
+		// one replaced from its parent must be looked at again too.
+		{name: "directory above the previous entry's replaced by a symlink, then a file through it",
+			layers:  [][]byte{makeTar(t, dir("a/"), dir("a/b/"), dir("a/b/c/"), file("a/b/c/x", "x"), file("a/y", "y"), symlink("a/b", outside), file("a/b/c/pwned", "x"))},
+			wantErr: `entry "a/b/c/pwned": parent a/b is a symlink`},
 		{name: "directory whited out and replaced by a symlink, then a file through it",
 			layers:  [][]byte{makeTar(t, dir("a/"), dir("a/b/"), file("a/b/x", "x"), file("a/.wh.b", ""), symlink("a/b", outside), file("a/b/pwned", "x"))},
 			wantErr: `entry "a/b/pwned": parent a/b is a symlink`},
