@@ -24,8 +24,14 @@ const digestPrefix = "sha256:"
 // at root, and the total size in bytes of its regular files. See WriteListing
 // for what the digest covers.
 func TreeDigest(root string) (digest string, size int64, err error) {
+	return treeDigest(root, nil)
+}
+
+// treeDigest is TreeDigest, using the sums an import remembered for files
+// it has not changed since (filesums.go) instead of reading them.
+func treeDigest(root string, sums *fileSums) (digest string, size int64, err error) {
 	h := sha256.New()
-	size, err = WriteListing(h, root)
+	size, err = writeListing(h, root, sums)
 	if err != nil {
 		return "", 0, err
 	}
@@ -54,6 +60,12 @@ func TreeDigest(root string) (digest string, size int64, err error) {
 // maintainer scripts we do not control, and following an absolute link such
 // as /etc/resolv.conf -> /run/... would hash (or leak) the host's file.
 func WriteListing(w io.Writer, root string) (int64, error) {
+	return writeListing(w, root, nil)
+}
+
+// writeListing is WriteListing, taking a regular file's sha256 from sums
+// when it vouches for the file (filesums.go).
+func writeListing(w io.Writer, root string, sums *fileSums) (int64, error) {
 	// The walk is in lexical order (WalkDir does not descend into
 	// symlinked directories, which is the canonical order we want); the
 	// lines are computed by a few workers, since hashing every file is
@@ -99,7 +111,7 @@ func WriteListing(w io.Writer, root string) (int64, error) {
 	for range workers {
 		go func() {
 			for e := range todo {
-				e.line, e.size, e.err = listingLine(e.path, e.rel)
+				e.line, e.size, e.err = listingLine(e.path, e.rel, sums)
 				close(e.done)
 			}
 		}()
@@ -126,8 +138,9 @@ func WriteListing(w io.Writer, root string) (int64, error) {
 	return total, nil
 }
 
-// listingLine returns the canonical line for one entry and its content size.
-func listingLine(path, rel string) (string, int64, error) {
+// listingLine returns the canonical line for one entry and its content
+// size; sums (nil: none) may know a regular file's hash.
+func listingLine(path, rel string, sums *fileSums) (string, int64, error) {
 	fi, err := os.Lstat(path)
 	if err != nil {
 		return "", 0, fmt.Errorf("lstat %s: %w", path, err)
@@ -147,9 +160,11 @@ func listingLine(path, rel string) (string, int64, error) {
 	case syscall.S_IFREG:
 		typ = "f"
 		size = st.Size
-		sum, err := hashRegular(path, st)
-		if err != nil {
-			return "", 0, err
+		sum, ok := sums.lookup(st)
+		if !ok {
+			if sum, err = hashRegular(path, st); err != nil {
+				return "", 0, err
+			}
 		}
 		payload = sum
 	case syscall.S_IFLNK:

@@ -2,15 +2,15 @@ package image
 
 import (
 	"archive/tar"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
 	"path"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // This file applies one image layer (a tar stream) to a root tree. It is
@@ -27,8 +27,10 @@ import (
 //     refused: there is no legitimate reason for them in a layer.
 //   - Hard links may only name an entry already extracted inside the root,
 //     and only a regular file.
-//   - An existing entry is removed before a new one is created (O_EXCL), so
-//     nothing is ever written through a link or into a hard-linked inode.
+//   - Every file and link is created exclusively (O_EXCL, symlinkat,
+//     linkat); whatever is already at its name is removed first, so nothing
+//     is ever written through a link or into a hard-linked inode. Only a
+//     directory entry merges into a directory already there.
 //   - Device nodes, FIFOs and sockets are dropped; setuid, setgid and all
 //     xattrs (security.capability among them) are never applied.
 //   - Bytes are counted as they are written, not as headers declare, so a
@@ -65,18 +67,31 @@ type layerState struct {
 	// later entry (or layer) can land in a directory the image marks 0555.
 	dirModes map[string]fs.FileMode
 	dropped  int // special files dropped
-	// cwd is the directory the previous entry went into, open beneath
-	// the root (or the root itself), and cwdPath its path. A tar stream
-	// lists a directory's entries together, and every os.Root call on a
-	// deep path walks it from the root again (an openat and a close per
+	// cwdPath is the directory the previous entry went into ("" for the
+	// root; valid while haveCwd), and chain holds it and each directory
+	// above it, open beneath the root: chain[i] is the directory of
+	// cwdParts[:i+1]. A tar stream lists a directory's entries together,
+	// then a subdirectory's, then goes back up, and every os.Root call on
+	// a deep path walks it from the root again (an openat and a close per
 	// component, for the check of each parent as well): resolving an
-	// entry from its parent's handle is what keeps the import near
-	// tar -x. The handle is only reused for an entry with the same
-	// parent, and an entry only removes what lies in its parent, so an
-	// entry that replaces the directory or one above it (its parent is
-	// higher) has switched away first; whiteouts forget it all the same.
-	cwd     *os.Root
-	cwdPath string
+	// entry from its parent's handle, and a parent from the nearest
+	// directory the chain already holds, is what keeps the import near
+	// tar -x. An entry only removes what lies in its parent, the chain's
+	// last directory, never a directory of the chain: an entry that
+	// replaces one of them has its parent higher up, and switching to
+	// that parent has closed the handles below it first. Whiteouts
+	// forget the chain all the same.
+	cwdPath  string
+	cwdParts []string
+	chain    []*os.Root
+	haveCwd  bool
+	// sums remembers each regular file's sha256, hash computes it
+	// (filesums.go).
+	sums *fileSums
+	hash hash.Hash
+	// wb starts each written file's writeback and closes it
+	// (writeback.go).
+	wb *writeback
 }
 
 // entryError names the layer and the entry, as the issue asks, and marks
@@ -86,10 +101,18 @@ func (l *layerState) entryError(name, format string, args ...any) error {
 }
 
 // extractLayer applies the tar stream r to root. dirModes collects the
-// final directory modes across layers (see applyDirModes).
-func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode) (dropped int, err error) {
-	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes}
+// final directory modes across layers (see applyDirModes), sums (nil:
+// none) the regular files' hashes.
+func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode, sums *fileSums) (dropped int, err error) {
+	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes, sums: sums, hash: sha256.New(), wb: newWriteback()}
 	defer l.forget()
+	defer func() {
+		// Every file is closed before the next layer (or finalize)
+		// touches the tree.
+		if werr := l.wb.wait(); werr != nil && err == nil {
+			err = fmt.Errorf("%s: %w", label, werr)
+		}
+	}()
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -219,25 +242,25 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		return l.chown(hdr, d, base)
 	}
 
-	if err := l.replace(hdr.Name, d, base); err != nil {
-		return err
-	}
 	l.written[name] = true
 	switch hdr.Typeflag {
 	case tar.TypeSymlink:
 		// The target is only a string stored in the tree: absolute or not,
 		// it is resolved inside the sandbox's own root at run time, and
 		// this code never writes through it.
-		if err := d.Symlink(hdr.Linkname, base); err != nil {
-			return l.entryError(hdr.Name, "symlink: %v", err)
+		if err := l.create(hdr.Name, d, base, "symlink", func() error { return d.Symlink(hdr.Linkname, base) }); err != nil {
+			return err
 		}
 		return l.chown(hdr, d, base)
 	case tar.TypeLink:
+		if err := l.replace(hdr.Name, d, base); err != nil {
+			return err
+		}
 		target, err := cleanName(hdr.Linkname)
 		if err != nil || target == "" {
 			return l.entryError(hdr.Name, "hard link to %q: outside the image root or not a file", hdr.Linkname)
 		}
-		// This switches l.cwd to the target's directory (d may be
+		// This switches the chain to the target's directory (d may be
 		// closed): the link itself is made from the root, both names
 		// now known to lie under real directories.
 		if _, err := l.dir(hdr.Name, parentOf(target)); err != nil {
@@ -254,22 +277,51 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	}
 
 	// A regular file. 0600 while writing; the real mode after.
-	f, err := d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	var f *os.File
+	err = l.create(hdr.Name, d, base, "create", func() (err error) {
+		f, err = d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		return err
+	})
 	if err != nil {
-		return l.entryError(hdr.Name, "create: %v", err)
+		return err
 	}
+	if err := l.fill(hdr, d, base, f, mode, body); err != nil {
+		f.Close()
+		return err
+	}
+	l.wb.add(f)
+	return nil
+}
+
+// create runs mk (what names it in errors), which must create base in d
+// exclusively: O_EXCL or symlinkat, failing with EEXIST whatever is there,
+// a symlink included, never following it. If something is there (a lower
+// layer's entry, or an earlier one of this layer) it is removed (replace)
+// and mk runs again. Trying the create first spares a lookup of every new
+// name, most of a layer's.
+func (l *layerState) create(entry string, d *os.Root, base, what string, mk func() error) error {
+	err := mk()
+	if errors.Is(err, fs.ErrExist) {
+		if err := l.replace(entry, d, base); err != nil {
+			return err
+		}
+		err = mk()
+	}
+	if err != nil {
+		return l.entryError(entry, "%s: %v", what, err)
+	}
+	return nil
+}
+
+// fill writes a regular file's content to f (base in d, just created),
+// gives it its mode and owner, and remembers the content's sha256 for the
+// tree digest (filesums.go): the bytes pass through here anyway, and the
+// digest then need not read them back.
+func (l *layerState) fill(hdr *tar.Header, d *os.Root, base string, f *os.File, mode fs.FileMode, body io.Reader) error {
 	// Read one byte more than the budget allows: if it arrives, the cap is
 	// exceeded, whatever the header claimed.
-	n, err := io.Copy(f, io.LimitReader(body, l.budget.bytesLeft+1))
-	if err == nil && n > 0 {
-		// Start writing the file back now, beside the extraction, so the
-		// syncfs before publishing (pending.go) has less left to wait
-		// for. Only a hint: the syncfs is what makes the tree durable.
-		_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	l.hash.Reset()
+	n, err := io.Copy(f, io.TeeReader(io.LimitReader(body, l.budget.bytesLeft+1), l.hash))
 	l.budget.bytesLeft -= n
 	if l.budget.bytesLeft < 0 {
 		return l.entryError(hdr.Name, "image is larger than %d bytes extracted; raise the cap (ImportOptions.MaxBytes, --max-bytes) if it is genuine", l.budget.maxBytes)
@@ -280,7 +332,14 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 	if err := d.Chmod(base, mode); err != nil {
 		return l.entryError(hdr.Name, "chmod: %v", err)
 	}
-	return l.chown(hdr, d, base)
+	if err := l.chown(hdr, d, base); err != nil {
+		return err
+	}
+	// Last: the record holds the ctime of the file's last change.
+	if err := l.sums.remember(f, l.hash.Sum(nil)); err != nil {
+		return l.entryError(hdr.Name, "%v", err)
+	}
+	return nil
 }
 
 // dir returns the directory dir (a slash path relative to the root, ""
@@ -288,66 +347,82 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 // its components exists as a real directory: missing ones are created
 // (0755, as OCI runtimes do), and a symlink is refused rather than
 // followed. os.Root would already keep a resolution inside the tree; this
-// check is stricter: the image decides where its links point. The result
-// stays l.cwd until an entry in another directory, or a whiteout, comes.
+// check is stricter: the image decides where its links point. The
+// components dir shares with the previous entry's directory are taken
+// from the chain (see layerState.cwdPath), checked when they were opened;
+// the rest are checked and opened now.
 func (l *layerState) dir(entry, dir string) (*os.Root, error) {
-	if l.cwd != nil && l.cwdPath == dir {
-		return l.cwd, nil
+	if l.haveCwd && l.cwdPath == dir {
+		return l.cwd(), nil
 	}
-	l.forget()
-	d := l.root
-	if dir == "" {
-		l.cwd, l.cwdPath = d, dir
-		return d, nil
+	var parts []string
+	if dir != "" {
+		parts = strings.Split(dir, "/")
 	}
-	closeD := func() {
-		if d != l.root {
-			d.Close()
+	keep := 0
+	if l.haveCwd {
+		for keep < len(l.chain) && keep < len(parts) && l.cwdParts[keep] == parts[keep] {
+			keep++
 		}
 	}
-	cur := ""
-	for _, p := range strings.Split(dir, "/") {
+	for _, d := range l.chain[keep:] {
+		d.Close()
+	}
+	l.chain = l.chain[:keep]
+	// Until the walk below succeeds, the chain names no directory.
+	l.haveCwd, l.cwdParts = false, parts[:keep]
+	d := l.cwd()
+	cur := strings.Join(parts[:keep], "/")
+	for _, p := range parts[keep:] {
 		cur = path.Join(cur, p)
 		fi, err := d.Lstat(p)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			if l.budget.filesLeft <= 0 {
-				closeD()
+				l.forget()
 				return nil, l.entryError(entry, "image has more than %d files; raise the cap (ImportOptions.MaxFiles, --max-files) if it is genuine", l.budget.maxFiles)
 			}
 			l.budget.filesLeft--
 			if err := d.Mkdir(p, 0o755); err != nil {
-				closeD()
+				l.forget()
 				return nil, l.entryError(entry, "create parent %s: %v", cur, err)
 			}
 		case err != nil:
-			closeD()
+			l.forget()
 			return nil, l.entryError(entry, "parent %s: %v", cur, err)
 		case fi.Mode()&fs.ModeSymlink != 0:
-			closeD()
+			l.forget()
 			return nil, l.entryError(entry, "parent %s is a symlink; refusing to write through it", cur)
 		case !fi.IsDir():
-			closeD()
+			l.forget()
 			return nil, l.entryError(entry, "parent %s is not a directory", cur)
 		}
 		next, err := d.OpenRoot(p)
-		closeD()
 		if err != nil {
+			l.forget()
 			return nil, l.entryError(entry, "parent %s: %v", cur, err)
 		}
+		l.chain = append(l.chain, next)
 		d = next
 	}
-	l.cwd, l.cwdPath = d, dir
+	l.cwdPath, l.cwdParts, l.haveCwd = dir, parts, true
 	return d, nil
 }
 
-// forget closes the cached directory handle (see layerState.cwd), unless
-// it is the root's own.
-func (l *layerState) forget() {
-	if l.cwd != nil && l.cwd != l.root {
-		l.cwd.Close()
+// cwd is the chain's last directory, the root when it holds none.
+func (l *layerState) cwd() *os.Root {
+	if len(l.chain) == 0 {
+		return l.root
 	}
-	l.cwd, l.cwdPath = nil, ""
+	return l.chain[len(l.chain)-1]
+}
+
+// forget closes the chain of directory handles (see layerState.cwdPath).
+func (l *layerState) forget() {
+	for _, d := range l.chain {
+		d.Close()
+	}
+	l.chain, l.cwdParts, l.cwdPath, l.haveCwd = nil, nil, "", false
 }
 
 // parentOf is name's directory, "" for an entry at the root.
@@ -359,7 +434,7 @@ func parentOf(name string) string {
 // replace removes whatever is at base in d (a lower layer's file, link or
 // directory) so the new entry is created afresh. RemoveAll does not follow
 // a link in its last component. What it removes lies inside d, so d (the
-// cached l.cwd) stays valid.
+// chain's last directory) and the chain stay valid.
 func (l *layerState) replace(entry string, d *os.Root, base string) error {
 	if _, err := d.Lstat(base); errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -69,8 +69,10 @@ var emptied = []string{
 // finalize turns a freshly bootstrapped tree into an image tree. All file
 // operations go through an os.Root opened on the tree: the tree's own
 // symlinks (e.g. an absolute /etc/resolv.conf -> /run/...) would otherwise
-// redirect our writes to the host's files.
-func finalize(rootPath string) error {
+// redirect our writes to the host's files. The files it writes are
+// forgotten in sums (nil: none), which an import's extractor filled
+// (filesums.go).
+func finalize(rootPath string, sums *fileSums) error {
 	root, err := os.OpenRoot(rootPath)
 	if err != nil {
 		return fmt.Errorf("finalize: %w", err)
@@ -110,7 +112,7 @@ func finalize(rootPath string) error {
 		{"etc/resolv.conf", ""},
 	}
 	for _, f := range files {
-		if err := replaceFile(root, f.path, f.content); err != nil {
+		if err := replaceFile(root, f.path, f.content, sums); err != nil {
 			return fmt.Errorf("finalize: %w", err)
 		}
 	}
@@ -163,13 +165,19 @@ func underRealDirs(root *os.Root, p string) bool {
 }
 
 // replaceFile removes path (whatever it is, possibly a symlink) and creates
-// it afresh with content, mode 0644, so we never write through a link.
-func replaceFile(root *os.Root, path, content string) error {
+// it afresh with content, mode 0644, so we never write through a link. The
+// new file may have the inode number of one the extractor remembered a
+// moment ago: sums forgets it.
+func replaceFile(root *os.Root, path, content string, sums *fileSums) error {
 	if err := root.RemoveAll(path); err != nil {
 		return fmt.Errorf("replace %s: %w", path, err)
 	}
 	f, err := root.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
+		return fmt.Errorf("replace %s: %w", path, err)
+	}
+	if err := sums.forget(f); err != nil {
+		f.Close()
 		return fmt.Errorf("replace %s: %w", path, err)
 	}
 	if _, err := f.WriteString(content); err != nil {

@@ -89,7 +89,10 @@ func (s *Store) Import(ctx context.Context, name string, src Source, opts Import
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return nil, fmt.Errorf("import image %s: %w", name, err)
 	}
-	if err := extractLayers(ctx, rootfs, rs, opts, pend.Phase); err != nil {
+	// The extractor hashes each file as it writes it; Publish's digest
+	// uses those sums instead of reading the files back (filesums.go).
+	pend.sums = newFileSums()
+	if err := extractLayers(ctx, rootfs, rs, opts, pend.Phase, pend.sums); err != nil {
 		return nil, fmt.Errorf("import image %s from %s: %w", name, src, err)
 	}
 	cfg := rs.config.Config
@@ -110,8 +113,9 @@ func (s *Store) Import(ctx context.Context, name string, src Source, opts Import
 	return img, nil
 }
 
-// extractLayers applies every layer of rs to rootfs, in order.
-func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts ImportOptions, phase func(string, ...any)) error {
+// extractLayers applies every layer of rs to rootfs, in order, and
+// remembers the regular files' hashes in sums.
+func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts ImportOptions, phase func(string, ...any), sums *fileSums) error {
 	root, err := os.OpenRoot(rootfs)
 	if err != nil {
 		return err
@@ -134,7 +138,7 @@ func extractLayers(ctx context.Context, rootfs string, rs *resolvedSource, opts 
 		before := budget.bytesLeft
 		m := newMeter(opts.Progress, opts.Terminal, label, ref.size, lr.counted.n.Load)
 		ra := newReadAhead(lr)
-		dropped, err := extractLayer(root, meteredReader{ctxReader{ctx, ra}, m}, label, budget, dirModes)
+		dropped, err := extractLayer(root, meteredReader{ctxReader{ctx, ra}, m}, label, budget, dirModes, sums)
 		// Stop the read-ahead before the layer is closed or drained.
 		ra.Close()
 		m.finish()

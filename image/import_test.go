@@ -284,6 +284,11 @@ func TestImportFormats(t *testing.T) {
 			if got.Digest != img.Digest || got.SourceDigest != wantSrcDigest || got.Source != srcStr {
 				t.Errorf("stored digest %s source %s %s; want %s, %s %s", got.Digest, got.Source, got.SourceDigest, img.Digest, srcStr, wantSrcDigest)
 			}
+			// The digest from the extractor's remembered sums is the
+			// digest of the tree read afresh (filesums.go).
+			if d, _, err := TreeDigest(got.Root); err != nil || d != img.Digest {
+				t.Errorf("TreeDigest of the stored tree = %s, %v; the import stored it as %s", d, err, img.Digest)
+			}
 			r := got.Root
 			read := func(p string) string { b, _ := os.ReadFile(filepath.Join(r, p)); return string(b) }
 			if read("app/keep") != "kept" || read("etc/os-release") != "ID=test\n" {
@@ -382,6 +387,11 @@ func TestImportHostile(t *testing.T) {
 	for i := range 300 {
 		manyFiles = append(manyFiles, file(fmt.Sprintf("many/f%d", i), ""))
 	}
+	// A host file a write through a link would change.
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	capXattr := map[string]string{"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"}
 	tests := []struct {
 		name    string
@@ -408,6 +418,11 @@ func TestImportHostile(t *testing.T) {
 			layers: [][]byte{makeTar(t, dir("a/"), file("a/x", "x")),
 				makeTar(t, symlink("a", outside), file("a/pwned", "x"))},
 			wantErr: `entry "a/pwned": parent a is a symlink`},
+		// It also keeps the directories above it open, to go back up:
+		// one replaced from its parent must be looked at again too.
+		{name: "directory above the previous entry's replaced by a symlink, then a file through it",
+			layers:  [][]byte{makeTar(t, dir("a/"), dir("a/b/"), dir("a/b/c/"), file("a/b/c/x", "x"), file("a/y", "y"), symlink("a/b", outside), file("a/b/c/pwned", "x"))},
+			wantErr: `entry "a/b/c/pwned": parent a/b is a symlink`},
 		{name: "directory whited out and replaced by a symlink, then a file through it",
 			layers:  [][]byte{makeTar(t, dir("a/"), dir("a/b/"), file("a/b/x", "x"), file("a/.wh.b", ""), symlink("a/b", outside), file("a/b/pwned", "x"))},
 			wantErr: `entry "a/b/pwned": parent a/b is a symlink`},
@@ -456,6 +471,35 @@ func TestImportHostile(t *testing.T) {
 				for _, p := range []string{"workspace", "proc", "tmp"} {
 					if fi, err := os.Lstat(filepath.Join(root, p)); err != nil || !fi.IsDir() {
 						t.Errorf("%s: %v, err %v; want the mount point as a real directory", p, fi, err)
+					}
+				}
+			}},
+		// The extractor creates each entry exclusively first and only
+		// removes what is at the name when that fails: the entry that
+		// was there must be replaced, never written through.
+		{name: "symlinks out of the tree, then files and links of the same names",
+			layers: [][]byte{makeTar(t, symlink("a", victim), symlink("b", outside+"/new"), symlink("c", victim),
+				file("a", "image"), file("b", "image"), symlink("c", "image-link"))},
+			check: func(t *testing.T, root string) {
+				for _, p := range []string{"a", "b"} {
+					if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != "image" {
+						t.Errorf("%s: %q, err %v; want the image's file", p, b, err)
+					}
+				}
+				if l, err := os.Readlink(filepath.Join(root, "c")); err != nil || l != "image-link" {
+					t.Errorf("c: link %q, err %v; want the second link", l, err)
+				}
+				if b, _ := os.ReadFile(victim); string(b) != "host" {
+					t.Errorf("the host file a link pointed at now holds %q", b)
+				}
+			}},
+		{name: "a hard link's name and a directory replaced by files",
+			layers: [][]byte{makeTar(t, file("f", "first"), tarEntry{name: "h", typ: tar.TypeLink, link: "f"}, dir("d/"), file("d/x", "x"),
+				file("h", "second"), file("d", "file"))},
+			check: func(t *testing.T, root string) {
+				for p, want := range map[string]string{"f": "first", "h": "second", "d": "file"} {
+					if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != want {
+						t.Errorf("%s: %q, err %v; want %q", p, b, err, want)
 					}
 				}
 			}},
@@ -635,7 +679,7 @@ func FuzzExtractLayer(f *testing.F) {
 		}
 		defer root.Close()
 		budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 1000, maxBytes: 1 << 20, maxFiles: 1000}
-		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", budget, map[string]fs.FileMode{})
+		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", budget, map[string]fs.FileMode{}, newFileSums())
 		entries, err := os.ReadDir(base)
 		if err != nil {
 			t.Fatal(err)

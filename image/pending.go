@@ -35,6 +35,11 @@ type Pending struct {
 	// and source of the latest build of the same tree win).
 	keepExisting bool
 
+	// sums, when set (Import), holds the sha256 of the files the
+	// extractor wrote, which the digest uses instead of reading them
+	// back (filesums.go).
+	sums *fileSums
+
 	// Check, when set, is called by Publish with the finished tree's
 	// digest before anything is published; an error publishes nothing
 	// (a build that must match its lockfile).
@@ -106,11 +111,11 @@ func (p *Pending) Publish(ctx context.Context, img *Image) (*Image, error) {
 		return nil, err
 	}
 	p.Phase("finalizing: own /etc/passwd, empty mount points, no setuid bits")
-	if err := finalize(rootfs); err != nil {
+	if err := finalize(rootfs, p.sums); err != nil {
 		return nil, err
 	}
 	p.Phase("hashing tree")
-	digest, size, err := TreeDigest(rootfs)
+	digest, size, err := treeDigest(rootfs, p.sums)
 	if err != nil {
 		return nil, err
 	}
