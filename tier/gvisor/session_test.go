@@ -1,19 +1,18 @@
 package gvisor_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/syncbuf"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier/gvisor"
@@ -174,8 +173,8 @@ func TestSessionConcurrentAndSignals(t *testing.T) {
 	s := newSession(t, e)
 	id := s.ID()
 
-	var live bytes.Buffer
-	cat, err := s.Start(context.Background(), &engine.ExecRequest{Argv: []string{"cat"}, StdinOpen: true, Stdout: &syncWriter{w: &live}})
+	var live syncbuf.Buffer
+	cat, err := s.Start(context.Background(), &engine.ExecRequest{Argv: []string{"cat"}, StdinOpen: true, Stdout: &live})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,15 +245,4 @@ func TestSessionConcurrentAndSignals(t *testing.T) {
 	if left := leftovers(e.Home())(id); len(left) > 0 {
 		t.Errorf("session %s left: %v", id, left)
 	}
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -1,7 +1,6 @@
 package native_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/moat-sandbox/moat/engine"
+	"github.com/moat-sandbox/moat/internal/syncbuf"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
@@ -108,9 +108,8 @@ print("name", os.ttyname(fds[0][1]))
 	})
 
 	t.Run("interactive: input, resize, exit", func(t *testing.T) {
-		var live bytes.Buffer
-		out := &syncWriter{w: &live}
-		p, err := s.Start(context.Background(), &engine.ExecRequest{Argv: []string{"sh", "-i"}, TTY: ws, StdinOpen: true, Stdout: out})
+		var live syncbuf.Buffer
+		p, err := s.Start(context.Background(), &engine.ExecRequest{Argv: []string{"sh", "-i"}, TTY: ws, StdinOpen: true, Stdout: &live})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,16 +117,11 @@ print("name", os.ttyname(fds[0][1]))
 			t.Helper()
 			deadline := time.Now().Add(10 * time.Second)
 			for time.Now().Before(deadline) {
-				out.mu.Lock()
-				got := live.String()
-				out.mu.Unlock()
-				if strings.Contains(got, want) {
+				if strings.Contains(live.String(), want) {
 					return
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			out.mu.Lock()
-			defer out.mu.Unlock()
 			t.Fatalf("terminal never showed %q; it showed %q", want, live.String())
 		}
 		io.WriteString(p.Stdin(), "stty size\n")
