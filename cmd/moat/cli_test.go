@@ -1004,10 +1004,14 @@ func TestRunInterrupted(t *testing.T) {
 	needSandbox(t)
 	// The handler writes with os.write: SIGTERM may arrive while print is
 	// still inside the flush of "ready", where a second print raises
-	// "reentrant call".
+	// "reentrant call". Short sleeps, not one long one: Python runs a
+	// handler between bytecodes, and a SIGTERM landing after print
+	// returned but before time.sleep's syscall began only sets a flag
+	// that a 30 s sleep would not look at (CI's load hit that window:
+	// the program slept on with no signal pending).
 	prog := "import os, signal, time\n" +
 		"signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(3)))\n" +
-		"print('ready', flush=True)\ntime.sleep(30)"
+		"print('ready', flush=True)\nwhile True: time.sleep(0.05)"
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
 			cmd := exec.Command(moatBin, "run", "--", "python3", "-c", prog)

@@ -448,7 +448,12 @@ func TestCancelForwardsSIGTERM(t *testing.T) {
 		wantOut   string
 		wantError bool
 	}{
-		{"program handles TERM", "import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(0)))\nprint('ready', flush=True)\ntime.sleep(30)", "got TERM", false},
+		// Python runs a handler between bytecodes: a SIGTERM that lands
+		// after print returns and before time.sleep enters its syscall
+		// only sets a flag, and one long sleep would not look at it for
+		// 30 s (under load that window is wide enough to hit). Short
+		// sleeps in a loop run the handler within 50 ms.
+		{"program handles TERM", "import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(0)))\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)", "got TERM", false},
 		{"program ignores TERM and is killed after the grace period", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(30)", "", true},
 	}
 	for _, tc := range tests {
