@@ -338,7 +338,9 @@ func cmdRun(args []string) int {
 			return exitMoat
 		}
 		if ctx.Err() != nil {
-			fmt.Fprintln(os.Stderr, "moat: interrupted; the sandbox was destroyed")
+			// The error says why no result came (the program outlived
+			// the grace period after SIGTERM, or never started).
+			fmt.Fprintf(os.Stderr, "moat: interrupted; the sandbox was destroyed: %v\n", err)
 			return 130
 		}
 		return fail(err)
