@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moat-sandbox/moat/internal/testbin"
 	"github.com/moat-sandbox/moat/manifest"
 	"github.com/moat-sandbox/moat/result"
 	"github.com/moat-sandbox/moat/tier"
@@ -43,14 +42,7 @@ type e2eCase struct {
 }
 
 func TestConformanceEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the tiers run real sandboxes")
-	}
-	bin, cleanup, err := testbin.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cleanup)
+	bin := nativeTestBin(t)
 	e, err := New(Options{Exe: bin, NoAutoBuild: true})
 	if err != nil {
 		t.Fatal(err)
