@@ -45,6 +45,10 @@ type BuildOptions struct {
 // could not run it (the engine's RunBuildStep).
 type Installer func(ctx context.Context, root string, argv, env []string, out io.Writer) (exitCode int, err error)
 
+// AptGet is apt-get as a build step runs it: as root of the step's user
+// namespace, which has no _apt user for apt's own sandbox to drop to.
+const AptGet = "apt-get -o APT::Sandbox::User=root"
+
 // AptInstallOffline is the command that installs pkgs in a tree whose
 // apt cache already holds them and their dependencies, with their
 // package lists (Definition.Download): in a sandbox with no network, as
@@ -52,8 +56,7 @@ type Installer func(ctx context.Context, root string, argv, env []string, out io
 // second mapping). The lists are removed after it; the cache stays, for
 // ArchiveDebs, until finalisation empties it.
 func AptInstallOffline(pkgs []string) []string {
-	apt := "apt-get -o APT::Sandbox::User=root"
-	return []string{"/bin/sh", "-c", "set -e; DEBIAN_FRONTEND=noninteractive " + apt +
+	return []string{"/bin/sh", "-c", "set -e; DEBIAN_FRONTEND=noninteractive " + AptGet +
 		" install -y --no-install-recommends --no-download " + strings.Join(pkgs, " ") +
 		"; rm -rf /var/lib/apt/lists/*"}
 }

@@ -477,7 +477,7 @@ func (p *imageFileParser) apt(n *yaml.Node) {
 	}
 	// The .debs stay in /var/cache/apt/archives: the builder hashes them
 	// for the lockfile and then removes them (removeCaches).
-	apt := "apt-get -o APT::Sandbox::User=root"
+	apt := image.AptGet
 	if p.plan.Base.Image == "" {
 		// A debian base downloads them while bootstrapping, on the host,
 		// from the signed archive (data only: apt checks it, nothing of
