@@ -172,6 +172,15 @@ func cmdServe(args []string) int {
 	if *sessionPool > 0 {
 		pools = append(pools, engine.PoolConfig{Manifest: class, Size: *sessionPool, Session: true})
 	}
+	// Caught from here on, not from READY: a SIGTERM right after READY=1
+	// (systemctl stop at once, CI's test) or during the setup below (the
+	// GC of a killed server's leftovers, pools starting) found the default
+	// action and killed the server without its drain and without closing
+	// the engine. One that arrives before the listener serves waits in the
+	// channel and stops the server as soon as it is up.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
 	opts := engine.Options{Progress: os.Stderr, Pools: pools, Secrets: openSecrets("")}
 	if err := incidentOptions(&opts, *noIncidents); err != nil {
 		return fail(err)
@@ -294,11 +303,6 @@ func cmdServe(args []string) int {
 	// MCP clients hold an event stream open (GET /mcp): end them, or
 	// Shutdown waits for its deadline.
 	hs.RegisterOnShutdown(closeMCP)
-	// Caught from before the listener serves, not after READY: a SIGTERM
-	// right after READY=1 (systemctl stop at once, CI's test) found the
-	// default action and killed the server without its drain.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
 	served := make(chan error, 1)
 	go func() {
 		if *tlsCert != "" {
