@@ -29,7 +29,13 @@ func imageList(s *image.Store) int {
 		fmt.Println("no images built yet; run: moat image build python")
 		return 0
 	}
-	fmt.Printf("%-12s %-71s %9s %-16s %s\n", "NAME", "DIGEST", "SIZE", "CREATED", "CURRENT")
+	// The name column is as wide as the longest name (code-interpreter
+	// pushed a fixed 12 out of line).
+	w := len("NAME")
+	for _, img := range imgs {
+		w = max(w, len(img.Name))
+	}
+	fmt.Printf("%-*s %-71s %9s %-16s %s\n", w, "NAME", "DIGEST", "SIZE", "CREATED", "CURRENT")
 	for _, img := range imgs {
 		cur := "no"
 		if img.Current {
@@ -38,7 +44,7 @@ func imageList(s *image.Store) int {
 		if img.SourceDigest != "" {
 			cur += ", imported from " + img.SourceDigest
 		}
-		fmt.Printf("%-12s %-71s %9s %-16s %s\n", img.Name, img.Digest, humanBytes(img.Size), img.Built.Local().Format("2006-01-02 15:04"), cur)
+		fmt.Printf("%-*s %-71s %9s %-16s %s\n", w, img.Name, img.Digest, humanBytes(img.Size), img.Built.Local().Format("2006-01-02 15:04"), cur)
 	}
 	return 0
 }
