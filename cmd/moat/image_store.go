@@ -102,7 +102,7 @@ func imageRemove(s *image.Store, home, name string, force bool) int {
 	}
 	removed, err := s.RemoveName(name)
 	var freed int64
-	digests := []string{}
+	digests := []string{} // not nil: the disks of these digests only
 	for _, img := range removed {
 		fmt.Printf("removed %s %s (%s)\n", img.Name, img.Digest, humanBytes(img.Size))
 		freed += img.Size
