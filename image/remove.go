@@ -355,6 +355,35 @@ func storedVersions(nameDir string) ([]string, error) {
 	return out, nil
 }
 
+// Digests returns the digests ("sha256:<hex>") of every build the store
+// holds, under any name, current or not: what a cache made from builds
+// (the microVM tier's disks) must keep. Builds still running have none
+// yet. A store not made yet holds none; one that cannot be read is an
+// error, so that no cache is pruned on a guess.
+func (s *Store) Digests() (map[string]bool, error) {
+	out := map[string]bool{}
+	names, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list stored digests: %w", err)
+	}
+	for _, n := range names {
+		if !n.IsDir() || validName(n.Name()) != nil {
+			continue
+		}
+		versions, err := storedVersions(filepath.Join(s.Dir, n.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("list stored digests: %w", err)
+		}
+		for _, v := range versions {
+			out[digestPrefix+v] = true
+		}
+	}
+	return out, nil
+}
+
 // describe returns a build's metadata for a removal report, or as much as
 // its directory name says when image.json cannot be read (a damaged build
 // is removed all the same).

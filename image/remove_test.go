@@ -225,6 +225,49 @@ func TestPrune(t *testing.T) {
 	}
 }
 
+func TestDigests(t *testing.T) {
+	tests := []struct {
+		name string
+		// setup stores builds and returns the digests Digests must give.
+		setup func(t *testing.T, s *Store) []string
+	}{
+		{name: "no store yet", setup: func(t *testing.T, s *Store) []string {
+			os.RemoveAll(s.Dir)
+			return nil
+		}},
+		{name: "every build of every name, current or not", setup: func(t *testing.T, s *Store) []string {
+			return []string{
+				storeImage(t, s, "nodeapp", "v1", false).Digest,
+				storeImage(t, s, "nodeapp", "v2", true).Digest,
+				storeImage(t, s, "scratch", "x", false).Digest,
+			}
+		}},
+		{name: "a build still running has no digest yet", setup: func(t *testing.T, s *Store) []string {
+			mustWrite(t, filepath.Join(s.Dir, "nodeapp", buildPrefix+"running", rootfsDir, "f"), "x", 0o644)
+			return nil
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newEmptyStore(t)
+			want := tc.setup(t, s)
+			got, err := s.Digests()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var gotList []string
+			for d := range got {
+				gotList = append(gotList, d)
+			}
+			slices.Sort(gotList)
+			slices.Sort(want)
+			if !slices.Equal(gotList, want) {
+				t.Errorf("Digests() = %v, want %v", gotList, want)
+			}
+		})
+	}
+}
+
 func TestUse(t *testing.T) {
 	s := newEmptyStore(t)
 	img := storeImage(t, s, "nodeapp", "v1", true)

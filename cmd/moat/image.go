@@ -29,9 +29,10 @@ func cmdImage(args []string) int {
 		"                                       oci:DIR[:TAG] or rootfs:FILE.tar[.gz|.zst]\n" +
 		"  moat image list                      list stored builds: name, digest, size, created, current\n" +
 		"  moat image inspect NAME              print the current build of NAME as JSON\n" +
-		"  moat image rm [--force] NAME         remove every build of NAME (refused while a sandbox uses one;\n" +
-		"                                       the default image python needs --force)\n" +
-		"  moat image gc                        remove builds no name points to and no sandbox uses\n\nFlags:\n"
+		"  moat image rm [--force] NAME         remove every build of NAME and its microVM disks (refused while\n" +
+		"                                       a sandbox uses one; the default image python needs --force)\n" +
+		"  moat image gc                        remove builds no name points to and no sandbox uses, and the\n" +
+		"                                       microVM disks of images no longer stored\n\nFlags:\n"
 	fs := newFlags("image", usage)
 	locked := fs.Bool("locked", false, "fail if the resolved package versions differ from the lockfile")
 	force := fs.Bool("force", false, "rm: remove the default image too")
@@ -141,9 +142,9 @@ func cmdImage(args []string) int {
 		if sub == "inspect" {
 			return imageInspect(e.Images(), fs.Arg(0), *lockDir)
 		}
-		return imageRemove(e.Images(), fs.Arg(0), *force)
+		return imageRemove(e.Images(), e.Home(), fs.Arg(0), *force)
 	case "gc":
-		return imageGC(e.Images())
+		return imageGC(e.Images(), e.Home())
 	}
 	fmt.Fprintf(os.Stderr, "moat image: unknown subcommand %q\n", sub)
 	fs.Usage()

@@ -1,9 +1,11 @@
 package main
 
 // moat image list | inspect | rm | gc: looking after the image store
-// (package image). Whether a build is in use is the store's to say
-// (image.Store.Use); which image is too precious to remove without --force
-// (the manifest's default) is said here.
+// (package image) and what tiers make from its builds (the microVM tier's
+// root disks, microvm.PruneDisks). Whether a build is in use is the
+// store's to say (image.Store.Use), whether a disk is the tier's; which
+// image is too precious to remove without --force (the manifest's
+// default) is said here.
 
 import (
 	"encoding/json"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/manifest"
+	"github.com/moat-sandbox/moat/tier/microvm"
 )
 
 // imageList prints one line per stored build: name, digest, size, when it
@@ -95,32 +98,46 @@ func imageInspect(s *image.Store, name, lockDir string) int {
 	return 0
 }
 
-// imageRemove removes every build of name. The manifest's default image
-// needs --force: every run that names no image would rebuild it first
-// (minutes, and the Debian archive must be reachable).
-func imageRemove(s *image.Store, name string, force bool) int {
+// imageRemove removes every build of name, and the microVM disks made
+// from them (unless another name stores the same digest). The manifest's
+// default image needs --force: every run that names no image would
+// rebuild it first (minutes, and the Debian archive must be reachable).
+func imageRemove(s *image.Store, home, name string, force bool) int {
 	if def := manifest.Default().Image; name == def && !force {
 		return fail(usageError{fmt.Errorf("image %q is the default image of every manifest that names none; removing it makes the next such run rebuild it; pass --force to remove it anyway", name)})
 	}
 	removed, err := s.RemoveName(name)
 	var freed int64
+	digests := []string{} // not nil: the disks of these digests only
 	for _, img := range removed {
 		fmt.Printf("removed %s %s (%s)\n", img.Name, img.Digest, humanBytes(img.Size))
 		freed += img.Size
+		digests = append(digests, img.Digest)
 	}
+	_, diskFreed, diskErr := pruneDisks(s, home, digests)
+	freed += diskFreed
 	if err != nil {
-		return imageError(err)
+		return imageError(errors.Join(err, diskErr))
+	}
+	if diskErr != nil {
+		return fail(diskErr)
 	}
 	fmt.Printf("freed %s\n", humanBytes(freed))
 	return 0
 }
 
 // imageGC removes the builds no name points to and no live sandbox uses,
-// and the directories of builds that were killed.
-func imageGC(s *image.Store) int {
+// the directories of builds that were killed, and the microVM disks of
+// builds no longer stored (those it just removed included) that no live
+// sandbox holds.
+func imageGC(s *image.Store, home string) int {
 	abandoned, gcErr := s.GC()
 	for _, p := range abandoned {
 		fmt.Printf("removed abandoned build %s\n", p)
+	}
+	diskBuilds, diskGCErr := microvm.GCDiskBuilds(home)
+	for _, p := range diskBuilds {
+		fmt.Printf("removed abandoned microVM disk build %s\n", p)
 	}
 	removed, err := s.Prune()
 	var freed int64
@@ -128,11 +145,27 @@ func imageGC(s *image.Store) int {
 		fmt.Printf("removed %s %s (%s)\n", img.Name, img.Digest, humanBytes(img.Size))
 		freed += img.Size
 	}
-	fmt.Printf("removed %d unused builds, %d abandoned builds; freed %s\n", len(removed), len(abandoned), humanBytes(freed))
-	if err := errors.Join(gcErr, err); err != nil {
+	disks, diskFreed, diskErr := pruneDisks(s, home, nil)
+	freed += diskFreed
+	fmt.Printf("removed %d unused builds, %d abandoned builds, %d microVM disks; freed %s\n",
+		len(removed), len(abandoned)+len(diskBuilds), disks, humanBytes(freed))
+	if err := errors.Join(gcErr, diskGCErr, err, diskErr); err != nil {
 		return fail(err)
 	}
 	return 0
+}
+
+// pruneDisks removes the microVM tier's root disks under home whose
+// digest s no longer stores (of the digests only, when it is not nil),
+// prints each, and returns how many it removed and the bytes freed.
+func pruneDisks(s *image.Store, home string, only []string) (int, int64, error) {
+	disks, err := microvm.PruneDisks(home, only, s.Digests)
+	var freed int64
+	for _, d := range disks {
+		fmt.Printf("removed microVM disk %s (%s)\n", d.Digest, humanBytes(d.Size))
+		freed += d.Size
+	}
+	return len(disks), freed, err
 }
 
 // imageError fails with exit status 2 for what the user can fix by naming

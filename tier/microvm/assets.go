@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/moat-sandbox/moat/image"
 	"github.com/moat-sandbox/moat/internal/cpio"
 	"github.com/moat-sandbox/moat/internal/guestkernel"
 )
@@ -130,36 +129,6 @@ func writeAtomic(path string, b []byte) error {
 	}
 	os.Chmod(tmp.Name(), 0o644)
 	return os.Rename(tmp.Name(), path)
-}
-
-// buildRootDisk converts an image root into a read-only ext4 file
-// (image.WriteExt4), once per image digest.
-func buildRootDisk(cacheDir, digest, root string) (string, error) {
-	hexd := strings.TrimPrefix(digest, "sha256:")
-	if len(hexd) != 64 || strings.Trim(hexd, "0123456789abcdef") != "" {
-		return "", fmt.Errorf("image digest %q is not a sha256 digest", digest)
-	}
-	out := filepath.Join(cacheDir, "images", hexd+".ext4")
-	if _, err := os.Stat(out); err == nil {
-		return out, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
-		return "", err
-	}
-	// A directory of its own per build: two builds of one image (two
-	// runs of moat serve at once after a rebuild) must not write one
-	// file, which corrupts the ext4 both rename into place.
-	tmpDir, err := os.MkdirTemp(filepath.Dir(out), ".tmp-"+hexd[:16]+"-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmpDir)
-	tmp := filepath.Join(tmpDir, "root.ext4")
-	if err := image.WriteExt4(root, tmp); err != nil {
-		return "", fmt.Errorf("root disk of image %s: %w", digest, err)
-	}
-	os.Chmod(tmp, 0o600)
-	return out, os.Rename(tmp, out)
 }
 
 // keepInitramfs is how many initramfs files the cache keeps.

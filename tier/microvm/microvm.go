@@ -172,7 +172,7 @@ func New(opts Options) (*MicroVM, error) {
 	if err := jailReadable(k.vmlinuz); err != nil {
 		return nil, fmt.Errorf("%w: %v", tier.ErrUnavailable, err)
 	}
-	m := &MicroVM{opts: opts, vmm: q, kernel: k, cache: filepath.Join(opts.Home, "microvm"), cg: cg, vmmOverheadMiB: vmmOverheadMiB,
+	m := &MicroVM{opts: opts, vmm: q, kernel: k, cache: homeCache(opts.Home), cg: cg, vmmOverheadMiB: vmmOverheadMiB,
 		digests: map[string]digestEntry{}, verified: map[string]fileID{}, saving: map[string]bool{}}
 	if m.filter, err = seccomp.Default().Compile(); err != nil {
 		return nil, fmt.Errorf("microvm: compile the seccomp policy: %w", err)

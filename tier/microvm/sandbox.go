@@ -39,6 +39,7 @@ type Sandbox struct {
 	limits cgroup.Limits  // its limits
 	dir    string         // our files under the run's StateDir
 	ws     string         // host workspace directory
+	disk   *os.File       // holds the image disk while the sandbox lives (disks.go)
 	accel  string
 	vm     *vm
 	ready  chan struct{}
@@ -72,11 +73,11 @@ func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, e
 	if err != nil {
 		return nil, err
 	}
-	disk, err := buildRootDisk(m.cache, spec.ImageDigest, spec.ImageRoot)
+	disk, held, err := buildRootDisk(m.cache, spec.ImageDigest, spec.ImageRoot)
 	if err != nil {
 		return nil, fmt.Errorf("image disk: %w", err)
 	}
-	s := &Sandbox{m: m, spec: spec, dir: filepath.Join(spec.StateDir, "microvm"), accel: acc.Accel, ready: make(chan struct{}), start: time.Now()}
+	s := &Sandbox{m: m, spec: spec, dir: filepath.Join(spec.StateDir, "microvm"), disk: held, accel: acc.Accel, ready: make(chan struct{}), start: time.Now()}
 	s.ws = filepath.Join(s.dir, "workspace")
 	mem := int64(512)
 	if spec.Limits.MemoryBytes > 0 {
@@ -87,16 +88,19 @@ func (m *MicroVM) Prepare(ctx context.Context, spec *tier.Spec) (tier.Sandbox, e
 	// GC removes it when a killed moat left it.
 	s.limits = m.vmmLimits(mem+vmOverheadMiB, vcpus)
 	if s.cg, err = m.cg.Create(spec.ID, s.limits); err != nil {
+		held.Close()
 		return nil, fmt.Errorf("microvm: the VMM's cgroup: %w", err)
 	}
 	if err := os.MkdirAll(s.ws, 0o700); err != nil {
 		s.cg.Destroy()
+		held.Close()
 		return nil, err
 	}
 	cfg, err := m.config(s.dir, disk, acc.Accel, mem+vmOverheadMiB, vcpus)
 	if err != nil {
 		os.RemoveAll(s.dir)
 		s.cg.Destroy()
+		held.Close()
 		return nil, err
 	}
 	if spec.EgressSocket != "" {
@@ -543,6 +547,8 @@ func (s *Sandbox) Destroy() error {
 			errs = append(errs, s.cg.Destroy())
 		}
 		errs = append(errs, os.RemoveAll(s.dir))
+		// The VMM is gone: `moat image gc` may take the disk now.
+		s.disk.Close()
 		err = errors.Join(errs...)
 	})
 	return err
