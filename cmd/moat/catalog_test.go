@@ -26,6 +26,7 @@ import (
 // same engine.BuildImage as the build on first use) and, on a fresh
 // machine, by scripts/setup's first `moat run`.
 func TestBuiltinNodeImage(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needRoot(t)
 	store := image.NewStore(filepath.Join(engine.DefaultHome(), "images"))
 	node, err := store.Lookup("node")
@@ -180,6 +181,7 @@ func linkedHome(t *testing.T, from *image.Store, img *image.Image) string {
 // of each image digest (cached in the default home after that); the
 // test logs how long that run took.
 func TestBuiltinBaseImage(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needRoot(t)
 	home := engine.DefaultHome()
 	if _, err := image.NewStore(filepath.Join(home, "images")).Lookup("base"); err != nil {

@@ -36,6 +36,17 @@ import (
 // moatBin is the moat binary under test, built by TestMain.
 var moatBin string
 
+// TestMain builds moat for the tests.
+//
+// The slowest tests (image builds, the real E2B SDKs, the built-in images
+// on every tier, building the moat/moat-guest pair) call t.Parallel: Go
+// runs them after all the others, two at a time (-parallel defaults to
+// GOMAXPROCS), where they ran one after another for most of this
+// package's ten minutes, mostly waiting (dpkg in a sandbox, a VM, an SDK's
+// requests). Each builds images and runs servers in a MOAT_HOME of its
+// own (runs in the default one are independent of each other), and sets
+// no environment of the process (t.Setenv would panic); watchLeftovers
+// tells their live runs from leftovers.
 func TestMain(m *testing.M) {
 	os.Exit(testMain(m))
 }

@@ -32,6 +32,7 @@ var e2bCIChecks = []string{"state", "callbacks", "error", "html", "json", "conte
 // template code-interpreter-v1, runCode with its callbacks, contexts,
 // errors, results and timeouts, in a real native sandbox.
 func TestServeE2BCodeInterpreter(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needSandbox(t)
 	// CI runs scripts/setup, which installs both: there a missing one is
 	// a failure, not a skip.

@@ -79,6 +79,7 @@ var e2bChecks = []string{
 // sandboxes were Moat sandboxes: audited, reachable through Moat's API by
 // the same id, and gone without residue.
 func TestServeE2BSDK(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needRoot(t)
 	node, err := exec.LookPath("node")
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 // (With -trimpath Go leaves -ldflags out of the build information, and
 // setup's pair silently fell back to moat itself.)
 func TestBuildPairMatches(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: moat-guest must be root-owned, and a run needs the native tier")
 	}

@@ -71,6 +71,7 @@ func writeWheel(t *testing.T, dir string) {
 // have the same digest, then runs the image with no command: its CMD
 // runs and sees its ENV.
 func TestImageBuildDockerfile(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needSandbox(t)
 	env := buildHome(t)
 	ctxDir := t.TempDir()
@@ -142,6 +143,7 @@ CMD ["python3", "/app/app.py"]
 // line, the step's status and its last output, for a Dockerfile and an
 // image file alike.
 func TestImageBuildStepFails(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needSandbox(t)
 	env := buildHome(t)
 	dir := t.TempDir()

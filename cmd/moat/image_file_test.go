@@ -16,6 +16,7 @@ import (
 // lockfile twice; --locked refuses a changed file and a tampered wheel
 // fails pip's hash check, each leaving the current build as it was.
 func TestImageBuildImageFile(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needSandbox(t)
 	env := buildHome(t)
 	dir := t.TempDir()
@@ -133,6 +134,7 @@ cmd: [python3, /opt/app/main.py]
 // hashes included), jq runs in a sandbox on the image, and removing the
 // image leaves none. Two Debian bootstraps: a few minutes.
 func TestImageBuildDebianApt(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needSandbox(t)
 	env := buildHome(t)
 	dir := t.TempDir()

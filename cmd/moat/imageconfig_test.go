@@ -90,6 +90,7 @@ func writeDockerArchiveOf(t *testing.T, file, binPath, name string, cfg map[stri
 // image's Entrypoint+Cmd; a command replaces them; an image with neither
 // is refused with the usage line; --json names the import's source.
 func TestRunImageCommand(t *testing.T) {
+	t.Parallel() // one of the slow ones (cli_test.go: TestMain)
 	needRoot(t)
 	watchLeftovers(t)
 	// The sandbox's unprivileged init must reach the image below the
