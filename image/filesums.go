@@ -53,22 +53,18 @@ type fileSum struct {
 
 func newFileSums() *fileSums { return &fileSums{sums: map[fileID]fileSum{}} }
 
-// remember records sum as the content of f, which the caller has just
-// written and will not change again.
-func (s *fileSums) remember(f *os.File, sum []byte) error {
+// remember records sum as the content of the regular file st describes,
+// taken by fstat after the writer's last change to it (which it will not
+// change again).
+func (s *fileSums) remember(st *syscall.Stat_t, sum []byte) {
 	if s == nil {
-		return nil
-	}
-	st, err := fstat(f)
-	if err != nil {
-		return err
+		return
 	}
 	rec := fileSum{size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 	copy(rec.sum[:], sum)
 	s.mu.Lock()
 	s.sums[fileID{st.Dev, st.Ino}] = rec
 	s.mu.Unlock()
-	return nil
 }
 
 // forget drops what is remembered of f's inode: f was created by a writer
