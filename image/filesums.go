@@ -87,16 +87,31 @@ func (s *fileSums) forget(f *os.File) error {
 // describes (a fresh lstat), if its inode, size, mtime and ctime are
 // exactly as they were when it was remembered.
 func (s *fileSums) lookup(st *syscall.Stat_t) (string, bool) {
-	if s == nil {
+	rec, ok := s.record(st)
+	if !ok {
 		return "", false
+	}
+	return hex.EncodeToString(rec.sum[:]), true
+}
+
+// vouches reports whether a sum is remembered for the regular file st
+// describes, as lookup finds it: the file is as its writer left it.
+func (s *fileSums) vouches(st *syscall.Stat_t) bool {
+	_, ok := s.record(st)
+	return ok
+}
+
+func (s *fileSums) record(st *syscall.Stat_t) (fileSum, bool) {
+	if s == nil {
+		return fileSum{}, false
 	}
 	s.mu.Lock()
 	rec, ok := s.sums[fileID{st.Dev, st.Ino}]
 	s.mu.Unlock()
 	if !ok || rec.size != st.Size || rec.mtime != st.Mtim || rec.ctime != st.Ctim {
-		return "", false
+		return fileSum{}, false
 	}
-	return hex.EncodeToString(rec.sum[:]), true
+	return rec, true
 }
 
 func fstat(f *os.File) (*syscall.Stat_t, error) {
