@@ -596,9 +596,14 @@ func TestImportRefusesBadSources(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d, "rootfs.tar"), makeTar(t, file("a", "x")), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	gz := gzipped(t, makeTar(t, file("a", strings.Repeat("x", 100000))))
+	if err := os.WriteFile(filepath.Join(d, "truncated.tar.gz"), gz[:len(gz)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, src, wantErr string
 	}{
+		{"truncated gzip", "rootfs:" + filepath.Join(d, "truncated.tar.gz"), "unexpected EOF"},
 		{"no prefix", "image.tar", "no format prefix"},
 		{"unknown format", "docker-daemon:app", `unknown format "docker-daemon"`},
 		{"missing file", "rootfs:" + filepath.Join(d, "nope.tar"), "open source: image refused: open nope.tar"},
