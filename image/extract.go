@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"syscall"
 )
 
 // This file applies one image layer (a tar stream) to a root tree. It is
@@ -92,6 +93,11 @@ type layerState struct {
 	// wb starts each written file's writeback and closes it
 	// (writeback.go).
 	wb *writeback
+	// buf carries every regular file's bytes, sum its hash.
+	buf []byte
+	sum [sha256.Size]byte
+	// root0: we run as root and give entries the layer's owners.
+	root0 bool
 }
 
 // entryError names the layer and the entry, as the issue asks, and marks
@@ -104,7 +110,7 @@ func (l *layerState) entryError(name, format string, args ...any) error {
 // final directory modes across layers (see applyDirModes), sums (nil:
 // none) the regular files' hashes.
 func extractLayer(root *os.Root, r io.Reader, label string, budget *extractBudget, dirModes map[string]fs.FileMode, sums *fileSums) (dropped int, err error) {
-	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes, sums: sums, hash: sha256.New(), wb: newWriteback()}
+	l := &layerState{root: root, label: label, budget: budget, written: map[string]bool{}, dirModes: dirModes, sums: sums, hash: sha256.New(), wb: newWriteback(), buf: make([]byte, 128<<10), root0: os.Geteuid() == 0}
 	defer l.forget()
 	defer func() {
 		// Every file is closed before the next layer (or finalize)
@@ -276,16 +282,19 @@ func (l *layerState) apply(hdr *tar.Header, body io.Reader) error {
 		return nil
 	}
 
-	// A regular file. 0600 while writing; the real mode after.
+	// A regular file, created with its mode less any write bit for
+	// group and others (the umask may take more), so that no one but
+	// its creator can write it while it is written; fill gives it its
+	// exact mode after.
 	var f *os.File
 	err = l.create(hdr.Name, d, base, "create", func() (err error) {
-		f, err = d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err = d.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode.Perm()&0o755)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	if err := l.fill(hdr, d, base, f, mode, body); err != nil {
+	if err := l.fill(hdr, f, mode, body); err != nil {
 		f.Close()
 		return err
 	}
@@ -313,15 +322,22 @@ func (l *layerState) create(entry string, d *os.Root, base, what string, mk func
 	return nil
 }
 
-// fill writes a regular file's content to f (base in d, just created),
-// gives it its mode and owner, and remembers the content's sha256 for the
-// tree digest (filesums.go): the bytes pass through here anyway, and the
-// digest then need not read them back.
-func (l *layerState) fill(hdr *tar.Header, d *os.Root, base string, f *os.File, mode fs.FileMode, body io.Reader) error {
+// fill writes a regular file's content to f (just created), gives it its
+// mode and owner, and remembers the content's sha256 for the tree digest
+// (filesums.go): the bytes pass through here anyway, and the digest then
+// need not read them back. Mode and owner are changed through f, not by
+// name, and only where the fstat of the written file shows they differ:
+// most files of an image already have the mode they were created with and
+// root's owner, and an import of ten thousand files would otherwise spend
+// two path lookups and two inode updates on each.
+func (l *layerState) fill(hdr *tar.Header, f *os.File, mode fs.FileMode, body io.Reader) error {
 	// Read one byte more than the budget allows: if it arrives, the cap is
-	// exceeded, whatever the header claimed.
+	// exceeded, whatever the header claimed. One buffer serves every file
+	// (io.Copy into an *os.File would allocate one per file, and a
+	// collection every few hundred files).
 	l.hash.Reset()
-	n, err := io.Copy(f, io.TeeReader(io.LimitReader(body, l.budget.bytesLeft+1), l.hash))
+	src := io.TeeReader(io.LimitReader(body, l.budget.bytesLeft+1), l.hash)
+	n, err := io.CopyBuffer(writerOnly{f}, src, l.buf)
 	l.budget.bytesLeft -= n
 	if l.budget.bytesLeft < 0 {
 		return l.entryError(hdr.Name, "image is larger than %d bytes extracted; raise the cap (ImportOptions.MaxBytes, --max-bytes) if it is genuine", l.budget.maxBytes)
@@ -329,18 +345,40 @@ func (l *layerState) fill(hdr *tar.Header, d *os.Root, base string, f *os.File, 
 	if err != nil {
 		return l.entryError(hdr.Name, "write: %v", err)
 	}
-	if err := d.Chmod(base, mode); err != nil {
-		return l.entryError(hdr.Name, "chmod: %v", err)
-	}
-	if err := l.chown(hdr, d, base); err != nil {
+	uid, gid, err := l.owner(hdr)
+	if err != nil {
 		return err
 	}
-	// Last: the record holds the ctime of the file's last change.
-	if err := l.sums.remember(f, l.hash.Sum(nil)); err != nil {
+	st, err := fstat(f)
+	if err != nil {
 		return l.entryError(hdr.Name, "%v", err)
 	}
+	changed := false
+	if fs.FileMode(st.Mode&0o777) != mode.Perm() || (st.Mode&syscall.S_ISVTX != 0) != (mode&fs.ModeSticky != 0) || st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+		if err := f.Chmod(mode); err != nil {
+			return l.entryError(hdr.Name, "chmod: %v", err)
+		}
+		changed = true
+	}
+	if uid >= 0 && (int(st.Uid) != uid || int(st.Gid) != gid) {
+		if err := f.Chown(uid, gid); err != nil {
+			return l.entryError(hdr.Name, "chown: %v", err)
+		}
+		changed = true
+	}
+	if changed {
+		// The record holds the ctime of the file's last change.
+		if st, err = fstat(f); err != nil {
+			return l.entryError(hdr.Name, "%v", err)
+		}
+	}
+	l.sums.remember(st, l.hash.Sum(l.sum[:0]))
 	return nil
 }
+
+// writerOnly hides an *os.File's ReadFrom, so io.CopyBuffer uses the
+// buffer it is given.
+type writerOnly struct{ io.Writer }
 
 // dir returns the directory dir (a slash path relative to the root, ""
 // for the root itself) open beneath the root, after making sure each of
@@ -492,16 +530,26 @@ func (l *layerState) opaque(entry, dir string) error {
 // grants nothing; it is kept so tools that check it (ssh, sudo-like
 // programs) see what the image's author intended.
 func (l *layerState) chown(hdr *tar.Header, d *os.Root, base string) error {
-	if os.Geteuid() != 0 {
-		return nil
+	uid, gid, err := l.owner(hdr)
+	if err != nil || uid < 0 {
+		return err
 	}
-	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 1<<31-2 || hdr.Gid > 1<<31-2 {
-		return l.entryError(hdr.Name, "owner %d:%d out of range", hdr.Uid, hdr.Gid)
-	}
-	if err := d.Lchown(base, hdr.Uid, hdr.Gid); err != nil {
+	if err := d.Lchown(base, uid, gid); err != nil {
 		return l.entryError(hdr.Name, "chown: %v", err)
 	}
 	return nil
+}
+
+// owner is the owner hdr names, or -1, -1 when we cannot give it (not
+// root).
+func (l *layerState) owner(hdr *tar.Header) (uid, gid int, err error) {
+	if !l.root0 {
+		return -1, -1, nil
+	}
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 1<<31-2 || hdr.Gid > 1<<31-2 {
+		return -1, -1, l.entryError(hdr.Name, "owner %d:%d out of range", hdr.Uid, hdr.Gid)
+	}
+	return hdr.Uid, hdr.Gid, nil
 }
 
 // applyDirModes gives directories their final modes once every layer is

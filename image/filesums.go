@@ -53,22 +53,18 @@ type fileSum struct {
 
 func newFileSums() *fileSums { return &fileSums{sums: map[fileID]fileSum{}} }
 
-// remember records sum as the content of f, which the caller has just
-// written and will not change again.
-func (s *fileSums) remember(f *os.File, sum []byte) error {
+// remember records sum as the content of the regular file st describes,
+// taken by fstat after the writer's last change to it (which it will not
+// change again).
+func (s *fileSums) remember(st *syscall.Stat_t, sum []byte) {
 	if s == nil {
-		return nil
-	}
-	st, err := fstat(f)
-	if err != nil {
-		return err
+		return
 	}
 	rec := fileSum{size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 	copy(rec.sum[:], sum)
 	s.mu.Lock()
 	s.sums[fileID{st.Dev, st.Ino}] = rec
 	s.mu.Unlock()
-	return nil
 }
 
 // forget drops what is remembered of f's inode: f was created by a writer
@@ -91,16 +87,31 @@ func (s *fileSums) forget(f *os.File) error {
 // describes (a fresh lstat), if its inode, size, mtime and ctime are
 // exactly as they were when it was remembered.
 func (s *fileSums) lookup(st *syscall.Stat_t) (string, bool) {
-	if s == nil {
+	rec, ok := s.record(st)
+	if !ok {
 		return "", false
+	}
+	return hex.EncodeToString(rec.sum[:]), true
+}
+
+// vouches reports whether a sum is remembered for the regular file st
+// describes, as lookup finds it: the file is as its writer left it.
+func (s *fileSums) vouches(st *syscall.Stat_t) bool {
+	_, ok := s.record(st)
+	return ok
+}
+
+func (s *fileSums) record(st *syscall.Stat_t) (fileSum, bool) {
+	if s == nil {
+		return fileSum{}, false
 	}
 	s.mu.Lock()
 	rec, ok := s.sums[fileID{st.Dev, st.Ino}]
 	s.mu.Unlock()
 	if !ok || rec.size != st.Size || rec.mtime != st.Mtim || rec.ctime != st.Ctim {
-		return "", false
+		return fileSum{}, false
 	}
-	return hex.EncodeToString(rec.sum[:]), true
+	return rec, true
 }
 
 func fstat(f *os.File) (*syscall.Stat_t, error) {

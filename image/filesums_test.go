@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -26,13 +27,11 @@ func TestFileSumsLookup(t *testing.T) {
 	f.WriteString("content")
 	sum := sha256.Sum256([]byte("content"))
 	s := newFileSums()
-	if err := s.remember(f, sum[:]); err != nil {
-		t.Fatal(err)
-	}
 	st, err := fstat(f)
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.remember(st, sum[:])
 	tests := []struct {
 		name   string
 		change func(st *syscall.Stat_t)
@@ -286,5 +285,45 @@ func TestRememberedSumsGiveTheTreeDigest(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestScrubRemovesCapabilitiesAddedAfterExtraction: finalize leaves alone
+// the xattrs of files the extractor wrote and nothing changed since, but a
+// file capability set on one afterwards changes its ctime, so the sums no
+// longer vouch for it and finalize removes the capability.
+func TestScrubRemovesCapabilitiesAddedAfterExtraction(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: setting security.capability needs CAP_SETFCAP")
+	}
+	rootfs := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	sums := newFileSums()
+	budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 100, maxBytes: 1 << 20, maxFiles: 100}
+	layer := makeTar(t, tarEntry{name: "bin/ping", typ: tar.TypeReg, body: "x", mode: 0o755}, file("bin/other", "y"))
+	if _, err := extractLayer(root, bytes.NewReader(layer), "layer 1", budget, map[string]fs.FileMode{}, sums); err != nil {
+		t.Fatal(err)
+	}
+	ping := filepath.Join(rootfs, "bin/ping")
+	// cap_net_raw, permitted and effective (VFS_CAP_REVISION_2).
+	capNetRaw := []byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	if err := syscall.Setxattr(ping, "security.capability", capNetRaw, 0); err != nil {
+		t.Skipf("cannot set security.capability on this filesystem: %v", err)
+	}
+	if err := ensureEtc(rootfs); err != nil {
+		t.Fatal(err)
+	}
+	if err := finalize(rootfs, sums); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := syscall.Getxattr(ping, "security.capability", make([]byte, 64)); !errors.Is(err, syscall.ENODATA) {
+		t.Errorf("bin/ping kept the capability set after extraction (getxattr: %v)", err)
 	}
 }

@@ -33,6 +33,8 @@ type tarEntry struct {
 	mode int64
 	link string
 	pax  map[string]string
+	uid  int
+	gid  int
 }
 
 func dir(name string) tarEntry { return tarEntry{name: name, typ: tar.TypeDir, mode: 0o755} }
@@ -47,7 +49,7 @@ func makeTar(t testing.TB, entries ...tarEntry) []byte {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Size: int64(len(e.body)), PAXRecords: e.pax, Format: tar.FormatPAX}
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, Size: int64(len(e.body)), PAXRecords: e.pax, Uid: e.uid, Gid: e.gid, Format: tar.FormatPAX}
 		if e.typ != tar.TypeReg {
 			hdr.Size = 0
 		}
@@ -594,9 +596,14 @@ func TestImportRefusesBadSources(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d, "rootfs.tar"), makeTar(t, file("a", "x")), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	gz := gzipped(t, makeTar(t, file("a", strings.Repeat("x", 100000))))
+	if err := os.WriteFile(filepath.Join(d, "truncated.tar.gz"), gz[:len(gz)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, src, wantErr string
 	}{
+		{"truncated gzip", "rootfs:" + filepath.Join(d, "truncated.tar.gz"), "unexpected EOF"},
 		{"no prefix", "image.tar", "no format prefix"},
 		{"unknown format", "docker-daemon:app", `unknown format "docker-daemon"`},
 		{"missing file", "rootfs:" + filepath.Join(d, "nope.tar"), "open source: image refused: open nope.tar"},
@@ -691,6 +698,92 @@ func FuzzExtractLayer(f *testing.F) {
 			t.Fatalf("extraction wrote /tmp/pwned")
 		}
 	})
+}
+
+// TestExtractModesAndOwners: a regular file ends with exactly its mode
+// (less setuid and setgid) and its owner, whatever the umask took from the
+// mode it was created with and whatever group a setgid directory handed
+// it, and the sum remembered for it is the one the digest reads.
+func TestExtractModesAndOwners(t *testing.T) {
+	root0 := os.Geteuid() == 0
+	tests := []struct {
+		name     string
+		mode     int64
+		uid, gid int
+		want     fs.FileMode
+	}{
+		{"0644 root", 0o644, 0, 0, 0o644},
+		{"0755 root", 0o755, 0, 0, 0o755},
+		{"0600", 0o600, 0, 0, 0o600},
+		{"0400", 0o400, 0, 0, 0o400},
+		{"0000", 0, 0, 0, 0},
+		{"0666 group and other write", 0o666, 0, 0, 0o666},
+		{"0777", 0o777, 0, 0, 0o777},
+		{"sticky", 0o1755, 0, 0, 0o755 | fs.ModeSticky},
+		{"setuid stripped", 0o4755, 0, 0, 0o755},
+		{"setgid stripped", 0o2777, 0, 0, 0o777},
+		{"other owner", 0o644, 1234, 5678, 0o644},
+		{"owner only", 0o640, 1234, 0, 0o640},
+		{"group only", 0o640, 0, 5678, 0o640},
+	}
+	for _, umask := range []int{0o022, 0, 0o077} {
+		t.Run(fmt.Sprintf("umask %04o", umask), func(t *testing.T) {
+			old := syscall.Umask(umask)
+			defer syscall.Umask(old)
+			rootPath := filepath.Join(t.TempDir(), "root")
+			os.Mkdir(rootPath, 0o755)
+			// A directory that hands its group (and its setgid bit) to
+			// what is created in it, as an existing tree's may.
+			sg := filepath.Join(rootPath, "sg")
+			os.Mkdir(sg, 0o755)
+			if root0 {
+				os.Chown(sg, 0, 4321)
+			}
+			os.Chmod(sg, 0o2755)
+			var entries []tarEntry
+			for i, tc := range tests {
+				entries = append(entries,
+					tarEntry{name: fmt.Sprintf("f%d", i), typ: tar.TypeReg, body: tc.name, mode: tc.mode, uid: tc.uid, gid: tc.gid},
+					tarEntry{name: fmt.Sprintf("sg/f%d", i), typ: tar.TypeReg, body: tc.name, mode: tc.mode, uid: tc.uid, gid: tc.gid})
+			}
+			root, err := os.OpenRoot(rootPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			sums := newFileSums()
+			budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 1000, maxBytes: 1 << 20, maxFiles: 1000}
+			if _, err := extractLayer(root, bytes.NewReader(makeTar(t, entries...)), "modes", budget, map[string]fs.FileMode{}, sums); err != nil {
+				t.Fatal(err)
+			}
+			for i, tc := range tests {
+				for _, name := range []string{fmt.Sprintf("f%d", i), fmt.Sprintf("sg/f%d", i)} {
+					fi, err := os.Lstat(filepath.Join(rootPath, name))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := fi.Mode(); got != tc.want {
+						t.Errorf("%s (%s): mode %v, want %v", name, tc.name, got, tc.want)
+					}
+					st := fi.Sys().(*syscall.Stat_t)
+					if root0 && (int(st.Uid) != tc.uid || int(st.Gid) != tc.gid) {
+						t.Errorf("%s (%s): owner %d:%d, want %d:%d", name, tc.name, st.Uid, st.Gid, tc.uid, tc.gid)
+					}
+					if _, ok := sums.lookup(st); !ok {
+						t.Errorf("%s (%s): no remembered sum matches the file", name, tc.name)
+					}
+				}
+			}
+			withSums, _, err := treeDigest(rootPath, sums)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fresh, _, err := TreeDigest(rootPath)
+			if err != nil || withSums != fresh {
+				t.Errorf("digest with the remembered sums %s, read afresh %s (%v)", withSums, fresh, err)
+			}
+		})
+	}
 }
 
 // TestLockWaitAfterRefusedImport: a refused import of a new name removes

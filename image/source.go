@@ -3,7 +3,6 @@ package image
 import (
 	"archive/tar"
 	"bufio"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -17,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -503,6 +503,9 @@ func openLayer(blobs blobStore, ref layerRef) (*layerReader, error) {
 	magic, _ := br.Peek(4)
 	switch {
 	case len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
+		// klauspost's inflate (the zstd decoder's module) is a drop-in
+		// for compress/gzip that takes about a fifth less CPU, on the
+		// core beside the extractor's.
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			rc.Close()

@@ -8,12 +8,12 @@ import (
 )
 
 // TestWritebackClosesFiles: every file handed over, more than the queue
-// holds, is closed by the time wait returns, with its content intact.
+// holds and not a whole number of batches, is closed by the time wait returns, with its content intact.
 func TestWritebackClosesFiles(t *testing.T) {
 	dir := t.TempDir()
 	w := newWriteback()
 	var files []*os.File
-	for i := range 3 * writebackQueue {
+	for i := range 3*writebackBatch*writebackQueue + writebackBatch/2 {
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("f%d", i)))
 		if err != nil {
 			t.Fatal(err)
