@@ -600,10 +600,24 @@ func TestImportRefusesBadSources(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d, "truncated.tar.gz"), gz[:len(gz)/2], 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The gzip trailer's CRC-32 (the 8 bytes before the end: CRC, then
+	// length) flipped: every entry inflates, only the check fails.
+	badCRC := bytes.Clone(gz)
+	badCRC[len(badCRC)-8] ^= 0xff
+	if err := os.WriteFile(filepath.Join(d, "badcrc.tar.gz"), badCRC, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// 2 MiB of zeros after the archive's end, inside the gzip stream.
+	padded := append(makeTar(t, file("a", "x")), make([]byte, 2<<20)...)
+	if err := os.WriteFile(filepath.Join(d, "trailing.tar.gz"), gzipped(t, padded), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, src, wantErr string
 	}{
 		{"truncated gzip", "rootfs:" + filepath.Join(d, "truncated.tar.gz"), "unexpected EOF"},
+		{"gzip with a bad CRC", "rootfs:" + filepath.Join(d, "badcrc.tar.gz"), "after the tar archive's end: gzip: invalid checksum"},
+		{"gzip stream going on after the archive", "rootfs:" + filepath.Join(d, "trailing.tar.gz"), "more than 1048576 bytes after the tar archive's end"},
 		{"no prefix", "image.tar", "no format prefix"},
 		{"unknown format", "docker-daemon:app", `unknown format "docker-daemon"`},
 		{"missing file", "rootfs:" + filepath.Join(d, "nope.tar"), "open source: image refused: open nope.tar"},

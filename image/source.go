@@ -529,10 +529,29 @@ func openLayer(blobs blobStore, ref layerRef) (*layerReader, error) {
 	return lr, nil
 }
 
-// finish drains what the tar reader left unread (end-of-archive padding)
-// and checks the stored bytes against ref's digest. The drain is bounded by
-// the stored file, not by any decompressed size.
+// maxTrailer bounds what a compressed layer may hold after the end of its
+// tar archive: the archive's end is two zero blocks, and tar pads to a
+// record of 10 KiB (20 blocks); a stream that goes on for more hides
+// something, or is a bomb that would be inflated for nothing.
+const maxTrailer = 1 << 20
+
+// finish drains what the tar reader left unread and checks the stored
+// bytes against ref's digest. For a compressed layer the rest goes through
+// the decompressor, at most maxTrailer bytes of it, so that gzip's CRC-32
+// and length trailer and zstd's checksum are checked: a rootfs tar.gz has
+// no digest to check, and its corruption past the last entry would
+// otherwise pass. The stored file's rest is then drained for the digest,
+// bounded by the file.
 func (lr *layerReader) finish(ref layerRef) (string, error) {
+	if len(lr.closers) > 0 { // a decompressor
+		n, err := io.Copy(io.Discard, io.LimitReader(lr.Reader, maxTrailer+1))
+		if err != nil {
+			return "", fmt.Errorf("%w: after the tar archive's end: %v", ErrBadImage, err)
+		}
+		if n > maxTrailer {
+			return "", fmt.Errorf("%w: the compressed stream goes on for more than %d bytes after the tar archive's end", ErrBadImage, maxTrailer)
+		}
+	}
 	if _, err := io.Copy(io.Discard, lr.counted); err != nil {
 		return "", fmt.Errorf("%w: read: %v", ErrBadImage, err)
 	}
