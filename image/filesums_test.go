@@ -219,13 +219,9 @@ func TestRememberedSumsGiveTheTreeDigest(t *testing.T) {
 			if err := os.Mkdir(rootfs, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			root, err := os.OpenRoot(rootfs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer root.Close()
+			root := openTestRoot(t, rootfs)
 			sums := newFileSums()
-			budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 100, maxBytes: 1 << 20, maxFiles: 100}
+			budget := testBudget(100)
 			dirModes := map[string]fs.FileMode{}
 			for i, entries := range tc.layers {
 				if _, err := extractLayer(root, bytes.NewReader(makeTar(t, entries...)), fmt.Sprintf("layer %d", i+1), budget, dirModes, sums); err != nil {
@@ -300,15 +296,10 @@ func TestScrubRemovesCapabilitiesAddedAfterExtraction(t *testing.T) {
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	root, err := os.OpenRoot(rootfs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
+	root := openTestRoot(t, rootfs)
 	sums := newFileSums()
-	budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 100, maxBytes: 1 << 20, maxFiles: 100}
 	layer := makeTar(t, tarEntry{name: "bin/ping", typ: tar.TypeReg, body: "x", mode: 0o755}, file("bin/other", "y"))
-	if _, err := extractLayer(root, bytes.NewReader(layer), "layer 1", budget, map[string]fs.FileMode{}, sums); err != nil {
+	if _, err := extractLayer(root, bytes.NewReader(layer), "layer 1", testBudget(100), map[string]fs.FileMode{}, sums); err != nil {
 		t.Fatal(err)
 	}
 	ping := filepath.Join(rootfs, "bin/ping")

@@ -43,6 +43,23 @@ func file(name, body string) tarEntry {
 }
 func symlink(name, to string) tarEntry { return tarEntry{name: name, typ: tar.TypeSymlink, link: to} }
 
+// openTestRoot opens path, which must exist, as the root an extraction
+// writes beneath, closed when the test ends.
+func openTestRoot(t testing.TB, path string) *os.Root {
+	t.Helper()
+	root, err := os.OpenRoot(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	return root
+}
+
+// testBudget is an extraction budget of 1 MiB and files entries.
+func testBudget(files int64) *extractBudget {
+	return &extractBudget{bytesLeft: 1 << 20, filesLeft: files, maxBytes: 1 << 20, maxFiles: files}
+}
+
 // makeTar writes entries as a tar stream.
 func makeTar(t testing.TB, entries ...tarEntry) []byte {
 	t.Helper()
@@ -694,13 +711,8 @@ func FuzzExtractLayer(f *testing.F) {
 		base := t.TempDir()
 		rootPath := filepath.Join(base, "root")
 		os.Mkdir(rootPath, 0o755)
-		root, err := os.OpenRoot(rootPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer root.Close()
-		budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 1000, maxBytes: 1 << 20, maxFiles: 1000}
-		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", budget, map[string]fs.FileMode{}, newFileSums())
+		root := openTestRoot(t, rootPath)
+		_, _ = extractLayer(root, bytes.NewReader(data), "fuzz", testBudget(1000), map[string]fs.FileMode{}, newFileSums())
 		entries, err := os.ReadDir(base)
 		if err != nil {
 			t.Fatal(err)
@@ -760,14 +772,9 @@ func TestExtractModesAndOwners(t *testing.T) {
 					tarEntry{name: fmt.Sprintf("f%d", i), typ: tar.TypeReg, body: tc.name, mode: tc.mode, uid: tc.uid, gid: tc.gid},
 					tarEntry{name: fmt.Sprintf("sg/f%d", i), typ: tar.TypeReg, body: tc.name, mode: tc.mode, uid: tc.uid, gid: tc.gid})
 			}
-			root, err := os.OpenRoot(rootPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer root.Close()
+			root := openTestRoot(t, rootPath)
 			sums := newFileSums()
-			budget := &extractBudget{bytesLeft: 1 << 20, filesLeft: 1000, maxBytes: 1 << 20, maxFiles: 1000}
-			if _, err := extractLayer(root, bytes.NewReader(makeTar(t, entries...)), "modes", budget, map[string]fs.FileMode{}, sums); err != nil {
+			if _, err := extractLayer(root, bytes.NewReader(makeTar(t, entries...)), "modes", testBudget(1000), map[string]fs.FileMode{}, sums); err != nil {
 				t.Fatal(err)
 			}
 			for i, tc := range tests {
